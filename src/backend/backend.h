@@ -1,0 +1,50 @@
+// Backend: what a device provides to tensors and ops (memory, copies, ordering).
+//
+// Implementations: CpuBackend (aligned host memory, inline copies) and CudaBackend (stream-ordered
+// cudaMallocAsync pool on the context's stream). Nothing here includes CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace octet {
+
+enum class CopyKind : uint8_t { kHostToHost, kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual void* alloc(int64_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  // Asynchronous on the backend's stream, except device-to-host which completes before returning.
+  virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) = 0;
+  virtual void memset(void* dst, int byte, int64_t bytes) = 0;
+  virtual void synchronize() = 0;
+  virtual void* stream() const { return nullptr; }
+};
+
+std::shared_ptr<Backend> make_cpu_backend();
+
+// GPU facts for `octet info` and for kernels that size grids from them.
+struct CudaDeviceInfo {
+  std::string name;
+  int sm_count = 0;
+  int major = 0;
+  int minor = 0;
+  int64_t total_memory = 0;
+  int64_t l2_bytes = 0;
+  int driver_version = 0;
+  int runtime_version = 0;
+};
+
+// True when this build has CUDA and at least one GPU is visible.
+bool cuda_built();
+int cuda_device_count();
+CudaDeviceInfo cuda_device_info(int device_index);
+std::shared_ptr<Backend> make_cuda_backend(int device_index);
+
+}  // namespace octet

@@ -1,0 +1,92 @@
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cuda_check.h"
+
+namespace octet {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index) : device_index_(device_index) {
+    OCTET_CUDA_CHECK(cudaSetDevice(device_index));
+    OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Keep freed blocks in the stream-ordered pool instead of returning them to the driver: the pool then
+    // acts as a caching allocator and steady-state steps allocate without driver calls.
+    cudaMemPool_t pool;
+    OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index));
+    uint64_t threshold = UINT64_MAX;
+    OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  Device device() const override { return Device::kCuda; }
+  void* alloc(int64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      OCTET_THROW("out of GPU memory allocating ", bytes, " bytes (", free_b, " of ", total_b,
+                  " bytes free)");
+    }
+    OCTET_CUDA_CHECK(err);
+    return p;
+  }
+  void free(void* ptr) override { cudaFreeAsync(ptr, stream_); }
+  void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
+    const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                             : kind == CopyKind::kHostToHost   ? cudaMemcpyHostToHost
+                                                               : cudaMemcpyDeviceToDevice;
+    OCTET_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), k, stream_));
+    // Host sources may be freed right after the call and host destinations are read right after it.
+    if (kind != CopyKind::kDeviceToDevice) OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void memset(void* dst, int byte, int64_t bytes) override {
+    OCTET_CUDA_CHECK(cudaMemsetAsync(dst, byte, static_cast<size_t>(bytes), stream_));
+  }
+  void synchronize() override { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* stream() const override { return stream_; }
+
+ private:
+  int device_index_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+bool cuda_built() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: report zero GPUs, not an error
+    return 0;
+  }
+  return n;
+}
+
+CudaDeviceInfo cuda_device_info(int device_index) {
+  cudaDeviceProp p{};
+  OCTET_CUDA_CHECK(cudaGetDeviceProperties(&p, device_index));
+  CudaDeviceInfo info;
+  info.name = p.name;
+  info.sm_count = p.multiProcessorCount;
+  info.major = p.major;
+  info.minor = p.minor;
+  info.total_memory = static_cast<int64_t>(p.totalGlobalMem);
+  info.l2_bytes = p.l2CacheSize;
+  cudaDriverGetVersion(&info.driver_version);
+  cudaRuntimeGetVersion(&info.runtime_version);
+  return info;
+}
+
+std::shared_ptr<Backend> make_cuda_backend(int device_index) {
+  return std::make_shared<CudaBackend>(device_index);
+}
+
+}  // namespace octet

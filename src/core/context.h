@@ -1,0 +1,32 @@
+// Context: the explicit carrier of everything an op needs to run (no globals below tools/).
+//
+// It owns the backend (allocator, stream, copies) for one device. Ops take `Context&` first and run on
+// its stream; host work runs inline. Library handles (cuBLASLt, NCCL) live here as opaque pointers so
+// that this header stays free of CUDA includes.
+#pragma once
+
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace octet {
+
+class Backend;
+
+struct Context {
+  Device device = Device::kCpu;
+  int device_index = 0;
+  std::shared_ptr<Backend> backend;
+  void* stream = nullptr;  // cudaStream_t for Device::kCuda, null on the CPU
+
+  Backend& be() const {
+    OCTET_CHECK(backend, "context has no backend");
+    return *backend;
+  }
+  void synchronize() const;
+};
+
+// Creates a context for the device; throws if CUDA was not built in or no GPU is present.
+Context make_context(Device device, int device_index = 0);
+
+}  // namespace octet

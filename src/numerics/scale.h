@@ -1,0 +1,93 @@
+// Scaling: FP8 formats, group granularities, and the exact rule that turns an amax into a scale.
+//
+// Notation (reference/fp8-facts.md section 2): q = cvt_rn_satfinite(x * scale), x ~ q * scale_inv.
+// Every step is one correctly rounded FP32 operation, so the CPU reference and the CUDA kernels agree
+// bit for bit:
+//   amax      = max |x| over the group (NaN if the group holds a NaN)
+//   scale     = fp8_max / max(amax, epsilon)              FP32 division, correctly rounded
+//               * 2^-margin                                 exact (delayed scaling only)
+//               rounded down to a power of two              when pow2 scales are asked for
+//   scale_inv = 1 / scale                                  FP32 division, correctly rounded
+// Defined results instead of NaN or inf:
+//   amax == 0 (an all-zero group)       -> scale 1
+//   amax NaN or inf (non-finite input)  -> scale 1; the finite values of the group saturate, +-inf
+//                                          become +-fp8_max and NaN stays NaN
+//   fp8_max / amax overflows (tiny amax) -> scale = FLT_MAX (2^127 with pow2 scales)
+#pragma once
+
+#include <cstdint>
+
+#include "numerics/fp8.h"
+
+namespace octet {
+
+enum class Fp8Format : uint8_t { kE4M3, kE5M2 };
+
+// Scale groups. Layout of scale_inv (row-major FP32) for a (rows, cols) tensor, as DeepSeek-V3 stores
+// its weights: kTensor [1], kRow [rows, 1], k1x128 [rows, ceil(cols/128)], k128x1 [ceil(rows/128), cols],
+// k128x128 [ceil(rows/128), ceil(cols/128)]. The last group of a row or column may be partial.
+enum class Granularity : uint8_t { kTensor, kRow, k1x128, k128x1, k128x128 };
+
+enum class ScaleRounding : uint8_t { kExact, kPow2 };
+
+inline constexpr int64_t kGroup = 128;  // DeepSeek-V3's tile and block edge
+
+OCTET_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+OCTET_HD float fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? 448.0f : 57344.0f; }
+
+OCTET_HD uint8_t float_to_fp8(float x, Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? float_to_e4m3(x) : float_to_e5m2(x);
+}
+OCTET_HD float fp8_to_float(uint8_t c, Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? e4m3_to_float(c) : e5m2_to_float(c);
+}
+
+// |x| as bits: unsigned-integer max over these is max |x| with NaN winning (NaN patterns sort above inf),
+// independent of reduction order, on host and device alike.
+OCTET_HD uint32_t abs_bits(float x) { return float_bits(x) & 0x7FFFFFFFu; }
+
+struct ScaleRule {
+  Fp8Format format = Fp8Format::kE4M3;
+  ScaleRounding rounding = ScaleRounding::kExact;
+  float epsilon = 0.0f;  // amax floor (DeepSeek's inference kernel uses 1e-4); 0 means none
+  int margin = 0;        // delayed scaling: scale / 2^margin
+};
+
+OCTET_HD float fp32_div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+OCTET_HD float fp32_mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
+  constexpr float kFltMax = 3.40282347e38f;
+  if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
+  if (amax < r.epsilon) amax = r.epsilon;
+  if (amax == 0.0f) return 1.0f;
+  float s = fp32_div_rn(fp8_max(r.format), amax);
+  if (r.margin > 0) s = fp32_mul_rn(s, bits_float(static_cast<uint32_t>(127 - r.margin) << 23));
+  if (abs_bits(s) == 0x7F800000u) s = kFltMax;
+  if (r.rounding == ScaleRounding::kPow2) s = bits_float(float_bits(s) & 0xFF800000u);
+  if (s < 1.17549435e-38f) s = 1.17549435e-38f;  // only a large margin gets here; keep 1/s finite
+  return s;
+}
+
+OCTET_HD float scale_inverse(float scale) { return fp32_div_rn(1.0f, scale); }
+
+// One element: q = cvt_rn_satfinite(x * scale) with the product rounded to FP32.
+OCTET_HD uint8_t quantize_value(float x, float scale, Fp8Format f) {
+  return float_to_fp8(fp32_mul_rn(x, scale), f);
+}
+
+}  // namespace octet

@@ -1,0 +1,119 @@
+// Dispatcher for quantize.h: validates once, allocates outputs, routes to cpu:: or cuda::.
+#include "ops/quantize/quantize.h"
+
+#include "backend/dispatch.h"
+#include "ops/quantize/quantize_backends.h"
+
+#include <algorithm>
+
+namespace octet {
+
+QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
+  const Tensor& x = args.input;
+  check_dtype(x, "quantize input", {DType::kF32, DType::kBF16});
+  check_device(x, "quantize input", ctx.device);
+  OCTET_CHECK(args.epsilon >= 0.0f && args.epsilon < 3.4e38f, "quantize: epsilon must be finite and >= 0, got ",
+              args.epsilon);
+  if (args.scale.defined()) {
+    OCTET_CHECK(args.granularity == Granularity::kTensor,
+                "quantize: a given (delayed) scale needs granularity tensor, got ",
+                granularity_name(args.granularity));
+    check_dtype(args.scale, "quantize scale", {DType::kF32});
+    check_device(args.scale, "quantize scale", ctx.device);
+    OCTET_CHECK(args.scale.numel() == 1, "quantize scale: expected 1 element, got ", args.scale.numel());
+  }
+  const int64_t rows = x.rows(), cols = x.cols();
+  QuantTensor q;
+  q.format = args.format;
+  q.granularity = args.granularity;
+  q.columnwise_granularity = args.granularity;
+  q.rounding = args.rounding;
+  const DType dt = fp8_dtype(args.format);
+  Shape shape = x.shape().empty() ? Shape{1} : x.shape();
+  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  if (args.output != QuantizeOutput::kColumnwise) {
+    q.data = Tensor::empty(ctx, shape, dt);
+    q.scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, rows, cols), DType::kF32);
+  } else {
+    // Keep the logical shape visible even when only the column-wise copy is written.
+    q.data = Tensor::wrap(nullptr, {rows, cols}, dt, ctx.device);
+  }
+  if (args.output != QuantizeOutput::kRowwise) {
+    q.columnwise_data = Tensor::empty(ctx, {cols, rows}, dt);
+    q.columnwise_scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, cols, rows), DType::kF32);
+  }
+  OCTET_DISPATCH(ctx, quantize, ctx, args, q);
+  return q;
+}
+
+Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy) {
+  OCTET_CHECK(out_dtype == DType::kF32 || out_dtype == DType::kBF16,
+              "dequantize: output dtype must be F32 or BF16, got ", dtype_name(out_dtype));
+  const bool col = copy == Copy::kColumnwise;
+  const Tensor& data = col ? q.columnwise_data : q.data;
+  const Tensor& sinv = col ? q.columnwise_scale_inv : q.scale_inv;
+  const Granularity g = col ? q.columnwise_granularity : q.granularity;
+  OCTET_CHECK(data.data() != nullptr || data.numel() == 0,
+              "dequantize: the ", col ? "column-wise" : "row-wise", " copy was not written");
+  check_dtype(data, "dequantize data", {fp8_dtype(q.format)});
+  check_device(data, "dequantize data", ctx.device);
+  check_dtype(sinv, "dequantize scale_inv", {DType::kF32});
+  const Shape want = scale_shape(g, data.rows(), data.cols());
+  OCTET_CHECK(sinv.numel() == shape_numel(want), "dequantize scale_inv: expected shape ", shape_str(want),
+              " for granularity ", granularity_name(g), ", got ", shape_str(sinv.shape()));
+  Tensor out = Tensor::empty(ctx, data.shape(), out_dtype);
+  OCTET_DISPATCH(ctx, dequantize, ctx, data, sinv, g, q.format, out);
+  return out;
+}
+
+Tensor amax(Context& ctx, const Tensor& x) {
+  check_dtype(x, "amax input", {DType::kF32, DType::kBF16});
+  check_device(x, "amax input", ctx.device);
+  Tensor out = Tensor::empty(ctx, {1}, DType::kF32);
+  OCTET_DISPATCH(ctx, amax, ctx, x, out);
+  return out;
+}
+
+void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
+  OCTET_CHECK(q.granularity == Granularity::k1x128,
+              "scaling-aware transpose: input must have 1x128 scales, got ", granularity_name(q.granularity));
+  OCTET_CHECK(q.rounding == ScaleRounding::kPow2,
+              "scaling-aware transpose: input scales must be powers of 2 (quantize with pow2 scales)");
+  OCTET_CHECK(q.data.data() != nullptr || q.data.numel() == 0,
+              "scaling-aware transpose: the row-wise copy was not written");
+  check_device(q.data, "scaling-aware transpose input", ctx.device);
+  const int64_t rows = q.rows(), cols = q.cols();
+  Tensor cdata = Tensor::empty(ctx, {cols, rows}, fp8_dtype(q.format));
+  Tensor cscale = Tensor::empty(ctx, scale_shape(Granularity::k128x128, cols, rows), DType::kF32);
+  OCTET_DISPATCH(ctx, scaling_aware_transpose, ctx, q, cdata, cscale);
+  q.columnwise_data = cdata;
+  q.columnwise_scale_inv = cscale;
+  q.columnwise_granularity = Granularity::k128x128;
+}
+
+DelayedScaling make_delayed_scaling(Context& ctx, int64_t history_len) {
+  OCTET_CHECK(history_len >= 1 && history_len <= 1 << 20, "amax history length must be in [1, 2^20], got ",
+              history_len);
+  DelayedScaling s;
+  Tensor hist = Tensor::empty({history_len}, DType::kF32);
+  std::fill_n(hist.data_as<float>(), history_len, 0.0f);
+  Tensor one = Tensor::empty({1}, DType::kF32);
+  one.data_as<float>()[0] = 1.0f;
+  s.amax_history = hist.to(ctx, ctx.device);
+  s.scale = one.to(ctx, ctx.device);
+  s.scale_inv = one.to(ctx, ctx.device);
+  return s;
+}
+
+void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
+                            AmaxReduce reduce, const ScaleRule& rule) {
+  OCTET_CHECK(step >= 0, "delayed scaling: step must be >= 0, got ", step);
+  OCTET_CHECK(rule.margin >= 0 && rule.margin <= 64, "delayed scaling: margin must be in [0, 64], got ",
+              rule.margin);
+  check_dtype(amax, "delayed scaling amax", {DType::kF32});
+  check_device(amax, "delayed scaling amax", ctx.device);
+  OCTET_CHECK(amax.numel() == 1, "delayed scaling amax: expected 1 element, got ", amax.numel());
+  OCTET_DISPATCH(ctx, delayed_scaling_update, ctx, state, amax, step, reduce, rule);
+}
+
+}  // namespace octet

@@ -1,0 +1,2 @@
+// placeholder, replaced by the numerics tests
+extern "C" int octet_capi_version() { return 1; }

@@ -1,0 +1,55 @@
+// The octet command line: a table of commands and a small argument parser shared by all of them.
+//
+// This directory is the only code that reads argv, the environment and config files. Each command
+// lives in its own cmd_<name>.cpp and registers itself in commands.cpp.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace octet::cli {
+
+// Flags and positionals of one command line. Declared flags only: anything else is an error.
+class Args {
+ public:
+  // `value_flags` take a value (`--name v` or `--name=v`); `switch_flags` take none.
+  Args(const std::vector<std::string>& argv, const std::set<std::string>& value_flags,
+       const std::set<std::string>& switch_flags);
+
+  const std::vector<std::string>& positional() const { return positional_; }
+  bool has(const std::string& flag) const;
+  std::optional<std::string> get(const std::string& flag) const;
+  std::string get_or(const std::string& flag, const std::string& fallback) const;
+  // Checks that the value is one of `choices`; the error lists them.
+  std::string choice(const std::string& flag, const std::vector<std::string>& choices,
+                     const std::string& fallback) const;
+  int64_t get_int(const std::string& flag, int64_t fallback) const;
+  void expect_positional(size_t min, size_t max, const std::string& usage) const;
+
+ private:
+  std::vector<std::string> positional_;
+  std::map<std::string, std::string> values_;
+  std::set<std::string> switches_;
+};
+
+struct Command {
+  std::string name;
+  std::string summary;  // one line, for `octet --help`
+  std::string help;     // full usage text, for `octet NAME --help`
+  std::function<int(const std::vector<std::string>&)> run;
+};
+
+const std::vector<Command>& commands();
+
+// Declared in the cmd_*.cpp files.
+Command info_command();
+Command quantize_command();
+Command dequantize_command();
+Command quant_report_command();
+Command bench_command();
+
+}  // namespace octet::cli

@@ -1,0 +1,51 @@
+// octet: FP8 mixed-precision training for Mixture-of-Experts transformers.
+// Catches every error of the library, prints one line and exits non-zero.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "core/check.h"
+
+namespace {
+
+void print_usage() {
+  std::printf("octet %s: FP8 mixed-precision training for MoE transformers\n\n", OCTET_VERSION);
+  std::printf("usage: octet <command> [args] [--help]\n\ncommands:\n");
+  for (const auto& c : octet::cli::commands()) std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_usage();
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version") {
+    std::printf("octet %s\n", OCTET_VERSION);
+    return 0;
+  }
+  for (const auto& c : octet::cli::commands()) {
+    if (c.name != args[0]) continue;
+    const std::vector<std::string> rest(args.begin() + 1, args.end());
+    for (const auto& a : rest) {
+      if (a == "--help" || a == "-h") {
+        std::printf("%s\n", c.help.c_str());
+        return 0;
+      }
+    }
+    try {
+      return c.run(rest);
+    } catch (const octet::Error& e) {
+      std::fprintf(stderr, "octet %s: error: %s\n", c.name.c_str(), e.what());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "octet %s: error: %s\n", c.name.c_str(), e.what());
+    }
+    return 1;
+  }
+  std::fprintf(stderr, "octet: error: unknown command '%s' (see octet --help)\n", args[0].c_str());
+  return 2;
+}
