@@ -12,6 +12,15 @@
 
 namespace octet {
 
+// Elapsed time of work submitted between start() and stop_ms(): CUDA events on the backend's stream for
+// the GPU (stop_ms waits for the work), the host's steady clock for the CPU.
+class Timer {
+ public:
+  virtual ~Timer() = default;
+  virtual void start() = 0;
+  virtual double stop_ms() = 0;
+};
+
 enum class CopyKind : uint8_t { kHostToHost, kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 class Backend {
@@ -25,6 +34,7 @@ class Backend {
   virtual void memset(void* dst, int byte, int64_t bytes) = 0;
   virtual void synchronize() = 0;
   virtual void* stream() const { return nullptr; }
+  virtual std::unique_ptr<Timer> make_timer() = 0;
 };
 
 std::shared_ptr<Backend> make_cpu_backend();

@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -5,6 +6,17 @@
 
 namespace octet {
 namespace {
+
+class HostTimer final : public Timer {
+ public:
+  void start() override { t0_ = std::chrono::steady_clock::now(); }
+  double stop_ms() override {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -23,6 +35,7 @@ class CpuBackend final : public Backend {
     std::memset(dst, byte, static_cast<size_t>(bytes));
   }
   void synchronize() override {}
+  std::unique_ptr<Timer> make_timer() override { return std::make_unique<HostTimer>(); }
 };
 
 }  // namespace

@@ -6,6 +6,30 @@
 namespace octet {
 namespace {
 
+class EventTimer final : public Timer {
+ public:
+  explicit EventTimer(cudaStream_t stream) : stream_(stream) {
+    OCTET_CUDA_CHECK(cudaEventCreate(&start_));
+    OCTET_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventTimer() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  void start() override { OCTET_CUDA_CHECK(cudaEventRecord(start_, stream_)); }
+  double stop_ms() override {
+    OCTET_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    OCTET_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0.0f;
+    OCTET_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device_index) : device_index_(device_index) {
@@ -51,6 +75,7 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void* stream() const override { return stream_; }
+  std::unique_ptr<Timer> make_timer() override { return std::make_unique<EventTimer>(stream_); }
 
  private:
   int device_index_;

@@ -12,12 +12,14 @@
 namespace octet {
 
 class Backend;
+struct GemmState;  // ops/gemm: cuBLASLt handle, workspace and plan cache, made on first use
 
 struct Context {
   Device device = Device::kCpu;
   int device_index = 0;
   std::shared_ptr<Backend> backend;
   void* stream = nullptr;  // cudaStream_t for Device::kCuda, null on the CPU
+  std::shared_ptr<GemmState> gemm;
 
   Backend& be() const {
     OCTET_CHECK(backend, "context has no backend");

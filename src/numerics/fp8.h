@@ -5,7 +5,8 @@
 //
 // Conversion from FP32 (reference/fp8-facts.md section 1): round to nearest, ties to even; finite values
 // and infinities saturate to the largest finite value of the sign (the `satfinite` semantics);
-// signed zero is kept; NaN becomes the format's all-ones NaN code with the sign of the input.
+// signed zero is kept; NaN becomes the format's positive all-ones NaN code (0x7F for both FP8 formats), as
+// the hardware conversion does, so the sign of a NaN is not carried.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +77,7 @@ OCTET_HD uint32_t encode_exmy(float x, ExMyFormat f) {
   const uint32_t bits = float_bits(x);
   const uint32_t sign = (bits >> 31) ? f.sign_bit() : 0u;
   const uint32_t abs = bits & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return sign | f.nan_code();
+  if (abs > 0x7F800000u) return f.nan_code();
   if (abs == 0x7F800000u) return sign | f.max_code();
   const int e = static_cast<int>(abs >> 23);  // biased FP32 exponent, 0 for subnormals
   const int emin = 1 - f.bias();              // unbiased exponent of the smallest normal

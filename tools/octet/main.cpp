@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
   for (const auto& c : octet::cli::commands()) {
     if (c.name != args[0]) continue;
     const std::vector<std::string> rest(args.begin() + 1, args.end());
-    for (const auto& a : rest) {
+    // Commands with sub-suites (bench) answer --help of a suite themselves.
+    const bool own_help = c.name == "bench" && !rest.empty() && rest[0] != "--help" && rest[0] != "-h";
+    for (const auto& a : own_help ? std::vector<std::string>{} : rest) {
       if (a == "--help" || a == "-h") {
         std::printf("%s\n", c.help.c_str());
         return 0;

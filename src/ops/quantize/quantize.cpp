@@ -1,12 +1,25 @@
 // Dispatcher for quantize.h: validates once, allocates outputs, routes to cpu:: or cuda::.
 #include "ops/quantize/quantize.h"
 
+#include "backend/backend.h"
 #include "backend/dispatch.h"
 #include "ops/quantize/quantize_backends.h"
 
 #include <algorithm>
 
 namespace octet {
+namespace {
+
+// Writes `value` into every element of an f32 tensor on the context's device.
+void fill_f32(Context& ctx, Tensor& t, float value) {
+  if (!t.data() || t.numel() == 0) return;
+  Tensor host = Tensor::empty(t.shape(), DType::kF32);
+  std::fill_n(host.data_as<float>(), host.numel(), value);
+  ctx.be().copy(t.data(), host.data(), t.nbytes(), ctx.device == Device::kCpu ? CopyKind::kHostToHost
+                                                                             : CopyKind::kHostToDevice);
+}
+
+}  // namespace
 
 QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   const Tensor& x = args.input;
@@ -41,6 +54,13 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   if (args.output != QuantizeOutput::kRowwise) {
     q.columnwise_data = Tensor::empty(ctx, {cols, rows}, dt);
     q.columnwise_scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, cols, rows), DType::kF32);
+  }
+  if (x.numel() == 0) {
+    // Nothing to scale: every group that exists is an all-zero group (scale 1), and amax is 0.
+    fill_f32(ctx, q.scale_inv, 1.0f);
+    fill_f32(ctx, q.columnwise_scale_inv, 1.0f);
+    fill_f32(ctx, q.amax, 0.0f);
+    return q;
   }
   OCTET_DISPATCH(ctx, quantize, ctx, args, q);
   return q;

@@ -1,0 +1,55 @@
+// Benchmarks behind `octet bench <suite>`: timing programs that print tables of throughput and ratios
+// against a baseline measured in the same run. Correctness belongs in tests/, not here.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+
+namespace octet::bench {
+
+struct Suite {
+  std::string name;
+  std::string summary;
+  std::string help;
+  std::function<int(const std::vector<std::string>& argv)> run;
+};
+
+const std::vector<Suite>& suites();
+
+// Declared by each bench/bench_<suite>.cpp.
+Suite quantize_suite();
+
+struct Timing {
+  double median_ms = 0;
+  double min_ms = 0;
+  int runs = 0;
+};
+
+// Runs `fn` `warmup` times, then `runs` times each timed alone on the device (events), with
+// `before_each` (e.g. an L2 flush or input rotation) outside the timed region. Median and min in ms.
+Timing time_op(Context& ctx, const std::function<void()>& fn, int warmup, int runs,
+               const std::function<void()>& before_each = {});
+
+// Evicts the GPU's L2 by writing a buffer twice its size (no-op on the CPU).
+class L2Flusher {
+ public:
+  explicit L2Flusher(Context& ctx);
+  void operator()();
+
+ private:
+  Context* ctx_;
+  Tensor buf_;
+};
+
+// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median over `runs` copies of
+// `bytes` bytes: the memory-bound baseline every bandwidth figure is divided by.
+double copy_bandwidth_gbs(Context& ctx, int64_t bytes, int runs = 30);
+
+// Prints a table: header row then rows, columns padded to their widest cell.
+void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+std::string fmt(double v, int precision = 2);
+
+}  // namespace octet::bench

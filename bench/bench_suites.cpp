@@ -1,0 +1,10 @@
+#include "bench.h"
+
+namespace octet::bench {
+
+const std::vector<Suite>& suites() {
+  static const std::vector<Suite> table = {quantize_suite()};
+  return table;
+}
+
+}  // namespace octet::bench

@@ -1,0 +1,179 @@
+// CUDA launchers of the quantize family (device code in quantize_kernels.cuh). Arguments were validated
+// and outputs allocated by quantize.cpp; everything is enqueued on the context's stream, nothing here
+// synchronises with the host.
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cuda_check.h"
+#include "ops/quantize/quantize_backends.h"
+#include "ops/quantize/quantize_kernels.cuh"
+
+namespace octet::cuda {
+namespace {
+
+using kernels::ScaleSource;
+using kernels::TileOutput;
+using kernels::TileParams;
+
+cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks for a persistent grid-stride kernel of 256 threads: enough to fill every SM several times.
+int persistent_blocks(const Context& ctx, int64_t work_items_per_256) {
+  static thread_local int sm_count = 0;  // a device property, queried once per thread
+  if (!sm_count) sm_count = cuda_device_info(ctx.device_index).sm_count;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(work_items_per_256, int64_t{sm_count} * 8)));
+}
+
+ScaleSource rowwise_source(Granularity g) {
+  switch (g) {
+    case Granularity::kTensor: return ScaleSource::kGlobalScalar;
+    case Granularity::kRow: return ScaleSource::kGlobalPerRow;
+    case Granularity::k1x128: return ScaleSource::kRowInTile;
+    case Granularity::k128x1: return ScaleSource::kColInTile;
+    case Granularity::k128x128: return ScaleSource::kTile;
+  }
+  return ScaleSource::kTile;
+}
+
+// The same granularity applied to the transpose: row and column roles swap.
+ScaleSource columnwise_source(Granularity g) {
+  switch (g) {
+    case Granularity::kTensor: return ScaleSource::kGlobalScalar;
+    case Granularity::kRow: return ScaleSource::kGlobalPerCol;
+    case Granularity::k1x128: return ScaleSource::kColInTile;
+    case Granularity::k128x1: return ScaleSource::kRowInTile;
+    case Granularity::k128x128: return ScaleSource::kTile;
+  }
+  return ScaleSource::kTile;
+}
+
+template <typename InT>
+void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
+  const InT* in = args.input.data_as<const InT>();
+  const int64_t rows = args.input.rows(), cols = args.input.cols();
+  const cudaStream_t st = stream_of(ctx);
+  const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
+  auto* amax_bits = out.amax.data_as<uint32_t>();
+  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+
+  // The hot path: 1x128 row-wise only, a streaming kernel at memory bandwidth.
+  if (args.output == QuantizeOutput::kRowwise && args.granularity == Granularity::k1x128) {
+    const int64_t groups = rows * ceil_div(cols, kGroup);
+    const int blocks = persistent_blocks(ctx, ceil_div(groups, 16));
+    if (cols % 8 == 0 && aligned16(in))
+      kernels::quantize_1x128_kernel<InT, 8><<<blocks, 256, 0, st>>>(
+          in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
+    else
+      kernels::quantize_1x128_kernel<InT, 1><<<blocks, 256, 0, st>>>(
+          in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
+    OCTET_CUDA_CHECK_LAUNCH();
+    return;
+  }
+
+  TileParams p;
+  p.rows = rows;
+  p.cols = cols;
+  p.rule = rule;
+  p.amax_out = amax_bits;
+  if (args.output != QuantizeOutput::kColumnwise)
+    p.rowwise = TileOutput{out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
+                           rowwise_source(args.granularity), args.granularity};
+  if (args.output != QuantizeOutput::kRowwise)
+    p.columnwise = TileOutput{out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale_inv.data_as<float>(),
+                              columnwise_source(args.granularity), args.granularity};
+
+  // Scale sources that span more than a tile need a reduction pass first.
+  Tensor scratch;
+  if (args.granularity == Granularity::kTensor) {
+    if (args.scale.defined()) {
+      p.given_scale = args.scale.data_as<const float>();
+    } else {
+      kernels::amax_kernel<InT><<<persistent_blocks(ctx, ceil_div(rows * cols, 256)), 256, 0, st>>>(
+          in, rows * cols, amax_bits);
+      OCTET_CUDA_CHECK_LAUNCH();
+      p.global_amax = amax_bits;  // final before the tile kernel: its own atomics leave it unchanged
+    }
+  } else if (args.granularity == Granularity::kRow) {
+    scratch = Tensor::empty(ctx, {rows + cols}, DType::kI32);
+    auto* row_amax = scratch.data_as<uint32_t>();
+    auto* col_amax = row_amax + rows;
+    if (p.rowwise.data) {
+      kernels::row_amax_kernel<InT><<<static_cast<unsigned>(rows), 256, 0, st>>>(in, cols, row_amax);
+      OCTET_CUDA_CHECK_LAUNCH();
+      p.row_amax = row_amax;
+    }
+    if (p.columnwise.data) {
+      OCTET_CUDA_CHECK(cudaMemsetAsync(col_amax, 0, cols * sizeof(uint32_t), st));
+      const int64_t rows_per_block = 256;
+      const dim3 grid(static_cast<unsigned>(ceil_div(cols, 256)), static_cast<unsigned>(ceil_div(rows, rows_per_block)));
+      kernels::col_amax_kernel<InT><<<grid, 256, 0, st>>>(in, rows, cols, rows_per_block, col_amax);
+      OCTET_CUDA_CHECK_LAUNCH();
+      p.col_amax = col_amax;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)), static_cast<unsigned>(ceil_div(rows, kGroup)));
+  OCTET_CHECK(grid.y < 65536, "quantize: ", rows, " rows exceed the tile kernel's grid limit (65535 * 128)");
+  kernels::quantize_tile_kernel<InT><<<grid, kernels::kTileThreads, 0, st>>>(in, p);
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
+  if (args.input.dtype() == DType::kF32) launch_quantize<float>(ctx, args, out);
+  else launch_quantize<uint16_t>(ctx, args, out);
+}
+
+void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g, Fp8Format f,
+                Tensor& out) {
+  const int64_t rows = data.rows(), cols = data.cols();
+  const int blocks = persistent_blocks(ctx, ceil_div(rows * ceil_div(cols, 8), 256));
+  const auto* q = data.data_as<const uint8_t>();
+  const auto* s = scale_inv.data_as<const float>();
+  const cudaStream_t st = stream_of(ctx);
+  const bool vec = cols % 8 == 0 && aligned16(q) && aligned16(out.data());
+  if (out.dtype() == DType::kF32) {
+    auto* o = out.data_as<float>();
+    if (vec) kernels::dequantize_kernel<float, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+    else kernels::dequantize_kernel<float, false><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+  } else {
+    auto* o = out.data_as<uint16_t>();
+    if (vec) kernels::dequantize_kernel<uint16_t, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+    else kernels::dequantize_kernel<uint16_t, false><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+  }
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void amax(Context& ctx, const Tensor& x, Tensor& out) {
+  const cudaStream_t st = stream_of(ctx);
+  auto* bits = out.data_as<uint32_t>();
+  OCTET_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(uint32_t), st));
+  const int blocks = persistent_blocks(ctx, ceil_div(x.numel(), 256));
+  if (x.dtype() == DType::kF32)
+    kernels::amax_kernel<float><<<blocks, 256, 0, st>>>(x.data_as<const float>(), x.numel(), bits);
+  else
+    kernels::amax_kernel<uint16_t><<<blocks, 256, 0, st>>>(x.data_as<const uint16_t>(), x.numel(), bits);
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale) {
+  const int64_t rows = in.rows(), cols = in.cols();
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)), static_cast<unsigned>(ceil_div(rows, kGroup)));
+  OCTET_CHECK(grid.y < 65536, "scaling-aware transpose: ", rows, " rows exceed the grid limit (65535 * 128)");
+  kernels::scaling_aware_transpose_kernel<<<grid, kernels::kTileThreads, 0, stream_of(ctx)>>>(
+      in.data.data_as<const uint8_t>(), in.scale_inv.data_as<const float>(), rows, cols, in.format,
+      cdata.data_as<uint8_t>(), cscale.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
+                            AmaxReduce reduce, const ScaleRule& rule) {
+  kernels::delayed_scaling_update_kernel<<<1, 256, 0, stream_of(ctx)>>>(
+      state.amax_history.data_as<float>(), state.amax_history.numel(), amax.data_as<const float>(), step,
+      reduce == AmaxReduce::kMax, rule, state.scale.data_as<float>(), state.scale_inv.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace octet::cuda
