@@ -19,11 +19,16 @@ cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ct
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Blocks for a persistent grid-stride kernel of 256 threads: enough to fill every SM several times.
-int persistent_blocks(const Context& ctx, int64_t work_items_per_256) {
-  static thread_local int sm_count = 0;  // a device property, queried once per thread
-  if (!sm_count) sm_count = cuda_device_info(ctx.device_index).sm_count;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(work_items_per_256, int64_t{sm_count} * 8)));
+// Blocks for a persistent grid-stride kernel: as many as the SMs hold at once (more would run as a
+// second, partial wave and leave SMs idle at the end), never more than there is work for.
+template <typename Kernel>
+int persistent_blocks(const Context& ctx, Kernel kernel, int threads, int64_t work_blocks) {
+  int per_sm = 0;
+  OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  int sms = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
+  const int64_t resident = int64_t{sms} * std::max(per_sm, 1);
+  return static_cast<int>(std::max<int64_t>(1, std::min(work_blocks, resident)));
 }
 
 ScaleSource rowwise_source(Granularity g) {
@@ -60,14 +65,13 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
 
   // The hot path: 1x128 row-wise only, a streaming kernel at memory bandwidth.
   if (args.output == QuantizeOutput::kRowwise && args.granularity == Granularity::k1x128) {
-    const int64_t groups = rows * ceil_div(cols, kGroup);
-    const int blocks = persistent_blocks(ctx, ceil_div(groups, 16));
-    if (cols % 8 == 0 && aligned16(in))
-      kernels::quantize_1x128_kernel<InT, 8><<<blocks, 256, 0, st>>>(
+    const int64_t work = ceil_div(rows * ceil_div(cols, kGroup), 16);
+    auto launch = [&](auto kernel) {
+      kernel<<<persistent_blocks(ctx, kernel, 256, work), 256, 0, st>>>(
           in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
-    else
-      kernels::quantize_1x128_kernel<InT, 1><<<blocks, 256, 0, st>>>(
-          in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
+    };
+    if (cols % 8 == 0 && aligned16(in)) launch(kernels::quantize_1x128_kernel<InT, 8>);
+    else launch(kernels::quantize_1x128_kernel<InT, 1>);
     OCTET_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -90,8 +94,8 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
     if (args.scale.defined()) {
       p.given_scale = args.scale.data_as<const float>();
     } else {
-      kernels::amax_kernel<InT><<<persistent_blocks(ctx, ceil_div(rows * cols, 256)), 256, 0, st>>>(
-          in, rows * cols, amax_bits);
+      const int blocks = persistent_blocks(ctx, kernels::amax_kernel<InT>, 256, ceil_div(rows * cols, 256));
+      kernels::amax_kernel<InT><<<blocks, 256, 0, st>>>(in, rows * cols, amax_bits);
       OCTET_CUDA_CHECK_LAUNCH();
       p.global_amax = amax_bits;  // final before the tile kernel: its own atomics leave it unchanged
     }
@@ -129,7 +133,8 @@ void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
 void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g, Fp8Format f,
                 Tensor& out) {
   const int64_t rows = data.rows(), cols = data.cols();
-  const int blocks = persistent_blocks(ctx, ceil_div(rows * ceil_div(cols, 8), 256));
+  const int64_t work = ceil_div(rows * ceil_div(cols, 8), 256);
+  const int blocks = persistent_blocks(ctx, kernels::dequantize_kernel<float, true>, 256, work);
   const auto* q = data.data_as<const uint8_t>();
   const auto* s = scale_inv.data_as<const float>();
   const cudaStream_t st = stream_of(ctx);
@@ -150,7 +155,7 @@ void amax(Context& ctx, const Tensor& x, Tensor& out) {
   const cudaStream_t st = stream_of(ctx);
   auto* bits = out.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(uint32_t), st));
-  const int blocks = persistent_blocks(ctx, ceil_div(x.numel(), 256));
+  const int blocks = persistent_blocks(ctx, kernels::amax_kernel<float>, 256, ceil_div(x.numel(), 256));
   if (x.dtype() == DType::kF32)
     kernels::amax_kernel<float><<<blocks, 256, 0, st>>>(x.data_as<const float>(), x.numel(), bits);
   else

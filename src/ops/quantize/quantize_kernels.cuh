@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "numerics/scale.h"
 
@@ -27,6 +28,15 @@ __device__ __forceinline__ float load_as_float<float>(const float* p, int64_t i)
 template <>
 __device__ __forceinline__ float load_as_float<uint16_t>(const uint16_t* p, int64_t i) {
   return bf16_to_float(p[i]);
+}
+
+// Four held input values -> FP32 (BF16 widened exactly).
+__device__ __forceinline__ void unpack4(const uint2& w, float (&v)[4]) {
+  v[0] = bits_float(w.x << 16), v[1] = bits_float(w.x & 0xFFFF0000u);
+  v[2] = bits_float(w.y << 16), v[3] = bits_float(w.y & 0xFFFF0000u);
+}
+__device__ __forceinline__ void unpack4(const float4& f, float (&v)[4]) {
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
 }
 
 // Two FP32 values -> two FP8 codes with the hardware's round-to-nearest-even, saturating conversion.
@@ -56,60 +66,58 @@ __device__ __forceinline__ void block_amax_to_global(uint32_t v, uint32_t* out, 
 // ---------------------------------------------------------------------------------------------------
 // 1x128 row-wise quantization, the hot path of activations and gradients. 16 threads own one group of
 // 128 elements (8 each: one 16-byte load for BF16), reduce its amax with shuffles and store 8 codes as
-// one 8-byte word. Persistent grid-stride loop: few blocks, so the global amax needs few atomics.
-// kVec = 8 needs cols % 8 == 0 (every thread's chunk aligned and either whole or absent); kVec = 1 is
-// the element-wise fallback for any shape.
+// one 8-byte word. Persistent grid sized to the SMs' resident blocks; each iteration loads two groups
+// before using either, so two 16-byte loads per thread are in flight. Few blocks, so the global amax
+// needs few atomics. kVec = 8 needs cols % 8 == 0 (every thread's chunk aligned and either whole or
+// absent); kVec = 1 is the element-wise fallback for any shape.
 template <typename InT, int kVec>
-__global__ void __launch_bounds__(256) quantize_1x128_kernel(const InT* __restrict__ in, int64_t rows,
-                                                            int64_t cols, ScaleRule rule,
-                                                            uint8_t* __restrict__ data,
-                                                            float* __restrict__ scale_inv, uint32_t* amax_out) {
-  static_assert(kVec == 8 || kVec == 1, "8-wide vectors or scalars");
-  __shared__ uint32_t warp_amax[8];
-  const int64_t groups_per_row = ceil_div(cols, kGroup);
-  const int64_t groups = rows * groups_per_row;
-  const int sub = threadIdx.x % 16;
-  uint32_t running = 0;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 16;
-  // Every lane of a warp runs the same number of iterations (groups are assigned in warp-sized
-  // blocks), so the shuffles below always see all 32 lanes.
-  const int64_t warp_first = first - (threadIdx.x % 32) / 16;
-  for (int64_t g0 = warp_first; g0 < groups; g0 += stride) {
-    const int64_t g = g0 + (threadIdx.x % 32) / 16;
+struct Chunk1x128 {
+  // The loaded values in the input's own width until they are used (BF16: 4 registers for 8 values),
+  // so that several chunks can be in flight per thread.
+  using Raw = std::conditional_t<kVec == 8 && sizeof(InT) == 2, uint4, float[8]>;
+  Raw raw;
+  int64_t g, r, c;
+
+  __device__ __forceinline__ void load(const InT* __restrict__ in, int64_t cols, int64_t groups,
+                                       int64_t groups_per_row, int64_t group) {
+    g = group;
     const bool live = g < groups;
-    const int64_t r = live ? g / groups_per_row : 0;
-    const int64_t c = live ? (g % groups_per_row) * kGroup + sub * 8 : cols;
-    float v[8];
-    uint32_t a = 0;
-    if constexpr (kVec == 8) {
-      const bool inside = live && c < cols;
-      if constexpr (sizeof(InT) == 2) {
-        uint4 raw = inside ? *reinterpret_cast<const uint4*>(in + r * cols + c) : make_uint4(0, 0, 0, 0);
-        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[2 * i] = bits_float(w[i] << 16);
-          v[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
-        }
-      } else {
-        const float4 z = make_float4(0, 0, 0, 0);
-        const float4 lo = inside ? *reinterpret_cast<const float4*>(in + r * cols + c) : z;
-        const float4 hi = inside ? *reinterpret_cast<const float4*>(in + r * cols + c + 4) : z;
-        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-      }
+    r = live ? g / groups_per_row : 0;
+    c = live ? (g % groups_per_row) * kGroup + (threadIdx.x % 16) * 8 : cols;
+    if constexpr (kVec == 8 && sizeof(InT) == 2) {
+      raw = c < cols ? *reinterpret_cast<const uint4*>(in + r * cols + c) : make_uint4(0, 0, 0, 0);
+    } else if constexpr (kVec == 8) {
+      const float4 z = make_float4(0, 0, 0, 0);
+      const float4 lo = c < cols ? *reinterpret_cast<const float4*>(in + r * cols + c) : z;
+      const float4 hi = c < cols ? *reinterpret_cast<const float4*>(in + r * cols + c + 4) : z;
+      raw[0] = lo.x, raw[1] = lo.y, raw[2] = lo.z, raw[3] = lo.w, raw[4] = hi.x, raw[5] = hi.y, raw[6] = hi.z,
+      raw[7] = hi.w;
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = (live && c + i < cols) ? load_as_float(in, r * cols + c + i) : 0.0f;
+      for (int i = 0; i < 8; ++i) raw[i] = c + i < cols ? load_as_float(in, r * cols + c + i) : 0.0f;
     }
+  }
+
+  // All 32 lanes call this (the shuffles need them); returns the group's amax bits.
+  __device__ __forceinline__ uint32_t store(int64_t cols, int64_t groups, const ScaleRule& rule,
+                                            uint8_t* __restrict__ data, float* __restrict__ scale_inv) const {
+    float v[8];
+    if constexpr (kVec == 8 && sizeof(InT) == 2) {
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[2 * i] = bits_float(w[i] << 16), v[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = raw[i];
+    }
+    uint32_t a = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) a = max(a, abs_bits(v[i]));
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
-    running = max(running, a);
-    if (!live) continue;
+    if (g >= groups) return a;
     const float scale = compute_scale(bits_float(a), rule);
-    if (sub == 0) scale_inv[g] = scale_inverse(scale);
+    if (threadIdx.x % 16 == 0) scale_inv[g] = scale_inverse(scale);
     uint16_t q[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -123,6 +131,33 @@ __global__ void __launch_bounds__(256) quantize_1x128_kernel(const InT* __restri
       for (int i = 0; i < 8; ++i)
         if (c + i < cols) data[r * cols + c + i] = static_cast<uint8_t>(q[i / 2] >> (8 * (i % 2)));
     }
+    return a;
+  }
+};
+
+template <typename InT, int kVec>
+__global__ void __launch_bounds__(256) quantize_1x128_kernel(const InT* __restrict__ in, int64_t rows,
+                                                            int64_t cols, ScaleRule rule,
+                                                            uint8_t* __restrict__ data,
+                                                            float* __restrict__ scale_inv, uint32_t* amax_out) {
+  static_assert(kVec == 8 || kVec == 1, "8-wide vectors or scalars");
+  // Chunks in flight per thread: enough bytes outstanding per SM to cover DRAM latency at full bandwidth.
+  constexpr int kInFlight = kVec == 8 && sizeof(InT) == 2 ? 4 : 2;
+  __shared__ uint32_t warp_amax[8];
+  const int64_t groups_per_row = ceil_div(cols, kGroup);
+  const int64_t groups = rows * groups_per_row;
+  // A warp owns two adjacent groups per chunk (lanes 0-15 and 16-31); every lane of a warp runs the same
+  // number of iterations, so the shuffles always see all 32 lanes.
+  const int64_t warp_group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * 2;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 16;
+  const int64_t mine = (threadIdx.x % 32) / 16;
+  uint32_t running = 0;
+  Chunk1x128<InT, kVec> chunk[kInFlight];
+  for (int64_t g0 = warp_group; g0 < groups; g0 += kInFlight * stride) {
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) chunk[k].load(in, cols, groups, groups_per_row, g0 + k * stride + mine);
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) running = max(running, chunk[k].store(cols, groups, rule, data, scale_inv));
   }
   block_amax_to_global(running, amax_out, warp_amax);
 }
@@ -245,34 +280,37 @@ __device__ __forceinline__ void store_transposed(const TileSmem& s, uint8_t* out
 // One block per 128x128 tile. A warp covers one tile row per step (4 elements a lane), 8 rows per step,
 // 16 steps; the 64 values a thread holds stay in registers between the amax pass and the cast.
 template <typename InT>
-__global__ void __launch_bounds__(kTileThreads) quantize_tile_kernel(const InT* __restrict__ in, TileParams p) {
+__global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quantize_tile_kernel(const InT* __restrict__ in, TileParams p) {
   __shared__ TileSmem s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const bool vec = p.cols % 4 == 0;
-  float v[16][4];
+  // The tile stays in registers between the amax pass and the cast, in the input's own width (BF16
+  // packed two to a register): 32 registers for BF16 instead of 64, so more tiles fit on an SM.
+  using Held = std::conditional_t<sizeof(InT) == 2, uint2, float4>;
+  Held held[16];
   uint32_t colmax[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int step = 0; step < 16; ++step) {
     const int64_t r = r0 + step * 8 + warp, c = c0 + lane * 4;
     if (vec && r < p.rows && c < p.cols) {
-      if constexpr (sizeof(InT) == 2) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(in + r * p.cols + c);
-        v[step][0] = bits_float(raw.x << 16), v[step][1] = bits_float(raw.x & 0xFFFF0000u);
-        v[step][2] = bits_float(raw.y << 16), v[step][3] = bits_float(raw.y & 0xFFFF0000u);
-      } else {
-        const float4 f = *reinterpret_cast<const float4*>(in + r * p.cols + c);
-        v[step][0] = f.x, v[step][1] = f.y, v[step][2] = f.z, v[step][3] = f.w;
-      }
+      held[step] = *reinterpret_cast<const Held*>(in + r * p.cols + c);
     } else {
+      float f[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        v[step][i] = (r < p.rows && c + i < p.cols) ? load_as_float(in, r * p.cols + c + i) : 0.0f;
+      for (int i = 0; i < 4; ++i) f[i] = (r < p.rows && c + i < p.cols) ? load_as_float(in, r * p.cols + c + i) : 0.0f;
+      if constexpr (sizeof(InT) == 2)
+        held[step] = make_uint2(float_to_bf16(f[0]) | (float_bits(f[1]) & 0xFFFF0000u),
+                                float_to_bf16(f[2]) | (float_bits(f[3]) & 0xFFFF0000u));
+      else
+        held[step] = make_float4(f[0], f[1], f[2], f[3]);
     }
+    float v[4];
+    unpack4(held[step], v);
     uint32_t rowmax = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t a = abs_bits(v[step][i]);
+      const uint32_t a = abs_bits(v[i]);
       rowmax = max(rowmax, a);
       colmax[i] = max(colmax[i], a);
     }
@@ -301,13 +339,15 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tile_kernel(const InT* 
 #pragma unroll
   for (int step = 0; step < 16; ++step) {
     const int tr = step * 8 + warp, tc = lane * 4;
+    float v[4];
+    unpack4(held[step], v);
     const int64_t r = r0 + tr, c = c0 + tc;
     if (p.rowwise.data && r < p.rows) {
       uint8_t q[4];
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
-        const uint16_t pair = cvt_fp8x2(fp32_mul_rn(v[step][i], tile_scale_of(p.rowwise, s, 0, tr, tc + i)),
-                                        fp32_mul_rn(v[step][i + 1], tile_scale_of(p.rowwise, s, 0, tr, tc + i + 1)),
+        const uint16_t pair = cvt_fp8x2(fp32_mul_rn(v[i], tile_scale_of(p.rowwise, s, 0, tr, tc + i)),
+                                        fp32_mul_rn(v[i + 1], tile_scale_of(p.rowwise, s, 0, tr, tc + i + 1)),
                                         p.rule.format);
         q[i] = static_cast<uint8_t>(pair), q[i + 1] = static_cast<uint8_t>(pair >> 8);
       }
@@ -323,8 +363,8 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tile_kernel(const InT* 
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
         const uint16_t pair =
-            cvt_fp8x2(fp32_mul_rn(v[step][i], tile_scale_of(p.columnwise, s, 1, tr, tc + i)),
-                      fp32_mul_rn(v[step][i + 1], tile_scale_of(p.columnwise, s, 1, tr, tc + i + 1)), p.rule.format);
+            cvt_fp8x2(fp32_mul_rn(v[i], tile_scale_of(p.columnwise, s, 1, tr, tc + i)),
+                      fp32_mul_rn(v[i + 1], tile_scale_of(p.columnwise, s, 1, tr, tc + i + 1)), p.rule.format);
         s.q[tr * kSmemStride + tc + i] = static_cast<uint8_t>(pair);
         s.q[tr * kSmemStride + tc + i + 1] = static_cast<uint8_t>(pair >> 8);
       }
@@ -357,20 +397,27 @@ __global__ void __launch_bounds__(kTileThreads) scaling_aware_transpose_kernel(
   const float si = (i < kTile && r0 + i < rows) ? scale_inv[(r0 + i) * cblocks + blockIdx.x] : 0.0f;
   uint32_t m = warp_max(float_bits(si));
   if (lane == 0) warp_max_s[warp] = m;
-  // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane.
-  const bool vec = cols % 4 == 0;
-  for (int tr = warp; tr < kTile; tr += 8) {
-    const int64_t r = r0 + tr, c = c0 + lane * 4;
+  // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane; all 16 loads are issued
+  // before the first is used, then written to shared memory byte by byte (conflict-free: a warp's 128
+  // bytes are consecutive).
+  const bool vec = cols % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
+  uint32_t w16[kTile / 8];
+#pragma unroll
+  for (int k = 0; k < kTile / 8; ++k) {
+    const int64_t r = r0 + warp + 8 * k, c = c0 + lane * 4;
     uint32_t w = 0;
     if (vec && r < rows && c < cols) {
       w = *reinterpret_cast<const uint32_t*>(q + r * cols + c);
     } else {
-      for (int k = 0; k < 4; ++k)
-        if (r < rows && c + k < cols) w |= static_cast<uint32_t>(q[r * cols + c + k]) << (8 * k);
+      for (int b = 0; b < 4; ++b)
+        if (r < rows && c + b < cols) w |= static_cast<uint32_t>(q[r * cols + c + b]) << (8 * b);
     }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) tile[tr * kSmemStride + lane * 4 + k] = static_cast<uint8_t>(w >> (8 * k));
+    w16[k] = w;
   }
+#pragma unroll
+  for (int k = 0; k < kTile / 8; ++k)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) tile[(warp + 8 * k) * kSmemStride + lane * 4 + b] = static_cast<uint8_t>(w16[k] >> (8 * b));
   __syncthreads();
   m = 0;
 #pragma unroll
