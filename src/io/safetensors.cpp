@@ -1,0 +1,396 @@
+#include "io/safetensors.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace octet::io {
+
+// The format stores little-endian data, and tensors are read straight into host memory.
+static_assert(std::endian::native == std::endian::little,
+              "safetensors I/O assumes a little-endian host");
+
+namespace {
+
+// Insertion order kept, so the written header matches the reference writer's byte for byte.
+using Json = nlohmann::ordered_json;
+
+// huggingface/safetensors refuses headers above 100 MB; checking first bounds the allocation.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// No file holds 2^62 bytes: larger dimensions are rejected outright (and so always fit int64_t).
+constexpr uint64_t kMaxDim = uint64_t{1} << 62;
+
+constexpr DType kDTypes[] = {DType::kF32,  DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2,
+                             DType::kE8M0, DType::kI32,  DType::kI64, DType::kU8,   DType::kU16};
+
+std::string supported_dtypes() {
+  std::string s;
+  for (DType d : kDTypes) s += (s.empty() ? "" : "|") + std::string(dtype_name(d));
+  return s;
+}
+
+struct Entry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+
+std::string tensor_where(const std::string& path, const std::string& name) {
+  return path + ": tensor '" + name + "'";
+}
+
+std::string offsets_str(uint64_t begin, uint64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+}
+
+// Parses with a callback that sees every key, because a JSON object silently keeps one of two equal
+// keys and the format forbids duplicate tensor names.
+Json parse_header_json(const std::string& text, const std::string& path) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  size_t duplicate_depth = 0;
+  auto on_event = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (event == Json::parse_event_t::object_end) {
+      open_objects.pop_back();
+    } else if (event == Json::parse_event_t::key && !open_objects.empty()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(key).second && duplicate.empty()) {
+        duplicate = key;
+        duplicate_depth = open_objects.size();
+      }
+    }
+    return true;
+  };
+  Json j;
+  try {
+    j = Json::parse(text, on_event);
+  } catch (const Json::exception& e) {
+    OCTET_THROW(path, ": header is not valid JSON (", e.what(), ")");
+  }
+  OCTET_CHECK(duplicate.empty(), path, ": header has a duplicate ",
+              duplicate_depth == 1 ? "tensor name '" : "key '", duplicate, "'");
+  OCTET_CHECK(j.is_object(), path, ": header is not a JSON object (got ", j.type_name(), ")");
+  return j;
+}
+
+std::map<std::string, std::string> parse_metadata(const Json& v, const std::string& path) {
+  OCTET_CHECK(v.is_object(), path, ": __metadata__ must be an object of strings, got ",
+              v.type_name());
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : v.items()) {
+    OCTET_CHECK(value.is_string(), path, ": __metadata__ value of '", key,
+                "' must be a string, got ", value.type_name());
+    out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
+DType parse_dtype(const Json& v, const std::string& where) {
+  OCTET_CHECK(v.is_string(), where, ": dtype must be a string, got ", v.dump());
+  const std::string name = v.get<std::string>();
+  const std::optional<DType> d = dtype_from_safetensors_name(name);
+  OCTET_CHECK(d, where, ": unsupported dtype '", name, "' (supported: ", supported_dtypes(), ")");
+  return *d;
+}
+
+Shape parse_shape(const Json& v, const std::string& where) {
+  OCTET_CHECK(v.is_array(), where, ": shape must be an array of non-negative integers, got ",
+              v.dump());
+  Shape shape;
+  for (const Json& d : v) {
+    OCTET_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < kMaxDim, where,
+                ": shape must hold non-negative integers below 2^62, got ", v.dump());
+    shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  return shape;
+}
+
+// Bytes of a shape and dtype, or nullopt when the product overflows (no file can hold it).
+std::optional<uint64_t> checked_nbytes(const Shape& shape, DType dtype) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  uint64_t n = static_cast<uint64_t>(dtype_size(dtype));
+  for (int64_t d : shape) {
+    if (n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) return std::nullopt;
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+Entry parse_entry(const std::string& name, const Json& v, const std::string& path) {
+  const std::string where = tensor_where(path, name);
+  OCTET_CHECK(v.is_object(), where, ": expected an object with dtype, shape and data_offsets, got ",
+              v.type_name());
+  for (const auto& [key, unused] : v.items())
+    OCTET_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", where,
+                ": unexpected field '", key, "' (expected exactly dtype, shape and data_offsets)");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    OCTET_CHECK(v.contains(key), where, ": missing field '", key, "'");
+  Entry e;
+  e.name = name;
+  e.dtype = parse_dtype(v["dtype"], where);
+  e.shape = parse_shape(v["shape"], where);
+  const Json& off = v["data_offsets"];
+  OCTET_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                  off[1].is_number_unsigned(),
+              where, ": data_offsets must be two non-negative integers [begin, end], got ",
+              off.dump());
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  OCTET_CHECK(e.begin <= e.end, where, ": data_offsets ", offsets_str(e.begin, e.end),
+              " has begin after end");
+  const std::optional<uint64_t> need = checked_nbytes(e.shape, e.dtype);
+  OCTET_CHECK(need && *need == e.end - e.begin, where, ": data_offsets ",
+              offsets_str(e.begin, e.end), " span ", e.end - e.begin, " bytes, but shape ",
+              shape_str(e.shape), " of ", dtype_name(e.dtype), " needs ",
+              need ? std::to_string(*need) : std::string("more than 2^64"));
+  return e;
+}
+
+// The reference reader requires the tensors to tile the buffer exactly: no overlap, no gap, no
+// tail.
+void check_coverage(std::vector<Entry>& entries, uint64_t buffer_bytes, const std::string& path) {
+  for (const Entry& e : entries)
+    OCTET_CHECK(e.end <= buffer_bytes, tensor_where(path, e.name), ": data_offsets ",
+                offsets_str(e.begin, e.end), " extend beyond the ", buffer_bytes,
+                "-byte data buffer (truncated file?)");
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t cursor = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    OCTET_CHECK(e.begin >= cursor, tensor_where(path, e.name), ": data_offsets ",
+                offsets_str(e.begin, e.end), " overlap tensor '", prev ? prev->name : "", "' at ",
+                prev ? offsets_str(prev->begin, prev->end) : "");
+    OCTET_CHECK(e.begin == cursor, tensor_where(path, e.name), ": gap in the data buffer: bytes ",
+                offsets_str(cursor, e.begin), " before this tensor belong to no tensor");
+    cursor = e.end;
+    prev = &e;
+  }
+  OCTET_CHECK(cursor == buffer_bytes, path, ": the last ", buffer_bytes - cursor,
+              " bytes of the data buffer are not covered by any tensor");
+}
+
+struct Header {
+  std::vector<Entry> entries;  // sorted by data offset
+  std::map<std::string, std::string> metadata;
+};
+
+Header parse_header(const std::string& text, const std::string& path, uint64_t buffer_bytes) {
+  const Json j = parse_header_json(text, path);
+  Header h;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "__metadata__")
+      h.metadata = parse_metadata(value, path);
+    else
+      h.entries.push_back(parse_entry(key, value, path));
+  }
+  check_coverage(h.entries, buffer_bytes, path);
+  return h;
+}
+
+// Returns the header text and leaves `in` at the start of the data buffer.
+std::string read_header_text(std::ifstream& in, uint64_t file_size, const std::string& path) {
+  OCTET_CHECK(file_size >= 8, path, ": file is ", file_size,
+              " bytes, too short for the 8-byte header length (not a safetensors file?)");
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  OCTET_CHECK(in.gcount() == 8, path, ": cannot read the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  OCTET_CHECK(n <= kMaxHeaderBytes, path, ": header length ", n, " exceeds the limit of ",
+              kMaxHeaderBytes, " bytes (not a safetensors file?)");
+  OCTET_CHECK(n <= file_size - 8, path, ": header length ", n, " runs past the end of the ",
+              file_size, "-byte file (truncated file?)");
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  OCTET_CHECK(static_cast<uint64_t>(in.gcount()) == n, path, ": cannot read the ", n,
+              "-byte header");
+  return text;
+}
+
+uint64_t regular_file_size(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  OCTET_CHECK(fs::exists(st), path, ": cannot open: no such file");
+  OCTET_CHECK(fs::is_regular_file(st), path, ": cannot open: not a regular file");
+  const uintmax_t size = fs::file_size(path, ec);
+  OCTET_CHECK(!ec, path, ": cannot read its size: ", ec.message());
+  return size;
+}
+
+}  // namespace
+
+std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
+  for (DType d : kDTypes)
+    if (dtype_name(d) == name) return d;
+  return std::nullopt;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [&](const auto& t) { return t.first == name; });
+}
+
+const Tensor& SafetensorsFile::at(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  OCTET_THROW(path, ": no tensor named '", name, "'");
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const uint64_t file_size = regular_file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  OCTET_CHECK(in.is_open(), path, ": cannot open: ", std::strerror(errno));
+  const std::string text = read_header_text(in, file_size, path);
+  Header h = parse_header(text, path, file_size - 8 - text.size());
+
+  SafetensorsFile out;
+  out.path = path;
+  out.metadata = std::move(h.metadata);
+  // The entries tile the buffer in offset order, so the data reads sequentially.
+  for (const Entry& e : h.entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    const auto bytes = static_cast<std::streamsize>(e.end - e.begin);
+    if (bytes) in.read(static_cast<char*>(t.data()), bytes);
+    OCTET_CHECK(!bytes || in.gcount() == bytes, tensor_where(path, e.name),
+                ": file ended while reading its data (truncated file?)");
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+namespace {
+
+// Position of a dtype in huggingface/safetensors' layout order: its dtype enumeration, descending.
+// Wider types come first, so in an 8-byte aligned buffer every tensor starts aligned to its element
+// size.
+int layout_rank(DType d) {
+  switch (d) {
+    case DType::kI64: return 0;
+    case DType::kF32: return 1;
+    case DType::kI32: return 2;
+    case DType::kBF16: return 3;
+    case DType::kF16: return 4;
+    case DType::kU16: return 5;
+    case DType::kE8M0: return 6;
+    case DType::kE4M3: return 7;
+    case DType::kE5M2: return 8;
+    case DType::kU8: return 9;
+  }
+  return 10;
+}
+
+// Indices of `tensors` in the reference writer's order (dtype rank, then name), after checking that
+// the set can be written.
+std::vector<size_t> checked_write_order(const NamedTensors& tensors, const std::string& path) {
+  std::vector<size_t> order(tensors.size());
+  std::set<std::string> names;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    OCTET_CHECK(!name.empty(), path, ": cannot write a tensor with an empty name");
+    OCTET_CHECK(name != "__metadata__", path,
+                ": '__metadata__' is reserved and cannot name a tensor");
+    OCTET_CHECK(names.insert(name).second, path, ": duplicate tensor name '", name, "'");
+    OCTET_CHECK(t.device() == Device::kCpu, tensor_where(path, name), ": is on ",
+                device_name(t.device()), "; copy it to the host before writing");
+    OCTET_CHECK(t.data() != nullptr || t.numel() == 0, tensor_where(path, name), ": has no data");
+    order[i] = i;
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int ra = layout_rank(tensors[a].second.dtype()),
+              rb = layout_rank(tensors[b].second.dtype());
+    return ra != rb ? ra < rb : tensors[a].first < tensors[b].first;
+  });
+  return order;
+}
+
+std::string build_header(const NamedTensors& tensors, const std::vector<size_t>& order,
+                         const std::map<std::string, std::string>& metadata,
+                         const std::string& path) {
+  Json j = Json::object();
+  if (!metadata.empty()) {
+    Json m = Json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    j["__metadata__"] = std::move(m);
+  }
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    const Tensor& t = tensors[i].second;
+    const auto bytes = static_cast<uint64_t>(t.nbytes());
+    Json e = Json::object();
+    e["dtype"] = std::string(dtype_name(t.dtype()));
+    e["shape"] = t.shape();
+    e["data_offsets"] = {offset, offset + bytes};
+    j[tensors[i].first] = std::move(e);
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = j.dump();
+  } catch (const Json::exception& e) {
+    OCTET_THROW(path, ": cannot encode the header (names and metadata must be UTF-8): ", e.what());
+  }
+  // Spaces keep the JSON valid and start the data buffer 8-byte aligned, as the reference writer
+  // does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+// Removes the temporary file unless the rename committed it.
+struct TempFile {
+  std::string path;
+  bool committed = false;
+  ~TempFile() {
+    if (!committed) std::remove(path.c_str());
+  }
+};
+
+void write_all(std::FILE* f, const void* p, size_t n, const std::string& tmp) {
+  OCTET_CHECK(n == 0 || std::fwrite(p, 1, n, f) == n, tmp,
+              ": write failed: ", std::strerror(errno));
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::vector<size_t> order = checked_write_order(tensors, path);
+  const std::string header = build_header(tensors, order, metadata, path);
+
+  TempFile tmp{path + ".tmp." + std::to_string(::getpid())};
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.path.c_str(), "wb"),
+                                                    &std::fclose);
+  OCTET_CHECK(f, path, ": cannot create ", tmp.path, ": ", std::strerror(errno));
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(header.size() >> (8 * i));
+  write_all(f.get(), len_bytes, 8, tmp.path);
+  write_all(f.get(), header.data(), header.size(), tmp.path);
+  for (size_t i : order) {
+    const Tensor& t = tensors[i].second;
+    write_all(f.get(), t.data(), static_cast<size_t>(t.nbytes()), tmp.path);
+  }
+  // Flushed and synced before the rename, so that the name never points at incomplete data.
+  OCTET_CHECK(std::fflush(f.get()) == 0 && ::fsync(::fileno(f.get())) == 0, tmp.path,
+              ": write failed: ", std::strerror(errno));
+  OCTET_CHECK(std::fclose(f.release()) == 0, tmp.path, ": close failed: ", std::strerror(errno));
+  OCTET_CHECK(std::rename(tmp.path.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp.path,
+              " onto it: ", std::strerror(errno));
+  tmp.committed = true;
+}
+
+}  // namespace octet::io
