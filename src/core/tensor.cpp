@@ -113,7 +113,10 @@ void check_dtype(const Tensor& t, const char* name, std::initializer_list<DType>
   for (DType d : allowed)
     if (t.dtype() == d) return;
   std::string list;
-  for (DType d : allowed) list += (list.empty() ? "" : "|") + std::string(dtype_name(d));
+  for (DType d : allowed) {
+    if (!list.empty()) list += '|';
+    list += dtype_name(d);
+  }
   OCTET_THROW(name, ": expected dtype ", list, ", got ", dtype_name(t.dtype()));
 }
 
