@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/atomic_file.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -351,20 +353,6 @@ std::string build_header(const NamedTensors& tensors, const std::vector<size_t>&
   return text;
 }
 
-// Removes the temporary file unless the rename committed it.
-struct TempFile {
-  std::string path;
-  bool committed = false;
-  ~TempFile() {
-    if (!committed) std::remove(path.c_str());
-  }
-};
-
-void write_all(std::FILE* f, const void* p, size_t n, const std::string& tmp) {
-  OCTET_CHECK(n == 0 || std::fwrite(p, 1, n, f) == n, tmp,
-              ": write failed: ", std::strerror(errno));
-}
-
 }  // namespace
 
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
@@ -372,25 +360,13 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   const std::vector<size_t> order = checked_write_order(tensors, path);
   const std::string header = build_header(tensors, order, metadata, path);
 
-  TempFile tmp{path + ".tmp." + std::to_string(::getpid())};
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.path.c_str(), "wb"),
-                                                    &std::fclose);
-  OCTET_CHECK(f, path, ": cannot create ", tmp.path, ": ", std::strerror(errno));
+  AtomicFile f(path);
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(header.size() >> (8 * i));
-  write_all(f.get(), len_bytes, 8, tmp.path);
-  write_all(f.get(), header.data(), header.size(), tmp.path);
-  for (size_t i : order) {
-    const Tensor& t = tensors[i].second;
-    write_all(f.get(), t.data(), static_cast<size_t>(t.nbytes()), tmp.path);
-  }
-  // Flushed and synced before the rename, so that the name never points at incomplete data.
-  OCTET_CHECK(std::fflush(f.get()) == 0 && ::fsync(::fileno(f.get())) == 0, tmp.path,
-              ": write failed: ", std::strerror(errno));
-  OCTET_CHECK(std::fclose(f.release()) == 0, tmp.path, ": close failed: ", std::strerror(errno));
-  OCTET_CHECK(std::rename(tmp.path.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp.path,
-              " onto it: ", std::strerror(errno));
-  tmp.committed = true;
+  f.write(len_bytes, 8);
+  f.write(header);
+  for (size_t i : order) f.write(tensors[i].second.data(), static_cast<size_t>(tensors[i].second.nbytes()));
+  f.commit();
 }
 
 }  // namespace octet::io
