@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <unistd.h>
+
 #include <fstream>
 
 #include "core/check.h"
