@@ -1,0 +1,64 @@
+// Fused AdamW over a flat parameter group with FP32 master weights and BF16 moments (DeepSeek-V3
+// report section 3.3.2), the deterministic global gradient L2 norm, the clipping coefficient and
+// the non-finite check. Everything stays on the device: no host synchronisation.
+//
+// AdamW step (decoupled weight decay, Loshchilov & Hutter; the order of torch.optim.AdamW), per
+// element, every operation one FP32 rounding (numerics/fp32_rn.h), so CPU and CUDA agree bit for
+// bit:
+//   g  = grad                       ; g = g * grad_scale          (when grad_scale is given)
+//   m  = float(m_bf16)              ; v = float(v_bf16)           (exact widening)
+//   m  = beta1 * m + (1 - beta1) * g                              (two products, then the sum)
+//   v  = beta2 * v + (1 - beta2) * (g * g)
+//   p  = p * (1 - lr * weight_decay)                              (decay first, as torch does)
+//   p  = p - step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+//   store p (f32), bf16_rn(m), bf16_rn(v), and bf16_rn(p) into param_bf16 when given
+// The update uses the FP32 m and v of this step (before their rounding to BF16). Host-side
+// constants, computed once per call in double and rounded to FP32: (1 - beta1), (1 - beta2), (1 -
+// lr * wd), step_size = lr / (1 - beta1^step), bc2_sqrt = sqrt(1 - beta2^step). With found_inf
+// given and nonzero, the step changes nothing (parameters, moments, bf16 copy).
+#pragma once
+
+#include <vector>
+
+#include "core/context.h"
+
+namespace octet {
+
+struct AdamWArgs {
+  Tensor param;       // (N) f32 master weights, any shape, updated in place
+  Tensor grad;        // (N) f32, same element count
+  Tensor exp_avg;     // (N) bf16 first moment m, updated in place
+  Tensor exp_avg_sq;  // (N) bf16 second moment v, updated in place
+  Tensor param_bf16;  // (N) bf16, optional: receives the updated weights for the forward pass
+  Tensor grad_scale;  // (1) f32 on the device, optional: g *= grad_scale (global-norm clipping)
+  Tensor found_inf;   // (1) int32 on the device, optional: nonzero skips the step
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;  // DeepSeek-V3's value
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // DeepSeek-V3's value
+  int64_t step = 1;           // 1-based count of steps taken including this one (bias correction)
+};
+
+void adamw_step(Context& ctx, const AdamWArgs& args);
+
+// Global L2 norm sqrt(sum_i sum_x x^2) over a list of f32 tensors, returned as (1) f32 on the
+// context's device (freshly allocated). Fixed order, hence bitwise deterministic and equal on CPU
+// and CUDA: each tensor is cut into chunks of 4096 elements (256 lanes x 16); lane l of a chunk
+// sums x*x of its elements l, l + 256, ..., l + 15 * 256 in order in FP32 (from 0.0); the 256 lane
+// sums reduce in FP32 by halving (for h = 128, 64, ..., 1: lane[l] += lane[l + h], l < h). The
+// chunk partials of all tensors, in list order, are then summed in FP64: thread l of 256 adds
+// partials l, l + 256, ... in order, the 256 sums reduce by halving as above; norm =
+// FP32(sqrt(total)) (FP64 sqrt, one rounding). A chunk partial that overflows FP32 (elements near
+// 1e19) makes the norm inf; a NaN makes it NaN.
+Tensor global_grad_norm(Context& ctx, const std::vector<Tensor>& grads);
+
+// Clipping coefficient of torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)) as (1)
+// f32 on the device (FP32 operations). A NaN norm gives NaN (as torch's clamp does); an infinite
+// one 0.
+Tensor grad_clip_coefficient(Context& ctx, const Tensor& norm, float max_norm);
+
+// (1) int32 on the device: 1 when any element of any tensor is NaN or +-inf, else 0.
+Tensor nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads);
+
+}  // namespace octet

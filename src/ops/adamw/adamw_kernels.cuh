@@ -1,0 +1,99 @@
+// Device code of the adamw family: the element update of adamw_math.h (the same FP32 operations as
+// the CPU reference), and the fixed-order global norm of adamw.h.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/adamw/adamw_math.h"
+
+namespace octet::cuda::kernels {
+
+inline constexpr int kMaxNormTensors = 32;  // tensors per launch of the multi-tensor kernels
+
+// Up to kMaxNormTensors tensors passed by value (no device copy of a descriptor table).
+struct TensorBatch {
+  const float* ptr[kMaxNormTensors];
+  int64_t numel[kMaxNormTensors];
+  int64_t chunk_begin[kMaxNormTensors + 1];  // prefix sums of each tensor's chunk count
+  int count;
+};
+
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
+                             uint16_t* __restrict__ m, uint16_t* __restrict__ v,
+                             uint16_t* __restrict__ p_bf16, const float* __restrict__ scale,
+                             const int32_t* __restrict__ found_inf, int64_t n, AdamWConsts k) {
+  if (found_inf && *found_inf != 0) return;
+  const float s = scale ? *scale : 1.0f;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float gi = scale ? rn::mul(g[i], s) : g[i];
+    adamw_math::Element x{p[i], bf16_to_float(m[i]), bf16_to_float(v[i])};
+    adamw_math::update(x, gi, k);
+    p[i] = x.p;
+    m[i] = float_to_bf16(x.m);
+    v[i] = float_to_bf16(x.v);
+    if (p_bf16) p_bf16[i] = float_to_bf16(x.p);
+  }
+}
+
+// Pass 1 of the norm: one block of kNormLanes threads per chunk of kNormChunk elements.
+__global__ void norm_chunks_kernel(TensorBatch b, float* __restrict__ partials) {
+  static_assert(kNormLanes == 256, "the launch uses 256 threads");
+  __shared__ float lane_sum[kNormLanes];
+  const int64_t chunk = blockIdx.x;
+  int ti = 0;
+  while (ti + 1 < b.count && b.chunk_begin[ti + 1] <= chunk) ++ti;
+  const float* x = b.ptr[ti];
+  const int64_t n = b.numel[ti];
+  const int64_t c0 = (chunk - b.chunk_begin[ti]) * kNormChunk;
+  const int l = threadIdx.x;
+  float acc = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kNormRounds; ++r) {
+    const int64_t i = c0 + int64_t{r} * kNormLanes + l;
+    if (i < n) acc = rn::add(acc, rn::mul(x[i], x[i]));
+  }
+  lane_sum[l] = acc;
+  __syncthreads();
+  for (int h = kNormLanes / 2; h > 0; h /= 2) {
+    if (l < h) lane_sum[l] = rn::add(lane_sum[l], lane_sum[l + h]);
+    __syncthreads();
+  }
+  if (l == 0) partials[chunk] = lane_sum[0];
+}
+
+// Pass 2: one block of kNormLanes threads sums all partials in FP64 and takes the root.
+__global__ void norm_finish_kernel(const float* __restrict__ partials, int64_t count,
+                                   float* __restrict__ norm) {
+  __shared__ double sums[kNormLanes];
+  const int l = threadIdx.x;
+  double acc = 0.0;
+  for (int64_t q = l; q < count; q += kNormLanes)
+    acc = rn::add(acc, static_cast<double>(partials[q]));
+  sums[l] = acc;
+  __syncthreads();
+  for (int h = kNormLanes / 2; h > 0; h /= 2) {
+    if (l < h) sums[l] = rn::add(sums[l], sums[l + h]);
+    __syncthreads();
+  }
+  if (l == 0) norm[0] = static_cast<float>(rn::sqrt(sums[0]));
+}
+
+__global__ void clip_coefficient_kernel(const float* __restrict__ norm, float max_norm,
+                                        float* __restrict__ out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = adamw_math::clip_coefficient(norm[0], max_norm);
+}
+
+// Any NaN or inf in the batch sets *flag = 1 (a plain store of the same value: order-independent).
+__global__ void nonfinite_kernel(TensorBatch b, int32_t* __restrict__ flag) {
+  for (int ti = 0; ti < b.count; ++ti) {
+    const float* x = b.ptr[ti];
+    bool found = false;
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < b.numel[ti];
+         i += int64_t{gridDim.x} * blockDim.x)
+      found |= (float_bits(x[i]) & 0x7FFFFFFFu) >= 0x7F800000u;
+    if (found) *flag = 1;
+  }
+}
+
+}  // namespace octet::cuda::kernels

@@ -1,0 +1,148 @@
+// Dispatcher for moe_permute.h: validates once, allocates outputs, routes to cpu:: or cuda::.
+#include "ops/moe_permute/moe_permute.h"
+
+#include "backend/dispatch.h"
+#include "ops/moe_permute/moe_permute_backends.h"
+
+namespace octet {
+namespace {
+
+constexpr uint32_t kScaleOne = 0x3F800000u;  // 1.0f: scale_inv of an all-zero group
+
+void check_map(Context& ctx, const PermuteMap& m) {
+  OCTET_CHECK(m.row_of.defined() && m.token_of.defined() && m.offsets.defined(),
+              "permute map: not built (call moe_permute_map first)");
+  check_device(m.row_of, "permute map row_of", ctx.device);
+  OCTET_CHECK(m.row_of.rows() == m.num_tokens && m.row_of.cols() == m.top_k &&
+                  m.token_of.numel() == m.num_rows,
+              "permute map: row_of ", shape_str(m.row_of.shape()), " / token_of ",
+              shape_str(m.token_of.shape()), " do not match T = ", m.num_tokens, ", k = ", m.top_k,
+              ", R = ", m.num_rows);
+}
+
+void check_rows(const Tensor& t, const char* name, int64_t rows, Device device) {
+  check_device(t, name, device);
+  OCTET_CHECK(t.rank() >= 2 && t.rows() == rows, name, ": expected shape [", rows, ", D], got ",
+              shape_str(t.shape()));
+}
+
+void check_out_dtype(DType d, const char* name) {
+  OCTET_CHECK(d == DType::kBF16 || d == DType::kF32, name,
+              ": output dtype must be BF16 or F32, got ", dtype_name(d));
+}
+
+}  // namespace
+
+PermuteMap moe_permute_map(Context& ctx, const PermuteMapArgs& args) {
+  const Tensor& idx = args.topk_idx;
+  check_dtype(idx, "permute topk_idx", {DType::kI32});
+  check_device(idx, "permute topk_idx", ctx.device);
+  OCTET_CHECK(idx.rank() == 2 && idx.cols() >= 1, "permute topk_idx: expected shape [T, k], got ",
+              shape_str(idx.shape()));
+  OCTET_CHECK(args.num_experts >= 1 && args.num_experts <= (1 << 20),
+              "permute: num_experts must be in [1, 2^20], got ", args.num_experts);
+  PermuteMap m;
+  m.num_tokens = idx.rows();
+  m.top_k = idx.cols();
+  m.num_experts = args.num_experts;
+  m.padding = args.padding;
+  const int64_t assignments = m.num_tokens * m.top_k;
+  m.num_rows = args.padding == PermutePadding::kNone
+                   ? assignments
+                   : (assignments + (kGroup - 1) * args.num_experts) / kGroup * kGroup;
+  OCTET_CHECK(m.num_rows < (int64_t{1} << 31), "permute: ", m.num_rows,
+              " permuted rows exceed int32 indexing");
+  m.row_of = Tensor::empty(ctx, {m.num_tokens, m.top_k}, DType::kI32);
+  m.token_of = Tensor::empty(ctx, {m.num_rows}, DType::kI32);
+  m.counts = Tensor::empty(ctx, {m.num_experts}, DType::kI32);
+  m.group_sizes = Tensor::empty(ctx, {m.num_experts}, DType::kI32);
+  m.offsets = Tensor::empty(ctx, {m.num_experts + 1}, DType::kI32);
+  OCTET_DISPATCH(ctx, moe_permute_map, ctx, args, m);
+  return m;
+}
+
+Tensor moe_permute(Context& ctx, const PermuteMap& map, const Tensor& x) {
+  check_map(ctx, map);
+  check_dtype(x, "permute input", {DType::kBF16, DType::kF32});
+  check_rows(x, "permute input", map.num_tokens, ctx.device);
+  Tensor out = Tensor::empty(ctx, {map.num_rows, x.cols()}, x.dtype());
+  OCTET_DISPATCH(ctx, moe_gather_rows, ctx, map, x, x.cols() * dtype_size(x.dtype()), 0u, out);
+  return out;
+}
+
+QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& x) {
+  check_map(ctx, map);
+  OCTET_CHECK(x.granularity == Granularity::k1x128,
+              "permute fp8 input: expected 1x128 scales, got ", granularity_name(x.granularity));
+  OCTET_CHECK(x.data.data() != nullptr || x.data.numel() == 0,
+              "permute fp8 input: the row-wise copy was not written");
+  check_dtype(x.data, "permute fp8 input data", {fp8_dtype(x.format)});
+  check_rows(x.data, "permute fp8 input data", map.num_tokens, ctx.device);
+  const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
+  check_dtype(x.scale_inv, "permute fp8 input scale_inv", {DType::kF32});
+  check_device(x.scale_inv, "permute fp8 input scale_inv", ctx.device);
+  OCTET_CHECK(x.scale_inv.numel() == map.num_tokens * groups,
+              "permute fp8 input scale_inv: expected shape [", map.num_tokens, ", ", groups,
+              "], got ", shape_str(x.scale_inv.shape()));
+  QuantTensor q;
+  q.format = x.format;
+  q.granularity = Granularity::k1x128;
+  q.rounding = x.rounding;
+  q.amax = x.amax;  // padding adds only zeros: the same amax
+  q.data = Tensor::empty(ctx, {map.num_rows, cols}, x.data.dtype());
+  q.scale_inv = Tensor::empty(ctx, {map.num_rows, groups}, DType::kF32);
+  OCTET_DISPATCH(ctx, moe_gather_rows, ctx, map, x.data, cols, 0u, q.data);
+  OCTET_DISPATCH(ctx, moe_gather_rows, ctx, map, x.scale_inv, groups * 4, kScaleOne, q.scale_inv);
+  return q;
+}
+
+Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
+                            DType out_dtype) {
+  check_map(ctx, map);
+  check_dtype(d_permuted, "permute backward d_permuted", {DType::kBF16, DType::kF32});
+  check_rows(d_permuted, "permute backward d_permuted", map.num_rows, ctx.device);
+  check_out_dtype(out_dtype, "permute backward");
+  Tensor out = Tensor::empty(ctx, {map.num_tokens, d_permuted.cols()}, out_dtype);
+  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), out);
+  return out;
+}
+
+Tensor moe_combine(Context& ctx, const PermuteMap& map, const CombineArgs& args) {
+  check_map(ctx, map);
+  check_dtype(args.expert_out, "combine expert_out", {DType::kBF16, DType::kF32});
+  check_rows(args.expert_out, "combine expert_out", map.num_rows, ctx.device);
+  check_dtype(args.topk_weight, "combine topk_weight", {DType::kF32});
+  check_device(args.topk_weight, "combine topk_weight", ctx.device);
+  OCTET_CHECK(args.topk_weight.rows() == map.num_tokens && args.topk_weight.cols() == map.top_k,
+              "combine topk_weight: expected shape [", map.num_tokens, ", ", map.top_k, "], got ",
+              shape_str(args.topk_weight.shape()));
+  check_out_dtype(args.out_dtype, "combine");
+  Tensor out = Tensor::empty(ctx, {map.num_tokens, args.expert_out.cols()}, args.out_dtype);
+  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, args.expert_out, args.topk_weight, out);
+  return out;
+}
+
+CombineGrads moe_combine_backward(Context& ctx, const PermuteMap& map,
+                                  const CombineBackwardArgs& args) {
+  check_map(ctx, map);
+  check_dtype(args.expert_out, "combine backward expert_out", {DType::kBF16, DType::kF32});
+  check_rows(args.expert_out, "combine backward expert_out", map.num_rows, ctx.device);
+  const int64_t cols = args.expert_out.cols();
+  check_dtype(args.d_out, "combine backward d_out", {DType::kBF16, DType::kF32});
+  check_rows(args.d_out, "combine backward d_out", map.num_tokens, ctx.device);
+  OCTET_CHECK(args.d_out.cols() == cols, "combine backward d_out: expected shape [", map.num_tokens,
+              ", ", cols, "] (D of expert_out), got ", shape_str(args.d_out.shape()));
+  check_dtype(args.topk_weight, "combine backward topk_weight", {DType::kF32});
+  check_device(args.topk_weight, "combine backward topk_weight", ctx.device);
+  OCTET_CHECK(args.topk_weight.rows() == map.num_tokens && args.topk_weight.cols() == map.top_k,
+              "combine backward topk_weight: expected shape [", map.num_tokens, ", ", map.top_k,
+              "], got ", shape_str(args.topk_weight.shape()));
+  check_out_dtype(args.d_expert_out_dtype, "combine backward d_expert_out");
+  CombineGrads g;
+  g.d_expert_out = Tensor::empty(ctx, {map.num_rows, cols}, args.d_expert_out_dtype);
+  g.d_topk_weight = Tensor::empty(ctx, {map.num_tokens, map.top_k}, DType::kF32);
+  OCTET_DISPATCH(ctx, moe_combine_backward, ctx, map, args, g);
+  return g;
+}
+
+}  // namespace octet

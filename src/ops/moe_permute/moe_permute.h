@@ -1,0 +1,96 @@
+// MoE dispatch and combine on one device: permute tokens into the contiguous expert-grouped layout,
+// unpermute-and-combine the expert outputs, and the backward of both.
+//
+// Layout (what ops/grouped_gemm reads): rows of expert 0, then expert 1, ...; within an expert the
+// tokens in ascending order (a stable counting sort by expert id: deterministic). Expert e owns
+// rows [offsets[e], offsets[e] + counts[e]). With PermutePadding::kTo128 every expert's block is
+// padded with zero rows to a multiple of 128 (DeepGEMM's contiguous layout; needed by the FP8
+// Wgrad, see grouped_gemm.h); the number of rows in use, offsets[E], is then known only on the
+// device, so the permuted tensors have the static upper bound R = floor((T k + 127 E) / 128) * 128
+// rows, and every row from offsets[E] on is padding too. Without padding R = T k and there is none.
+//
+// Padding rows: payload 0 (FP8 code 0x00), FP8 scale_inv 1.0 (what quantize writes for an all-zero
+// group), token_of -1, and they receive no gradient. All outputs are freshly allocated (`=`).
+// CPU and CUDA agree bit for bit: the maps are integers, the payload moves are copies, and every
+// reduction runs in the fixed order stated here with one rounding per FP32 operation.
+#pragma once
+
+#include "core/context.h"
+#include "core/quant_tensor.h"
+
+namespace octet {
+
+enum class PermutePadding : uint8_t {
+  kNone,   // R = T k rows, no padding
+  kTo128,  // each expert's rows padded to a multiple of 128 (DeepGEMM contiguous layout)
+};
+
+struct PermuteMapArgs {
+  Tensor topk_idx;  // (T, k) int32: expert ids in [0, E), distinct within a token (router output)
+  int64_t num_experts = 0;  // E
+  PermutePadding padding = PermutePadding::kNone;
+};
+
+struct PermuteMap {
+  Tensor row_of;       // (T, k) int32: permuted row of token t's j-th choice
+  Tensor token_of;     // (R) int32: source token of each permuted row, -1 for padding rows
+  Tensor counts;       // (E) int32: tokens routed to each expert
+  Tensor group_sizes;  // (E) int32: rows of each expert including padding (== counts with kNone)
+  Tensor offsets;      // (E + 1) int32: first row of each expert; offsets[E] = rows in use
+  int64_t num_tokens = 0;  // T
+  int64_t top_k = 0;       // k
+  int64_t num_experts = 0;
+  int64_t num_rows = 0;  // R
+  PermutePadding padding = PermutePadding::kNone;
+};
+
+// Builds the map on the context's device (CUDA: CUB's stable radix sort by expert id; no host
+// sync). The CPU throws for an id outside [0, E) or repeated within a token; CUDA treats such a
+// choice as dropped (row_of -1, not counted) so that a bad id cannot write out of bounds.
+PermuteMap moe_permute_map(Context& ctx, const PermuteMapArgs& args);
+
+// out[r] = x[token_of[r]] (a copy), padding rows 0. x: (T, D) bf16 | f32 -> (R, D) of the same
+// dtype.
+Tensor moe_permute(Context& ctx, const PermuteMap& map, const Tensor& x);
+
+// The FP8 dispatch of DESIGN.md section 3 (quantize once before dispatch): data rows and their
+// 1x128 scale_inv rows move together. x: row-wise copy (T, D) fp8 with 1x128 scale_inv (T,
+// ceil(D/128)) -> (R, D), (R, ceil(D/128)); format, rounding and amax (shared, unchanged) carried
+// over; no column-wise copy.
+QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& x);
+
+// Backward of moe_permute (gather back): d_x[t] = sum_{j = 0..k-1} d_permuted[row_of[t, j]],
+// accumulated in FP32 in slot order j (from 0.0), rounded once to out_dtype (nearest even for
+// bf16). d_permuted: (R, D) bf16 | f32 -> (T, D) out_dtype (bf16 | f32).
+Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
+                            DType out_dtype);
+
+struct CombineArgs {
+  Tensor expert_out;   // (R, D) bf16 | f32: outputs of the expert FFNs in the permuted layout
+  Tensor topk_weight;  // (T, k) f32: router weights
+  DType out_dtype = DType::kBF16;  // bf16 | f32
+};
+
+// Unpermute and combine: out[t] = sum_{j = 0..k-1} w[t, j] * expert_out[row_of[t, j]]:
+// acc = 0.0f; for j in order: acc = acc + (w * x) (each FP32 operation rounded); out = round(acc).
+Tensor moe_combine(Context& ctx, const PermuteMap& map, const CombineArgs& args);
+
+struct CombineBackwardArgs {
+  Tensor d_out;                             // (T, D) bf16 | f32: gradient of the combine output
+  Tensor expert_out;                        // (R, D) bf16 | f32, as given to the forward (saved)
+  Tensor topk_weight;                       // (T, k) f32, as given to the forward (saved)
+  DType d_expert_out_dtype = DType::kBF16;  // bf16 | f32
+};
+
+struct CombineGrads {
+  Tensor d_expert_out;   // (R, D): row row_of[t, j] = round(w[t, j] * d_out[t]); padding rows 0
+  Tensor d_topk_weight;  // (T, k) f32: <d_out[t], expert_out[row_of[t, j]]>, order below
+};
+
+// d_topk_weight's dot product over D in a fixed order (the CUDA warp's): 32 partial sums, partial l
+// adds the products d * x of columns l, l + 32, l + 64, ... in order (from 0.0); then
+// for h = 16, 8, 4, 2, 1: partial[l] += partial[l + h] for l < h; the result is partial[0].
+CombineGrads moe_combine_backward(Context& ctx, const PermuteMap& map,
+                                  const CombineBackwardArgs& args);
+
+}  // namespace octet

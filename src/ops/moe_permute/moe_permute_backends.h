@@ -1,0 +1,30 @@
+// Internal: the per-backend implementations behind moe_permute.h. Arguments are validated and
+// outputs allocated by moe_permute.cpp; these functions only compute.
+#pragma once
+
+#include "ops/moe_permute/moe_permute.h"
+
+namespace octet {
+
+#define OCTET_MOE_PERMUTE_BACKEND_DECLS                                                            \
+  void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& map);                 \
+  /* out[r] = src[token_of[r]] for rows of row_bytes bytes; padding rows filled with fill_word. */ \
+  void moe_gather_rows(Context& ctx, const PermuteMap& map, const Tensor& src, int64_t row_bytes,  \
+                       uint32_t fill_word, Tensor& out);                                           \
+  /* out[t] = sum_j w[t, j] * src[row_of[t, j]] (w == 1 when weight is undefined), FP32, slot      \
+   * order. */                                                                                     \
+  void moe_weighted_gather(Context& ctx, const PermuteMap& map, const Tensor& src,                 \
+                           const Tensor& weight, Tensor& out);                                     \
+  void moe_combine_backward(Context& ctx, const PermuteMap& map, const CombineBackwardArgs& args,  \
+                            CombineGrads& grads);
+
+namespace cpu {
+OCTET_MOE_PERMUTE_BACKEND_DECLS
+}
+namespace cuda {
+OCTET_MOE_PERMUTE_BACKEND_DECLS
+}
+
+#undef OCTET_MOE_PERMUTE_BACKEND_DECLS
+
+}  // namespace octet

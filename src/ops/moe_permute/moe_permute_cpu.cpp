@@ -1,0 +1,121 @@
+// CPU reference for moe_permute.h: a counting sort over the assignments in token order, row copies,
+// and FP32 sums in the orders the header states (numerics/fp32_rn.h, one rounding per operation).
+#include <cstring>
+#include <vector>
+
+#include "numerics/fp32_rn.h"
+#include "ops/moe_permute/moe_permute_backends.h"
+
+namespace octet::cpu {
+namespace {
+
+float load(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
+                                  : bf16_to_float(t.data_as<const uint16_t>()[i]);
+}
+
+void store(Tensor& t, int64_t i, float v) {
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = v;
+  else
+    t.data_as<uint16_t>()[i] = float_to_bf16(v);
+}
+
+}  // namespace
+
+void moe_permute_map(Context&, const PermuteMapArgs& args, PermuteMap& m) {
+  const int64_t T = m.num_tokens, k = m.top_k, E = m.num_experts;
+  const int32_t* idx = args.topk_idx.data_as<const int32_t>();
+  int32_t* counts = m.counts.data_as<int32_t>();
+  int32_t* sizes = m.group_sizes.data_as<int32_t>();
+  int32_t* offsets = m.offsets.data_as<int32_t>();
+  std::fill_n(counts, E, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = idx[t * k + j];
+      OCTET_CHECK(e >= 0 && e < E, "permute topk_idx: expert id ", e, " at (token ", t, ", slot ",
+                  j, ") is outside [0, ", E, ")");
+      for (int64_t i = 0; i < j; ++i)
+        OCTET_CHECK(idx[t * k + i] != e, "permute topk_idx: token ", t, " chooses expert ", e,
+                    " twice (slots ", i, " and ", j, ")");
+      ++counts[e];
+    }
+  }
+  offsets[0] = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    sizes[e] = m.padding == PermutePadding::kTo128
+                   ? static_cast<int32_t>(ceil_div(counts[e], kGroup) * kGroup)
+                   : counts[e];
+    offsets[e + 1] = offsets[e] + sizes[e];
+  }
+  int32_t* token_of = m.token_of.data_as<int32_t>();
+  int32_t* row_of = m.row_of.data_as<int32_t>();
+  std::fill_n(token_of, m.num_rows, -1);
+  std::vector<int32_t> next(offsets, offsets + E);  // next free row of each expert
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t row = next[idx[t * k + j]]++;
+      row_of[t * k + j] = row;
+      token_of[row] = static_cast<int32_t>(t);
+    }
+  }
+}
+
+void moe_gather_rows(Context&, const PermuteMap& m, const Tensor& src, int64_t row_bytes,
+                     uint32_t fill_word, Tensor& out) {
+  const int32_t* token_of = m.token_of.data_as<const int32_t>();
+  const auto* s = static_cast<const uint8_t*>(src.data());
+  auto* o = static_cast<uint8_t*>(out.data());
+  for (int64_t r = 0; r < m.num_rows; ++r) {
+    uint8_t* dst = o + r * row_bytes;
+    if (token_of[r] >= 0) {
+      std::memcpy(dst, s + token_of[r] * row_bytes, static_cast<size_t>(row_bytes));
+    } else {
+      uint8_t fill[4];
+      std::memcpy(fill, &fill_word, 4);
+      for (int64_t b = 0; b < row_bytes; ++b) dst[b] = fill[b % 4];
+    }
+  }
+}
+
+void moe_weighted_gather(Context&, const PermuteMap& m, const Tensor& src, const Tensor& weight,
+                         Tensor& out) {
+  const int64_t T = m.num_tokens, k = m.top_k, D = src.cols();
+  const int32_t* row_of = m.row_of.data_as<const int32_t>();
+  const float* w = weight.data() ? weight.data_as<const float>() : nullptr;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const float x = load(src, row_of[t * k + j] * D + d);
+        acc = rn::add(acc, w ? rn::mul(w[t * k + j], x) : x);
+      }
+      store(out, t * D + d, acc);
+    }
+  }
+}
+
+void moe_combine_backward(Context&, const PermuteMap& m, const CombineBackwardArgs& a,
+                          CombineGrads& g) {
+  const int64_t T = m.num_tokens, k = m.top_k, D = a.expert_out.cols();
+  const int32_t* row_of = m.row_of.data_as<const int32_t>();
+  const float* w = a.topk_weight.data_as<const float>();
+  float* dw = g.d_topk_weight.data_as<float>();
+  std::memset(g.d_expert_out.data(), 0, static_cast<size_t>(g.d_expert_out.nbytes()));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t row = row_of[t * k + j];
+      float partial[32] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const float dy = load(a.d_out, t * D + d);
+        store(g.d_expert_out, row * D + d, rn::mul(w[t * k + j], dy));
+        partial[d % 32] = rn::add(partial[d % 32], rn::mul(dy, load(a.expert_out, row * D + d)));
+      }
+      for (int h = 16; h > 0; h /= 2)
+        for (int l = 0; l < h; ++l) partial[l] = rn::add(partial[l], partial[l + h]);
+      dw[t * k + j] = partial[0];
+    }
+  }
+}
+
+}  // namespace octet::cpu

@@ -1,0 +1,183 @@
+// CUDA launchers of the moe_permute family (device code in moe_permute_kernels.cuh). The map is a
+// stable radix sort of the assignments by expert id (CUB, from CCCL): equal ids keep the order of
+// the assignment index t k + j, i.e. ascending tokens. Everything is enqueued on the context's
+// stream; nothing synchronises with the host.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda_check.h"
+#include "ops/moe_permute/moe_permute_backends.h"
+#include "ops/moe_permute/moe_permute_kernels.cuh"
+
+namespace octet::cuda {
+namespace {
+
+cudaStream_t stream_of(const Context& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
+
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::clamp<int64_t>(ceil_div(n, threads), 1, 0x7FFFFFFF));
+}
+
+// Grid for one-block-per-row kernels that loop over rows: enough blocks to fill the GPU many times.
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 1 << 20));
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+int end_bit_for(int64_t experts) {
+  int bits = 1;
+  while ((int64_t{1} << bits) <= experts) ++bits;  // keys go up to E (the invalid marker)
+  return bits;
+}
+
+template <typename InT, typename OutT>
+void launch_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const float* w,
+                            Tensor& out) {
+  const int64_t cols = src.cols();
+  const auto* s = src.data_as<const InT>();
+  auto* o = out.data_as<OutT>();
+  const unsigned grid = row_blocks(m.num_tokens);
+  const int32_t* row_of = m.row_of.data_as<const int32_t>();
+  const int k = static_cast<int>(m.top_k);
+  if (cols % 4 == 0) {
+    kernels::weighted_gather_kernel<InT, OutT, 4>
+        <<<grid, kernels::kRowThreads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
+  } else {
+    kernels::weighted_gather_kernel<InT, OutT, 1>
+        <<<grid, kernels::kRowThreads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
+  }
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+template <typename DyT, typename OutT, typename XT>
+void launch_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwardArgs& a,
+                             CombineGrads& g) {
+  const int64_t cols = a.expert_out.cols();
+  const cudaStream_t st = stream_of(ctx);
+  kernels::combine_backward_rows_kernel<DyT, OutT>
+      <<<row_blocks(m.num_rows), kernels::kRowThreads, 0, st>>>(
+          a.d_out.data_as<const DyT>(), a.topk_weight.data_as<const float>(),
+          m.row_of.data_as<const int32_t>(), m.token_of.data_as<const int32_t>(), m.num_rows,
+          static_cast<int>(m.top_k), cols, g.d_expert_out.data_as<OutT>());
+  OCTET_CUDA_CHECK_LAUNCH();
+  const int64_t assignments = m.num_tokens * m.top_k;
+  if (assignments == 0) return;
+  kernels::combine_backward_weight_kernel<DyT, XT>
+      <<<blocks_for(assignments * 32, 256), 256, 0, st>>>(
+          a.d_out.data_as<const DyT>(), a.expert_out.data_as<const XT>(),
+          m.row_of.data_as<const int32_t>(), assignments, static_cast<int>(m.top_k), cols,
+          g.d_topk_weight.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& m) {
+  const cudaStream_t st = stream_of(ctx);
+  const int64_t n = m.num_tokens * m.top_k;
+  const int E = static_cast<int>(m.num_experts);
+  OCTET_CUDA_CHECK(cudaMemsetAsync(m.counts.data(), 0, m.counts.nbytes(), st));
+  OCTET_CUDA_CHECK(cudaMemsetAsync(m.row_of.data(), 0xFF, m.row_of.nbytes(), st));      // -1
+  OCTET_CUDA_CHECK(cudaMemsetAsync(m.token_of.data(), 0xFF, m.token_of.nbytes(), st));  // -1
+  Tensor keys = Tensor::empty(ctx, {2, std::max<int64_t>(n, 1)}, DType::kI32);
+  Tensor vals = Tensor::empty(ctx, {2, std::max<int64_t>(n, 1)}, DType::kI32);
+  auto* keys_in = keys.data_as<uint32_t>();
+  auto* keys_out = keys_in + std::max<int64_t>(n, 1);
+  auto* vals_in = vals.data_as<int32_t>();
+  auto* vals_out = vals_in + std::max<int64_t>(n, 1);
+  if (n > 0) {
+    kernels::permute_keys_kernel<<<blocks_for(n, 256), 256, 0, st>>>(
+        args.topk_idx.data_as<const int32_t>(), n, E, keys_in, vals_in,
+        m.counts.data_as<int32_t>());
+    OCTET_CUDA_CHECK_LAUNCH();
+  }
+  Tensor sorted_start = Tensor::empty(ctx, {m.num_experts}, DType::kI32);
+  kernels::permute_offsets_kernel<<<1, 32, 0, st>>>(
+      m.counts.data_as<const int32_t>(), E, m.padding == PermutePadding::kTo128,
+      m.group_sizes.data_as<int32_t>(), m.offsets.data_as<int32_t>(),
+      sorted_start.data_as<int32_t>());
+  OCTET_CUDA_CHECK_LAUNCH();
+  if (n == 0) return;
+  const int end_bit = end_bit_for(m.num_experts);
+  size_t temp_bytes = 0;
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, vals_in,
+                                                   vals_out, static_cast<int>(n), 0, end_bit, st));
+  Tensor temp =
+      Tensor::empty(ctx, {static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::kU8);
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys_in, keys_out,
+                                                   vals_in, vals_out, static_cast<int>(n), 0,
+                                                   end_bit, st));
+  kernels::permute_rows_kernel<<<blocks_for(n, 256), 256, 0, st>>>(
+      keys_out, vals_out, n, E, static_cast<int>(m.top_k), m.offsets.data_as<const int32_t>(),
+      sorted_start.data_as<const int32_t>(), m.row_of.data_as<int32_t>(),
+      m.token_of.data_as<int32_t>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void moe_gather_rows(Context& ctx, const PermuteMap& m, const Tensor& src, int64_t row_bytes,
+                     uint32_t fill_word, Tensor& out) {
+  if (m.num_rows == 0 || row_bytes == 0) return;
+  const cudaStream_t st = stream_of(ctx);
+  if (row_bytes % 16 == 0 && aligned16(src.data()) && aligned16(out.data())) {
+    kernels::gather_rows_kernel<uint4><<<row_blocks(m.num_rows), kernels::kRowThreads, 0, st>>>(
+        static_cast<const uint4*>(src.data()), m.token_of.data_as<const int32_t>(), m.num_rows,
+        row_bytes / 16, fill_word, static_cast<uint4*>(out.data()));
+  } else {
+    kernels::gather_rows_kernel<uint8_t><<<row_blocks(m.num_rows), kernels::kRowThreads, 0, st>>>(
+        static_cast<const uint8_t*>(src.data()), m.token_of.data_as<const int32_t>(), m.num_rows,
+        row_bytes, fill_word, static_cast<uint8_t*>(out.data()));
+  }
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const Tensor& weight,
+                         Tensor& out) {
+  if (m.num_tokens == 0 || src.cols() == 0) return;
+  const float* w = weight.data() ? weight.data_as<const float>() : nullptr;
+  const bool in_f32 = src.dtype() == DType::kF32, out_f32 = out.dtype() == DType::kF32;
+  if (in_f32 && out_f32)
+    launch_weighted_gather<float, float>(ctx, m, src, w, out);
+  else if (in_f32)
+    launch_weighted_gather<float, uint16_t>(ctx, m, src, w, out);
+  else if (out_f32)
+    launch_weighted_gather<uint16_t, float>(ctx, m, src, w, out);
+  else
+    launch_weighted_gather<uint16_t, uint16_t>(ctx, m, src, w, out);
+}
+
+void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwardArgs& a,
+                          CombineGrads& g) {
+  if (a.expert_out.cols() == 0) {
+    OCTET_CUDA_CHECK(
+        cudaMemsetAsync(g.d_topk_weight.data(), 0, g.d_topk_weight.nbytes(), stream_of(ctx)));
+    return;
+  }
+  const bool dy32 = a.d_out.dtype() == DType::kF32, out32 = g.d_expert_out.dtype() == DType::kF32;
+  const bool x32 = a.expert_out.dtype() == DType::kF32;
+  // Eight instantiations: d_out, d_expert_out and expert_out each bf16 or f32.
+  auto go = [&](auto dy, auto out) {
+    using DyT = decltype(dy);
+    using OutT = decltype(out);
+    if (x32)
+      launch_combine_backward<DyT, OutT, float>(ctx, m, a, g);
+    else
+      launch_combine_backward<DyT, OutT, uint16_t>(ctx, m, a, g);
+  };
+  if (dy32 && out32)
+    go(float{}, float{});
+  else if (dy32)
+    go(float{}, uint16_t{});
+  else if (out32)
+    go(uint16_t{}, float{});
+  else
+    go(uint16_t{}, uint16_t{});
+}
+
+}  // namespace octet::cuda

@@ -1,0 +1,143 @@
+// CUDA adamw family against the CPU reference, bit for bit: the AdamW step over several steps with
+// and without the optional inputs, the global norm (more tensors than one launch takes, chunk
+// edges), the clipping coefficient and the non-finite flag.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "numerics/fp8.h"
+#include "ops/adamw/adamw.h"
+#include "test_util.h"
+
+namespace octet {
+namespace {
+
+using test::bitwise_equal;
+
+struct Devices {
+  Context cpu = make_context(Device::kCpu);
+  Context gpu = make_context(Device::kCuda);
+};
+
+Devices& devices() {
+  static Devices d;
+  return d;
+}
+
+Tensor to_gpu(const Tensor& t) {
+  return t.to(devices().gpu, Device::kCuda);
+}
+Tensor to_cpu(const Tensor& t) {
+  return t.to_host(devices().gpu);
+}
+
+Tensor bf16_of(const Tensor& f, bool absolute) {
+  Tensor t = Tensor::empty(f.shape(), DType::kBF16);
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    const float v = f.data_as<float>()[i];
+    t.data_as<uint16_t>()[i] = float_to_bf16(absolute ? std::fabs(v) : v);
+  }
+  return t;
+}
+
+Tensor scalar(DType dt, double v) {
+  Tensor t = Tensor::empty({1}, dt);
+  if (dt == DType::kF32)
+    t.data_as<float>()[0] = static_cast<float>(v);
+  else
+    t.data_as<int32_t>()[0] = static_cast<int32_t>(v);
+  return t;
+}
+
+class AdamWGpu : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(AdamWGpu, StepsMatchCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const int64_t n = GetParam();
+  AdamWArgs c{test::random_tensor({n}, DType::kF32, 1), Tensor(),
+              bf16_of(test::random_tensor({n}, DType::kF32, 2), false),
+              bf16_of(test::random_tensor({n}, DType::kF32, 3, test::Dist::kWide), true)};
+  c.param_bf16 = Tensor::empty({n}, DType::kBF16);
+  AdamWArgs g{to_gpu(c.param), Tensor(), to_gpu(c.exp_avg), to_gpu(c.exp_avg_sq)};
+  g.param_bf16 = Tensor::empty(gpu, {n}, DType::kBF16);
+  for (int64_t step = 1; step <= 4; ++step) {
+    SCOPED_TRACE("n = " + std::to_string(n) + ", step " + std::to_string(step));
+    c.grad = test::random_tensor({n}, DType::kF32, 10 + step,
+                                 step == 2 ? test::Dist::kWide : test::Dist::kOutliers);
+    g.grad = to_gpu(c.grad);
+    // Step 3 scales the gradient; step 4 is skipped through found_inf.
+    c.grad_scale = step == 3 ? scalar(DType::kF32, 0.3) : Tensor();
+    g.grad_scale = step == 3 ? to_gpu(c.grad_scale) : Tensor();
+    c.found_inf = step == 4 ? scalar(DType::kI32, 1) : Tensor();
+    g.found_inf = step == 4 ? to_gpu(c.found_inf) : Tensor();
+    for (AdamWArgs* a : {&c, &g}) {
+      a->lr = 1e-3f * static_cast<float>(step);
+      a->weight_decay = step == 2 ? 0.0f : 0.1f;
+      a->step = step;
+    }
+    adamw_step(cpu, c);
+    adamw_step(gpu, g);
+    ASSERT_TRUE(bitwise_equal(c.param, to_cpu(g.param))) << "param";
+    ASSERT_TRUE(bitwise_equal(c.exp_avg, to_cpu(g.exp_avg))) << "exp_avg";
+    ASSERT_TRUE(bitwise_equal(c.exp_avg_sq, to_cpu(g.exp_avg_sq))) << "exp_avg_sq";
+    if (step < 4) ASSERT_TRUE(bitwise_equal(c.param_bf16, to_cpu(g.param_bf16))) << "param_bf16";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AdamWGpu, ::testing::Values(1, 127, 1481, 4097, (1 << 20) + 3));
+
+TEST(GradNormGpu, MatchesCpuBitwiseOverManyTensors) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  std::vector<Tensor> host, dev;
+  // 45 tensors: more than one launch's 32, with empty ones and sizes around the 4096-element
+  // chunks.
+  const int64_t sizes[] = {1, 0, 4095, 4096, 4097, 127, 1481, 8191, 8193, 300007, 0, 3};
+  for (int i = 0; i < 45; ++i) {
+    const int64_t n = sizes[i % 12] + (i / 12) * 13;
+    host.push_back(test::random_tensor({n}, DType::kF32, 500 + i,
+                                       i % 3 ? test::Dist::kOutliers : test::Dist::kGaussian));
+    dev.push_back(to_gpu(host.back()));
+  }
+  const Tensor want = global_grad_norm(cpu, host);
+  const Tensor got = global_grad_norm(gpu, dev);
+  ASSERT_TRUE(bitwise_equal(want, to_cpu(got))) << "norm " << want.data_as<float>()[0];
+  ASSERT_TRUE(bitwise_equal(want, to_cpu(global_grad_norm(gpu, dev)))) << "second run";
+  for (float max_norm : {1.0f, 1e6f}) {
+    ASSERT_TRUE(bitwise_equal(grad_clip_coefficient(cpu, want, max_norm),
+                              to_cpu(grad_clip_coefficient(gpu, got, max_norm))))
+        << "clip coefficient, max_norm " << max_norm;
+  }
+  EXPECT_EQ(to_cpu(global_grad_norm(gpu, {})).data_as<float>()[0], 0.0f);
+}
+
+TEST(GradNormGpu, NonfiniteFlag) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  std::vector<Tensor> host;
+  for (int i = 0; i < 40; ++i)
+    host.push_back(test::random_tensor({1000 + 37 * i}, DType::kF32, 900 + i));
+  auto flag = [&](const std::vector<Tensor>& h) {
+    std::vector<Tensor> d;
+    for (const Tensor& t : h) d.push_back(to_gpu(t));
+    return to_cpu(nonfinite_flag(gpu, d)).data_as<int32_t>()[0];
+  };
+  EXPECT_EQ(flag(host), 0);
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (int where : {0, 31, 32, 39}) {
+      host[where].data_as<float>()[host[where].numel() - 1] = bad;
+      EXPECT_EQ(flag(host), 1) << "value " << bad << " in tensor " << where;
+      EXPECT_EQ(nonfinite_flag(cpu, host).data_as<int32_t>()[0], 1);
+      host[where].data_as<float>()[host[where].numel() - 1] = 0.25f;
+    }
+  }
+  EXPECT_EQ(flag(host), 0);
+}
+
+}  // namespace
+}  // namespace octet

@@ -1,0 +1,288 @@
+// MoE permute / combine on the CPU (ops/moe_permute/moe_permute.h): hand-computed maps (with
+// padding and empty experts), the layout's invariants on random routings, payload moves (BF16 and
+// FP8 with scales), combine against FP64 sums, and finite-difference / adjoint checks of the
+// backwards.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ops/moe_permute/moe_permute.h"
+#include "ops/quantize/quantize.h"
+#include "test_util.h"
+
+namespace octet {
+namespace {
+
+Context& cpu() {
+  static Context c = make_context(Device::kCpu);
+  return c;
+}
+
+Tensor i32(const Shape& shape, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty(shape, DType::kI32);
+  std::copy(v.begin(), v.end(), t.data_as<int32_t>());
+  return t;
+}
+
+std::vector<int32_t> vec(const Tensor& t) {
+  return std::vector<int32_t>(t.data_as<int32_t>(), t.data_as<int32_t>() + t.numel());
+}
+
+// Distinct experts per token, skewed toward low ids (quadratic draw) so that loads differ widely;
+// the last `empty_tail` experts get no token.
+Tensor random_routing(int64_t T, int64_t k, int64_t E, uint64_t seed, int64_t empty_tail = 0) {
+  Tensor t = Tensor::empty({T, k}, DType::kI32);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const int64_t usable = E - empty_tail;
+  for (int64_t i = 0; i < T; ++i) {
+    int32_t* row = t.data_as<int32_t>() + i * k;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e;
+      do {
+        const double v = u(rng);
+        e = static_cast<int32_t>(
+            std::min<int64_t>(usable - 1, static_cast<int64_t>(v * v * usable)));
+      } while (std::find(row, row + j, e) != row + j);
+      row[j] = e;
+    }
+  }
+  return t;
+}
+
+TEST(MoePermute, HandComputedMap) {
+  const Tensor idx = i32({3, 2}, {2, 0, 0, 3, 2, 1});
+  PermuteMap m = moe_permute_map(cpu(), {idx, 4, PermutePadding::kNone});
+  EXPECT_EQ(m.num_rows, 6);
+  EXPECT_EQ(vec(m.counts), (std::vector<int32_t>{2, 1, 2, 1}));
+  EXPECT_EQ(vec(m.offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(vec(m.row_of), (std::vector<int32_t>{3, 0, 1, 5, 4, 2}));
+  EXPECT_EQ(vec(m.token_of), (std::vector<int32_t>{0, 1, 2, 0, 2, 1}));
+
+  m = moe_permute_map(cpu(), {idx, 4, PermutePadding::kTo128});
+  EXPECT_EQ(m.num_rows, 512);  // floor((6 + 127 * 4) / 128) * 128
+  EXPECT_EQ(vec(m.group_sizes), (std::vector<int32_t>{128, 128, 128, 128}));
+  EXPECT_EQ(vec(m.offsets), (std::vector<int32_t>{0, 128, 256, 384, 512}));
+  EXPECT_EQ(vec(m.row_of), (std::vector<int32_t>{256, 0, 1, 384, 257, 128}));
+
+  // Expert 1 gets no token: an empty group, and the tail after offsets[E] is padding.
+  m = moe_permute_map(cpu(), {i32({3, 2}, {2, 0, 0, 3, 2, 3}), 4, PermutePadding::kTo128});
+  EXPECT_EQ(vec(m.counts), (std::vector<int32_t>{2, 0, 2, 2}));
+  EXPECT_EQ(vec(m.offsets), (std::vector<int32_t>{0, 128, 128, 256, 384}));
+  for (int64_t r = 384; r < m.num_rows; ++r)
+    ASSERT_EQ(m.token_of.data_as<int32_t>()[r], -1) << "row " << r;
+}
+
+TEST(MoePermute, LayoutInvariantsOnRandomRoutings) {
+  struct Case {
+    int64_t T, k, E, empty_tail;
+  };
+  for (const Case c :
+       {Case{1, 1, 8, 0}, Case{127, 8, 32, 5}, Case{1481, 8, 256, 17}, Case{129, 3, 8, 2}}) {
+    for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
+      const Tensor idx = random_routing(c.T, c.k, c.E, 5 + c.T, c.empty_tail);
+      const PermuteMap m = moe_permute_map(cpu(), {idx, c.E, pad});
+      const int32_t* off = m.offsets.data_as<int32_t>();
+      const int32_t* tok = m.token_of.data_as<int32_t>();
+      const int32_t* row = m.row_of.data_as<int32_t>();
+      const int32_t* ids = idx.data_as<int32_t>();
+      std::vector<int64_t> count(c.E, 0);
+      for (int64_t i = 0; i < c.T * c.k; ++i) ++count[ids[i]];
+      for (int64_t e = 0; e < c.E; ++e) {
+        ASSERT_EQ(m.counts.data_as<int32_t>()[e], count[e]) << "expert " << e;
+        ASSERT_EQ(off[e + 1] - off[e], m.group_sizes.data_as<int32_t>()[e]) << "expert " << e;
+        if (pad == PermutePadding::kTo128) {
+          ASSERT_EQ(off[e] % 128, 0) << "expert " << e;
+          ASSERT_EQ(m.group_sizes.data_as<int32_t>()[e], (count[e] + 127) / 128 * 128)
+              << "expert " << e;
+        }
+        // Rows of the expert: its tokens in ascending order, then padding.
+        for (int64_t r = off[e]; r < off[e + 1]; ++r) {
+          if (r - off[e] < count[e]) {
+            ASSERT_GE(tok[r], 0) << "row " << r;
+            if (r > off[e])
+              ASSERT_LT(tok[r - 1], tok[r]) << "rows " << r - 1 << ", " << r << " of expert " << e;
+          } else {
+            ASSERT_EQ(tok[r], -1) << "padding row " << r;
+          }
+        }
+      }
+      for (int64_t r = off[c.E]; r < m.num_rows; ++r) ASSERT_EQ(tok[r], -1) << "tail row " << r;
+      for (int64_t i = 0; i < c.T * c.k; ++i) {
+        const int32_t r = row[i], e = ids[i];
+        ASSERT_TRUE(r >= off[e] && r < off[e] + count[e]) << "assignment " << i << " row " << r;
+        ASSERT_EQ(tok[r], i / c.k) << "assignment " << i;
+      }
+    }
+  }
+}
+
+TEST(MoePermute, RejectsBadRoutings) {
+  EXPECT_THROW(moe_permute_map(cpu(), {i32({2, 2}, {0, 4, 1, 2}), 4, PermutePadding::kNone}),
+               Error);  // id 4
+  EXPECT_THROW(moe_permute_map(cpu(), {i32({2, 2}, {0, 1, 2, 2}), 4, PermutePadding::kNone}),
+               Error);  // twice
+  EXPECT_THROW(moe_permute_map(cpu(), {i32({2, 2}, {0, -1, 1, 2}), 4, PermutePadding::kNone}),
+               Error);
+  const PermuteMap m =
+      moe_permute_map(cpu(), {i32({2, 2}, {0, 1, 1, 2}), 4, PermutePadding::kNone});
+  try {
+    moe_permute(cpu(), m, test::random_tensor({3, 8}, DType::kBF16, 1));
+    FAIL() << "a 3-token payload was accepted for a 2-token map";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("permute input"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[3, 8]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(moe_combine(cpu(), m,
+                           {test::random_tensor({4, 8}, DType::kBF16, 2),
+                            test::random_tensor({2, 3}, DType::kF32, 3)}),
+               Error);
+}
+
+TEST(MoePermute, PayloadRowsMoveWithTheirScales) {
+  const int64_t T = 129, k = 4, E = 16, D = 300;  // D: a partial last scale group
+  const Tensor idx = random_routing(T, k, E, 9, 3);
+  const Tensor x = test::random_tensor({T, D}, DType::kBF16, 10, test::Dist::kOutliers);
+  const QuantTensor q =
+      quantize(cpu(), {x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2});
+  for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
+    const PermuteMap m = moe_permute_map(cpu(), {idx, E, pad});
+    const Tensor px = moe_permute(cpu(), m, x);
+    const QuantTensor pq = moe_permute(cpu(), m, q);
+    ASSERT_EQ(px.shape(), (Shape{m.num_rows, D}));
+    ASSERT_EQ(pq.scale_inv.shape(), (Shape{m.num_rows, 3}));
+    for (int64_t r = 0; r < m.num_rows; ++r) {
+      const int32_t t = m.token_of.data_as<int32_t>()[r];
+      for (int64_t d = 0; d < D; ++d) {
+        const uint16_t want = t >= 0 ? x.data_as<uint16_t>()[t * D + d] : 0;
+        const uint8_t want_q = t >= 0 ? q.data.data_as<uint8_t>()[t * D + d] : 0;
+        ASSERT_EQ(px.data_as<uint16_t>()[r * D + d], want) << "bf16 row " << r << " col " << d;
+        ASSERT_EQ(pq.data.data_as<uint8_t>()[r * D + d], want_q) << "fp8 row " << r << " col " << d;
+      }
+      for (int64_t g = 0; g < 3; ++g)
+        ASSERT_EQ(pq.scale_inv.data_as<float>()[r * 3 + g],
+                  t >= 0 ? q.scale_inv.data_as<float>()[t * 3 + g] : 1.0f)
+            << "scale row " << r << " group " << g;
+    }
+    // The permuted FP8 tensor dequantizes to the permuted dequantized input.
+    const Tensor a = moe_permute(cpu(), m, dequantize(cpu(), q, DType::kF32));
+    ASSERT_TRUE(test::bitwise_equal(a, dequantize(cpu(), pq, DType::kF32)));
+  }
+}
+
+// FP64 reference of the combine: out[t] = sum_j w * x[row_of[t, j]].
+double combine_ref(const PermuteMap& m, const Tensor& x, const Tensor& w, int64_t t, int64_t d) {
+  const int64_t D = x.cols(), k = m.top_k;
+  double acc = 0.0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t r = m.row_of.data_as<int32_t>()[t * k + j];
+    const double xv = x.dtype() == DType::kF32 ? x.data_as<float>()[r * D + d]
+                                               : bf16_to_float(x.data_as<uint16_t>()[r * D + d]);
+    acc += (w.data() ? w.data_as<float>()[t * k + j] : 1.0) * xv;
+  }
+  return acc;
+}
+
+TEST(MoePermute, CombineAndGatherBackMatchFp64) {
+  const int64_t T = 127, k = 8, E = 32, D = 136;
+  const Tensor idx = random_routing(T, k, E, 31, 4);
+  for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
+    const PermuteMap m = moe_permute_map(cpu(), {idx, E, pad});
+    const Tensor y = test::random_tensor({m.num_rows, D}, DType::kBF16, 32);
+    const Tensor w = test::random_tensor({T, k}, DType::kF32, 33);
+    for (DType out_dt : {DType::kF32, DType::kBF16}) {
+      const Tensor out = moe_combine(cpu(), m, {y, w, out_dt});
+      const Tensor back = moe_permute_backward(cpu(), m, y, out_dt);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t d = 0; d < D; ++d) {
+          const double want = combine_ref(m, y, w, t, d),
+                       want_b = combine_ref(m, y, Tensor(), t, d);
+          const double got = out_dt == DType::kF32
+                                 ? out.data_as<float>()[t * D + d]
+                                 : bf16_to_float(out.data_as<uint16_t>()[t * D + d]);
+          const double got_b = out_dt == DType::kF32
+                                   ? back.data_as<float>()[t * D + d]
+                                   : bf16_to_float(back.data_as<uint16_t>()[t * D + d]);
+          const double tol = out_dt == DType::kF32 ? 1e-5 : 8e-3;
+          ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want)))
+              << "combine (" << t << ", " << d << ")";
+          ASSERT_NEAR(got_b, want_b, tol * (1.0 + std::fabs(want_b)))
+              << "gather back (" << t << ", " << d << ")";
+        }
+      }
+    }
+  }
+}
+
+TEST(MoePermute, PermuteBackwardIsTheAdjoint) {
+  // <permute(x), y> == <x, permute_backward(y)> for any x, y (padding rows carry nothing).
+  const int64_t T = 61, k = 4, E = 8, D = 24;
+  const PermuteMap m =
+      moe_permute_map(cpu(), {random_routing(T, k, E, 41, 1), E, PermutePadding::kTo128});
+  const Tensor x = test::random_tensor({T, D}, DType::kF32, 42);
+  const Tensor y = test::random_tensor({m.num_rows, D}, DType::kF32, 43);
+  const Tensor px = moe_permute(cpu(), m, x);
+  const Tensor by = moe_permute_backward(cpu(), m, y, DType::kF32);
+  double lhs = 0.0, rhs = 0.0;
+  for (int64_t i = 0; i < m.num_rows * D; ++i)
+    lhs += double{px.data_as<float>()[i]} * y.data_as<float>()[i];
+  for (int64_t i = 0; i < T * D; ++i) rhs += double{x.data_as<float>()[i]} * by.data_as<float>()[i];
+  EXPECT_NEAR(lhs, rhs, 1e-4 * (1.0 + std::fabs(lhs)));
+}
+
+TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
+  // L = sum_{t,d} r[t, d] * combine(x, w)[t, d], all in F32.
+  const int64_t T = 9, k = 3, E = 6, D = 70;
+  const PermuteMap m =
+      moe_permute_map(cpu(), {random_routing(T, k, E, 51, 1), E, PermutePadding::kTo128});
+  Tensor x = test::random_tensor({m.num_rows, D}, DType::kF32, 52);
+  Tensor w = test::random_tensor({T, k}, DType::kF32, 53);
+  const Tensor r = test::random_tensor({T, D}, DType::kF32, 54);
+  auto loss = [&]() {
+    const Tensor out = moe_combine(cpu(), m, {x, w, DType::kF32});
+    double L = 0.0;
+    for (int64_t i = 0; i < T * D; ++i)
+      L += double{r.data_as<float>()[i]} * out.data_as<float>()[i];
+    return L;
+  };
+  const CombineGrads g = moe_combine_backward(cpu(), m, {r, x, w, DType::kF32});
+  const float h = 1e-2f;
+  for (int64_t i = 0; i < T * k; ++i) {
+    const float w0 = w.data_as<float>()[i];
+    w.data_as<float>()[i] = w0 + h;
+    const double lp = loss();
+    w.data_as<float>()[i] = w0 - h;
+    const double lm = loss();
+    w.data_as<float>()[i] = w0;
+    const double fd = (lp - lm) / (2.0 * h);
+    ASSERT_NEAR(g.d_topk_weight.data_as<float>()[i], fd, 2e-3 * (1.0 + std::fabs(fd)))
+        << "d_weight " << i;
+  }
+  for (int64_t row = 0; row < m.num_rows; row += 7) {
+    for (int64_t d = 0; d < D; d += 5) {
+      const int64_t i = row * D + d;
+      const float x0 = x.data_as<float>()[i];
+      x.data_as<float>()[i] = x0 + h;
+      const double lp = loss();
+      x.data_as<float>()[i] = x0 - h;
+      const double lm = loss();
+      x.data_as<float>()[i] = x0;
+      const double fd = (lp - lm) / (2.0 * h);
+      ASSERT_NEAR(g.d_expert_out.data_as<float>()[i], fd, 2e-3 * (1.0 + std::fabs(fd)))
+          << "d_expert_out row " << row << " (token " << m.token_of.data_as<int32_t>()[row]
+          << ") col " << d;
+    }
+  }
+  // Padding rows get exactly zero.
+  for (int64_t row = 0; row < m.num_rows; ++row)
+    if (m.token_of.data_as<int32_t>()[row] < 0)
+      for (int64_t d = 0; d < D; ++d)
+        ASSERT_EQ(g.d_expert_out.data_as<float>()[row * D + d], 0.0f) << "row " << row;
+}
+
+}  // namespace
+}  // namespace octet
