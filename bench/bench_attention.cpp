@@ -1,0 +1,98 @@
+// `octet bench attention`: the causal attention core (forward, backward) in TFLOPS at an MLA-sized
+// shape. FLOPs are the algorithm's useful work on the causal half, T(T+1)/2 (query, key) pairs per
+// head: forward 2 * pairs * (Dqk + Dv) (Q K^T and P V), backward 2 * pairs * (3 Dqk + 2 Dv) (Q K^T
+// recomputed, dO V^T, P^T dO, dS^T Q, dS K). Kernels that recompute more than that (the dQ pass
+// recomputes Q K^T and dO V^T) are charged only the useful work.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "bench.h"
+#include "cli.h"
+#include "numerics/fp8.h"
+#include "ops/attention/attention.h"
+
+namespace octet::bench {
+namespace {
+
+Tensor random_bf16(Context& ctx, const Shape& shape, uint64_t seed) {
+  Tensor h = Tensor::empty(shape, DType::kBF16);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int32_t>(s >> 32)) * 0x1p-31f;
+  };
+  auto* p = h.data_as<uint16_t>();
+  for (int64_t i = 0; i < h.numel(); ++i) p[i] = float_to_bf16(next() + next() + next());
+  return h.to(ctx, ctx.device);
+}
+
+int run(const std::vector<std::string>& argv) {
+  cli::Args args(argv, {"device", "batch", "seq", "heads", "dqk", "dv", "runs", "warmup"}, {});
+  args.expect_positional(
+      0, 0,
+      "octet bench attention [--device cuda|cpu] [--batch B --seq T --heads H --dqk D --dv D]");
+  const std::string dev = args.choice("device", {"cuda", "cpu"}, "cuda");
+  Context ctx = make_context(dev == "cuda" ? Device::kCuda : Device::kCpu);
+  const int runs = static_cast<int>(args.get_int("runs", 20)),
+            warmup = static_cast<int>(args.get_int("warmup", 3));
+  OCTET_CHECK(runs >= 1 && warmup >= 0, "--runs must be >= 1 and --warmup >= 0");
+  const int64_t B = args.get_int("batch", dev == "cuda" ? 8 : 1),
+                T = args.get_int("seq", dev == "cuda" ? 2048 : 256);
+  const int64_t H = args.get_int("heads", 16);
+  std::vector<std::pair<int64_t, int64_t>> dims = {{96, 64}, {192, 128}};
+  if (args.get("dqk") || args.get("dv"))
+    dims = {{args.get_int("dqk", 192), args.get_int("dv", 128)}};
+  std::printf("device: %s\n",
+              dev == "cuda" ? cuda_device_info(ctx.device_index).name.c_str() : "cpu");
+  std::vector<std::vector<std::string>> table;
+  for (auto [dqk, dv] : dims) {
+    const Tensor q = random_bf16(ctx, {B, T, H, dqk}, 1), k = random_bf16(ctx, {B, T, H, dqk}, 2);
+    const Tensor v = random_bf16(ctx, {B, T, H, dv}, 3), dO = random_bf16(ctx, {B, T, H, dv}, 4);
+    const auto f = attention_forward(ctx, {q, k, v, 0.0f});
+    const double fwd = time_op(
+                           ctx,
+                           [&] {
+                             attention_forward(ctx, {q, k, v, 0.0f});
+                           },
+                           warmup, runs)
+                           .median_ms;
+    const double bwd = time_op(
+                           ctx,
+                           [&] {
+                             attention_backward(ctx, {q, k, v, f.o, f.lse, dO, 0.0f});
+                           },
+                           warmup, runs)
+                           .median_ms;
+    const double pairs =
+        static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
+    const double fwd_flops = 2 * pairs * static_cast<double>(dqk + dv),
+                 bwd_flops = 2 * pairs * static_cast<double>(3 * dqk + 2 * dv);
+    const std::string shape = std::to_string(B) + "x" + std::to_string(T) + "x" +
+                              std::to_string(H) + " (" + std::to_string(dqk) + ", " +
+                              std::to_string(dv) + ")";
+    table.push_back({shape, fmt(fwd, 3), fmt(fwd_flops / (fwd * 1e-3) / 1e12, 1), fmt(bwd, 3),
+                     fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2)});
+  }
+  print_table({"B x T x H (Dqk, Dv)", "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS", "bwd/fwd"},
+              table);
+  return 0;
+}
+
+}  // namespace
+
+Suite attention_suite() {
+  return {"attention", "causal attention core (MLA head dims): forward / backward TFLOPS",
+          "usage: octet bench attention [--device cuda|cpu] [--batch B] [--seq T] [--heads H] "
+          "[--dqk D --dv D]\n"
+          "                             [--runs N] [--warmup N]\n\n"
+          "Times attention_forward and attention_backward (causal, BF16, default scale) at B=8, "
+          "T=2048, H=16\n"
+          "with (Dqk, Dv) = (96, 64) and DeepSeek-V3's (192, 128) unless given; TFLOPS count the "
+          "causal\n"
+          "half's useful FLOPs (see bench_attention.cpp). Median of --runs (default 20).",
+          run};
+}
+
+}  // namespace octet::bench

@@ -1,0 +1,95 @@
+// Dispatcher for attention.h: validates once, resolves the softmax scale, allocates outputs, routes
+// to cpu:: or cuda::.
+#include "ops/attention/attention.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/dispatch.h"
+#include "ops/attention/attention_backends.h"
+
+namespace octet {
+namespace {
+
+constexpr int kMaxHeadDim = 256;  // the CUDA kernels' register tiles; the CPU keeps the same rule
+
+void check_head_dim(int64_t d, const char* tensor, const char* what) {
+  OCTET_CHECK(d >= 16 && d <= kMaxHeadDim && d % 16 == 0, "attention: ", tensor, " has head dim ",
+              what, " = ", d, "; head dims must be multiples of 16 in [16, ", kMaxHeadDim, "]");
+}
+
+void check_operand(Context& ctx, const Tensor& t, const char* name, DType dtype, int64_t B,
+                   int64_t T, int64_t H, int64_t D) {
+  check_device(t, name, ctx.device);
+  OCTET_CHECK(t.dtype() == dtype, "attention: ", name, " has dtype ", dtype_name(t.dtype()),
+              ", expected ", dtype_name(dtype), " (the dtype of q)");
+  const Shape want{B, T, H, D};
+  OCTET_CHECK(t.shape() == want, "attention: ", name, " must be (B, T, H, D) = ", shape_str(want),
+              ", got ", shape_str(t.shape()));
+  if (ctx.device == Device::kCuda && t.numel() > 0)
+    OCTET_CHECK(reinterpret_cast<uintptr_t>(t.data()) % 16 == 0, "attention: ", name,
+                " must be 16-byte aligned on CUDA (its rows are read in 16-byte chunks)");
+}
+
+// Shapes and dtypes of q, k, v (shared by forward and backward).
+AttentionShape validate_qkv(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                            float scale) {
+  check_dtype(q, "attention q", {DType::kBF16, DType::kF32});
+  OCTET_CHECK(q.rank() == 4, "attention: q must be (B, T, H, Dqk), got ", shape_str(q.shape()));
+  OCTET_CHECK(v.rank() == 4, "attention: v must be (B, T, H, Dv), got ", shape_str(v.shape()));
+  if (ctx.device == Device::kCuda)
+    OCTET_CHECK(q.dtype() == DType::kBF16, "attention: the CUDA kernels take BF16 q, k, v; got ",
+                dtype_name(q.dtype()), " (F32 attention runs on the CPU only)");
+  AttentionShape s;
+  s.batch = q.size(0);
+  s.seq = q.size(1);
+  s.heads = q.size(2);
+  check_head_dim(q.size(3), "q", "Dqk");
+  check_head_dim(v.size(3), "v", "Dv");
+  s.dqk = static_cast<int>(q.size(3));
+  s.dv = static_cast<int>(v.size(3));
+  check_operand(ctx, q, "q", q.dtype(), s.batch, s.seq, s.heads, s.dqk);
+  check_operand(ctx, k, "k", q.dtype(), s.batch, s.seq, s.heads, s.dqk);
+  check_operand(ctx, v, "v", q.dtype(), s.batch, s.seq, s.heads, s.dv);
+  OCTET_CHECK(s.seq <= (int64_t{1} << 21) && s.batch * s.heads <= INT32_MAX,
+              "attention: T = ", s.seq, " (at most 2^21) or B * H = ", s.batch * s.heads,
+              " out of range");
+  OCTET_CHECK(scale == 0.0f || (std::isfinite(scale) && scale > 0.0f),
+              "attention: softmax_scale must be 0 (default 1/sqrt(Dqk)) or finite and > 0, got ",
+              scale);
+  s.scale = scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.dqk)));
+  return s;
+}
+
+}  // namespace
+
+AttentionForwardResult attention_forward(Context& ctx, const AttentionForwardArgs& args) {
+  const AttentionShape s = validate_qkv(ctx, args.q, args.k, args.v, args.softmax_scale);
+  AttentionForwardResult out;
+  out.o = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dv}, args.q.dtype());
+  out.lse = Tensor::empty(ctx, {s.batch, s.heads, s.seq}, DType::kF32);
+  if (out.o.numel() == 0) return out;
+  OCTET_DISPATCH(ctx, attention_forward, ctx, args, s, out);
+  return out;
+}
+
+AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& args) {
+  const AttentionShape s = validate_qkv(ctx, args.q, args.k, args.v, args.softmax_scale);
+  check_operand(ctx, args.o, "o", args.q.dtype(), s.batch, s.seq, s.heads, s.dv);
+  check_operand(ctx, args.grad_o, "grad_o", args.q.dtype(), s.batch, s.seq, s.heads, s.dv);
+  check_dtype(args.lse, "attention lse", {DType::kF32});
+  check_device(args.lse, "attention lse", ctx.device);
+  const Shape lse_shape{s.batch, s.heads, s.seq};
+  OCTET_CHECK(args.lse.shape() == lse_shape,
+              "attention: lse must be (B, H, T) = ", shape_str(lse_shape), ", got ",
+              shape_str(args.lse.shape()));
+  AttentionGrads g;
+  g.grad_q = Tensor::empty(ctx, args.q.shape(), args.q.dtype());
+  g.grad_k = Tensor::empty(ctx, args.k.shape(), args.q.dtype());
+  g.grad_v = Tensor::empty(ctx, args.v.shape(), args.q.dtype());
+  if (g.grad_q.numel() == 0) return g;
+  OCTET_DISPATCH(ctx, attention_backward, ctx, args, s, g);
+  return g;
+}
+
+}  // namespace octet

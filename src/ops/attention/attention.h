@@ -1,0 +1,64 @@
+// Causal multi-head attention core of MLA (DeepSeek-V3): BF16 operands, FP32 softmax and
+// accumulation.
+//
+// Per batch b and head h, with queries i and keys j in 0..T-1, scale = softmax_scale:
+//   s_ij = scale * q_i . k_j               for j <= i (causal; j > i is masked out)
+//   lse_i = log sum_{j<=i} exp(s_ij)       (natural log, FP32, saved for backward)
+//   p_ij = exp(s_ij - lse_i),  o_i = sum_j p_ij v_j
+// q and k have head dim Dqk (= qk_nope + qk_rope), v and o have Dv (v_head_dim); they may differ.
+// Dqk and Dv must be multiples of 16 in [16, 256].
+//
+// Backward (from grad_o = dO, reading the saved o and lse; P is recomputed, never stored):
+//   D_i = dO_i . o_i,  dP_ij = dO_i . v_j,  dS_ij = p_ij (dP_ij - D_i)
+//   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i p_ij dO_i
+//
+// Outputs are freshly allocated (`=`). Tensors are contiguous; all of q, k, v, o, grad_o share one
+// dtype: BF16 (CUDA and CPU) or F32 (CPU only: the FP32 mode of the finite-difference checks).
+// Outputs take that dtype; lse is always F32.
+//
+// CPU: plain loops in FP64, one score row at a time. CUDA: flash-attention style tiled kernels on
+// tensor cores (mma.sync m16n8k16 BF16, FP32 accumulation), memory linear in T in both directions
+// (no T x T matrix exists anywhere), P rounded to BF16 before the P.V and dS.K / dS^T.Q products as
+// in FlashAttention-2. The backward runs three deterministic kernels (D, dK/dV over query blocks,
+// dQ over key blocks): no atomics, so results are bitwise reproducible run to run.
+#pragma once
+
+#include "core/context.h"
+
+namespace octet {
+
+struct AttentionForwardArgs {
+  Tensor q;                    // (B, T, H, Dqk) bf16 | f32 (CPU)
+  Tensor k;                    // (B, T, H, Dqk) same dtype
+  Tensor v;                    // (B, T, H, Dv) same dtype
+  float softmax_scale = 0.0f;  // multiplies q.k; 0 selects 1/sqrt(Dqk); else finite and > 0
+};
+
+struct AttentionForwardResult {
+  Tensor o;    // (B, T, H, Dv) dtype of q
+  Tensor lse;  // (B, H, T) f32, natural log: saved for backward
+};
+
+// o = softmax(scale q k^T, causal) v; lse as above.
+AttentionForwardResult attention_forward(Context& ctx, const AttentionForwardArgs& args);
+
+struct AttentionBackwardArgs {
+  Tensor q;                    // (B, T, H, Dqk) as in forward
+  Tensor k;                    // (B, T, H, Dqk)
+  Tensor v;                    // (B, T, H, Dv)
+  Tensor o;                    // (B, T, H, Dv) the forward's output
+  Tensor lse;                  // (B, H, T) f32, the forward's lse
+  Tensor grad_o;               // (B, T, H, Dv) dL/do
+  float softmax_scale = 0.0f;  // the forward's
+};
+
+struct AttentionGrads {
+  Tensor grad_q;  // (B, T, H, Dqk) dtype of q
+  Tensor grad_k;  // (B, T, H, Dqk)
+  Tensor grad_v;  // (B, T, H, Dv)
+};
+
+// dq, dk, dv as above (`=`, not accumulated).
+AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& args);
+
+}  // namespace octet

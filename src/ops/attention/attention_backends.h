@@ -1,0 +1,30 @@
+// Internal: the per-backend implementations behind attention.h. Arguments are validated, the
+// softmax scale resolved and outputs allocated by attention.cpp; these functions only compute.
+#pragma once
+
+#include "ops/attention/attention.h"
+
+namespace octet {
+
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0;
+  int dqk = 0, dv = 0;
+  float scale = 0.0f;  // resolved softmax scale
+};
+
+#define OCTET_ATTENTION_BACKEND_DECLS                                                             \
+  void attention_forward(Context& ctx, const AttentionForwardArgs& args, const AttentionShape& s, \
+                         AttentionForwardResult& out);                                            \
+  void attention_backward(Context& ctx, const AttentionBackwardArgs& args,                        \
+                          const AttentionShape& s, AttentionGrads& out);
+
+namespace cpu {
+OCTET_ATTENTION_BACKEND_DECLS
+}
+namespace cuda {
+OCTET_ATTENTION_BACKEND_DECLS
+}
+
+#undef OCTET_ATTENTION_BACKEND_DECLS
+
+}  // namespace octet
