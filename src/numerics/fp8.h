@@ -63,8 +63,9 @@ inline constexpr ExMyFormat kE5M2Format{5, 2, ExMyKind::kIeee};
 // DeepSeek-V3 stores the input of the attention output projection in "E5M6" (reference section 4).
 inline constexpr ExMyFormat kE5M6Format{5, 6, ExMyKind::kIeee};
 
-// Round-to-nearest-even shift right of a non-negative integer by s >= 1 bits.
+// Round-to-nearest-even shift right of a non-negative integer by s >= 0 bits.
 OCTET_HD uint32_t rne_shift_right(uint32_t v, int s) {
+  if (s <= 0) return v;   // man_bits == 23: nothing to round (and 1u << (s - 1) would be undefined)
   if (s >= 32) return 0;  // v < 2^25 here, so everything shifted out is below half an ulp
   const uint32_t q = v >> s;
   const uint32_t rem = v & ((1u << s) - 1u);
@@ -107,10 +108,13 @@ OCTET_HD float decode_exmy(uint32_t code, ExMyFormat f) {
     return bits_float(sign | (mf ? 0x7FC00000u : 0x7F800000u));
   if (f.kind == ExMyKind::kFiniteOnly && mag == f.nan_code()) return bits_float(sign | 0x7FC00000u);
   if (ef == 0) {
-    // Subnormal: mf * 2^(1 - bias - man_bits), exact in FP32; built from bits to stay exact on device.
+    // Subnormal: mf * 2^(1 - bias - man_bits), exact in FP32. Two power-of-2 factors, because the
+    // single factor 2^(1 - bias - man_bits) is not a normal FP32 number for exp_bits == 8: first
+    // mf / 2^man_bits in [2^-man_bits, 1), then 2^(1 - bias) >= 2^-126; both products are exact.
     if (mf == 0) return bits_float(sign);
-    const float unit = bits_float(static_cast<uint32_t>(127 + 1 - f.bias() - f.man_bits) << 23);
-    return bits_float(sign | float_bits(static_cast<float>(mf) * unit));
+    const float frac = static_cast<float>(mf) * bits_float(static_cast<uint32_t>(127 - f.man_bits) << 23);
+    const float unit = bits_float(static_cast<uint32_t>(127 + 1 - f.bias()) << 23);
+    return bits_float(sign | float_bits(frac * unit));
   }
   const uint32_t e32 = ef + static_cast<uint32_t>(127 - f.bias());
   return bits_float(sign | (e32 << 23) | (mf << (23 - f.man_bits)));

@@ -9,10 +9,11 @@
 //               rounded down to a power of two              when pow2 scales are asked for
 //   scale_inv = 1 / scale                                  FP32 division, correctly rounded
 // Defined results instead of NaN or inf:
-//   amax == 0 (an all-zero group)       -> scale 1
+//   amax == 0 (an all-zero group)       -> scale 1, whatever the epsilon
 //   amax NaN or inf (non-finite input)  -> scale 1; the finite values of the group saturate, +-inf
 //                                          become +-fp8_max and NaN stays NaN
 //   fp8_max / amax overflows (tiny amax) -> scale = FLT_MAX (2^127 with pow2 scales)
+//   a margin pushes it below FLT_MIN     -> scale = FLT_MIN (so scale_inv = 2^126 stays finite)
 #pragma once
 
 #include <cstdint>
@@ -73,10 +74,15 @@ OCTET_HD float fp32_mul_rn(float a, float b) {
 OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   constexpr float kFltMax = 3.40282347e38f;
   if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
+  amax = bits_float(abs_bits(amax));                // a magnitude: a stray sign must not flip the scale
+  if (amax == 0.0f) return 1.0f;  // all-zero group: scale 1 even with an epsilon (its data is all 0)
   if (amax < r.epsilon) amax = r.epsilon;
-  if (amax == 0.0f) return 1.0f;
   float s = fp32_div_rn(fp8_max(r.format), amax);
-  if (r.margin > 0) s = fp32_mul_rn(s, bits_float(static_cast<uint32_t>(127 - r.margin) << 23));
+  // 2^-margin in factors of at most 2^-126 (a single factor is not a normal FP32 beyond 126). Once a
+  // product is subnormal the result ends below FLT_MIN and is clamped below, so only normal products
+  // need to be exact; beyond 300 every scale is already clamped.
+  for (int m = r.margin < 300 ? r.margin : 300; m > 0; m -= 126)
+    s = fp32_mul_rn(s, bits_float(static_cast<uint32_t>(127 - (m < 126 ? m : 126)) << 23));
   if (abs_bits(s) == 0x7F800000u) s = kFltMax;
   if (r.rounding == ScaleRounding::kPow2) s = bits_float(float_bits(s) & 0xFF800000u);
   if (s < 1.17549435e-38f) s = 1.17549435e-38f;  // only a large margin gets here; keep 1/s finite
