@@ -21,6 +21,8 @@ const std::vector<Suite>& suites();
 
 // Declared by each bench/bench_<suite>.cpp.
 Suite quantize_suite();
+Suite gemm_suite(), gemm_accum_suite();  // bench_gemm.cpp
+Suite attention_suite();  // bench_attention.cpp
 
 struct Timing {
   double median_ms = 0;

@@ -51,5 +51,6 @@ Command quantize_command();
 Command dequantize_command();
 Command quant_report_command();
 Command bench_command();
+Command gemm_command();
 
 }  // namespace octet::cli

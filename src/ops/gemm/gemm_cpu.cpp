@@ -1,0 +1,155 @@
+// CPU reference for gemm.h: an emulation of Hopper's FP8 GEMM, element by element.
+//
+// For each D[i, j] the products a[i, c] * b[j, c] of raw FP8 values (exact in FP32) are summed over
+// a segment of K in the emulated accumulator; at the end of a segment the partial sum is promoted
+// into an FP32 accumulator, multiplied by the group's scales when they vary along K (DeepGEMM's
+// `accum += partial * (scale_a * scale_b)`). Segments end every `promote_interval` elements and,
+// for block-scaled operands, at every 128-group boundary. Per-tensor and row scales multiply the
+// final FP32 sum, as cuBLASLt applies SCALAR_32F and OUTER_VEC_32F scales in its epilogue.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/gemm/gemm_cpu.h"
+
+namespace octet::cpu {
+namespace {
+
+// Truncates x (round toward zero) to `bits` fraction bits; x is the exact sum of a short partial
+// and an FP8 product, so the double it arrives in holds it exactly.
+double truncate_mantissa(double x, int bits) {
+  uint64_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u &= ~((uint64_t{1} << (52 - bits)) - 1);
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// Sum of products over [c0, c1) in the emulated accumulator, returned as the FP32 value promoted.
+float partial_sum(const float* a, const float* b, int64_t c0, int64_t c1, int bits) {
+  if (bits == 0) {
+    float p = 0.0f;
+    for (int64_t c = c0; c < c1; ++c) p += a[c] * b[c];  // each product is exact in FP32
+    return p;
+  }
+  double p = 0.0;
+  for (int64_t c = c0; c < c1; ++c)
+    p = truncate_mantissa(p + static_cast<double>(a[c]) * static_cast<double>(b[c]), bits);
+  return static_cast<float>(p);  // exact: at most 23 fraction bits
+}
+
+int64_t next_boundary(int64_t c, int64_t k, int64_t promote, bool per_group) {
+  int64_t end = k;
+  if (promote > 0) end = std::min(end, (c / promote + 1) * promote);
+  if (per_group) end = std::min(end, (c / kGroup + 1) * kGroup);
+  return end;
+}
+
+void store(const RefOutput& d, int64_t i, int64_t j, float v, Accumulate acc) {
+  if (d.dtype == DType::kF32) {
+    float* p = static_cast<float*>(d.p) + i * d.ld + j;
+    *p = acc == Accumulate::kAdd ? *p + v : v;
+  } else {
+    static_cast<uint16_t*>(d.p)[i * d.ld + j] = float_to_bf16(v);
+  }
+}
+
+}  // namespace
+
+float RefMatrix::scale(int64_t r, int64_t kg) const {
+  switch (g) {
+    case Granularity::kTensor:
+      return s[0];
+    case Granularity::kRow:
+      return s[r];
+    case Granularity::k1x128:
+      return s[r * s_ld + kg];
+    case Granularity::k128x128:
+      return s[(r / kGroup) * s_ld + kg];
+    case Granularity::k128x1:
+      break;
+  }
+  OCTET_THROW("gemm reference: unsupported granularity ", granularity_name(g));
+}
+
+std::vector<float> decode_values(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  const auto* p8 = t.data_as<const uint8_t>();
+  const auto* p16 = t.data_as<const uint16_t>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (t.dtype()) {
+      case DType::kE4M3:
+        v[i] = e4m3_to_float(p8[i]);
+        break;
+      case DType::kE5M2:
+        v[i] = e5m2_to_float(p8[i]);
+        break;
+      case DType::kBF16:
+        v[i] = bf16_to_float(p16[i]);
+        break;
+      case DType::kF32:
+        v[i] = t.data_as<const float>()[i];
+        break;
+      default:
+        OCTET_THROW("gemm reference: cannot decode ", dtype_name(t.dtype()));
+    }
+  }
+  return v;
+}
+
+RefMatrix ref_matrix(const std::vector<float>& values, const Fp8Operand& op) {
+  RefMatrix m;
+  m.v = values.data();
+  m.ld = op.cols();
+  m.rows = op.rows();
+  m.k = op.cols();
+  m.g = op.granularity;
+  m.s = op.scale_inv.data_as<const float>();
+  m.s_ld = scale_shape(op.granularity, op.rows(), op.cols()).back();
+  return m;
+}
+
+void reference_gemm(const RefMatrix& a, const RefMatrix& b, const AccumulatorEmulation& emu,
+                    Accumulate acc, const RefOutput& d) {
+  const bool per_group = scales_vary_along_k(a.g) || scales_vary_along_k(b.g);
+  const int64_t k = a.k;
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const float* ar = a.v + i * a.ld;
+    for (int64_t j = 0; j < b.rows; ++j) {
+      const float* br = b.v + j * b.ld;
+      float total = 0.0f;
+      for (int64_t c = 0; c < k;) {
+        const int64_t end = next_boundary(c, k, emu.promote_interval, per_group);
+        const float partial = partial_sum(ar, br, c, end, emu.mantissa_bits);
+        if (per_group) {
+          const int64_t kg = c / kGroup;
+          total = std::fma(partial, a.scale(i, kg) * b.scale(j, kg), total);
+        } else {
+          total += partial;
+        }
+        c = end;
+      }
+      if (!per_group) total *= a.scale(i, 0) * b.scale(j, 0);
+      store(d, i, j, total, acc);
+    }
+  }
+}
+
+void gemm_fp8(Context&, const GemmFp8Args& args) {
+  const std::vector<float> av = decode_values(args.a.data), bv = decode_values(args.b.data);
+  reference_gemm(ref_matrix(av, args.a), ref_matrix(bv, args.b), args.emulation, args.accumulate,
+                 {args.d.data(), args.d.dtype(), args.d.cols()});
+}
+
+void gemm_bf16(Context&, const GemmBf16Args& args) {
+  const std::vector<float> av = decode_values(args.a), bv = decode_values(args.b);
+  static const float kOne = 1.0f;
+  RefMatrix a{av.data(), args.a.cols(), args.a.rows(), args.a.cols(), Granularity::kTensor, &kOne,
+              1};
+  RefMatrix b{bv.data(), args.b.cols(), args.b.rows(), args.b.cols(), Granularity::kTensor, &kOne,
+              1};
+  reference_gemm(a, b, AccumulatorEmulation::fp32(), args.accumulate,
+                 {args.d.data(), args.d.dtype(), args.d.cols()});
+}
+
+}  // namespace octet::cpu

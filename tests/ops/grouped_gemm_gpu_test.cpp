@@ -1,0 +1,137 @@
+// GPU tests of ops/grouped_gemm: CUDA against the CPU reference for MoE layouts with empty and
+// skewed experts, FP8 and BF16, Fprop/Dgrad and Wgrad (= and +=), outputs poisoned with NaN before
+// the call.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "grouped_gemm_test_util.h"
+
+namespace octet::test {
+namespace {
+
+Context& gpu() {
+  static Context ctx = make_context(Device::kCuda);
+  return ctx;
+}
+Context& cpu() {
+  static Context ctx = make_context(Device::kCpu);
+  return ctx;
+}
+
+Fp8Operand to_gpu(const Fp8Operand& op) {
+  Fp8Operand o = op;
+  o.data = op.data.to(gpu(), Device::kCuda);
+  o.scale_inv = op.scale_inv.to(gpu(), Device::kCuda);
+  return o;
+}
+
+Tensor dev(const Tensor& t) {
+  return t.to(gpu(), Device::kCuda);
+}
+
+// FP8 against the CPU reference: see kFp8Tol in gemm_gpu_test.cpp (Hopper's ~14-bit adds inside
+// each 128-element chunk give about 1.3e-4).
+constexpr double kFp8Tol = 2.5e-4;
+
+void expect_close(const Tensor& cpu_out, const Tensor& gpu_out, double tol,
+                  const std::string& what) {
+  const std::vector<double> ref = to_doubles(cpu_out), got = to_doubles(gpu_out.to_host(gpu()));
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_TRUE(std::isfinite(got[i]))
+        << what << ": element " << i << " (row " << i / cpu_out.cols() << ") is " << got[i]
+        << " (not written?)";
+  const double err = rel_frobenius(ref, got);
+  std::printf("  %-50s rel err vs CPU reference %.3e\n", what.c_str(), err);
+  EXPECT_LE(err, tol) << what << ": " << worst_element(ref, got, cpu_out.cols());
+}
+
+const std::vector<std::vector<int64_t>> kLayouts = {
+    {0, 37, 0, 200, 19, 1, 0, 300},  // 8 experts, empty and skewed
+    {512, 0, 0, 0, 0, 0, 0, 1},      // nearly everything on one expert
+    {16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16},  // balanced, small
+};
+
+TEST(GroupedGemmGpu, Fp8FpropMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  for (const auto& sizes : kLayouts) {
+    for (const auto [n, k] : {std::pair<int64_t, int64_t>{256, 512}, {72, 208}}) {
+      const int64_t rows = static_cast<int64_t>(total(sizes)),
+                    experts = static_cast<int64_t>(sizes.size());
+      const Tensor x = random_tensor({rows, k}, DType::kF32, 1);
+      const QuantTensor qx =
+          quant(cpu(), x, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kRowwise);
+      std::vector<Tensor> w;
+      for (int64_t e = 0; e < experts; ++e)
+        w.push_back(random_tensor({n, k}, DType::kF32, 100 + e));
+      const StackedWeights sw = stack_experts(cpu(), w);
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        Tensor dc = make_output(rows, n, out);
+        grouped_gemm_fp8(cpu(),
+                         {rowwise_operand(qx), sw.op, group_sizes_tensor(sizes, DType::kI32), dc});
+        Tensor dg = dev(make_output(rows, n, out, 0xFF));
+        grouped_gemm_fp8(gpu(), {to_gpu(rowwise_operand(qx)), to_gpu(sw.op),
+                                 dev(group_sizes_tensor(sizes, DType::kI64)), dg});
+        expect_close(dc, dg, out == DType::kF32 ? kFp8Tol : 4e-3,
+                     "fp8 fprop E=" + std::to_string(experts) + " N=" + std::to_string(n) +
+                         " K=" + std::to_string(k) + " " + std::string(dtype_name(out)));
+      }
+    }
+  }
+}
+
+TEST(GroupedGemmGpu, Bf16FpropMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  const std::vector<int64_t>& sizes = kLayouts[0];
+  const int64_t rows = static_cast<int64_t>(total(sizes)),
+                experts = static_cast<int64_t>(sizes.size()), n = 136, k = 200;
+  const Tensor a = random_tensor({rows, k}, DType::kBF16, 1),
+               b = random_tensor({experts, n, k}, DType::kBF16, 2);
+  Tensor dc = make_output(rows, n, DType::kF32);
+  grouped_gemm_bf16(cpu(), {a, b, group_sizes_tensor(sizes, DType::kI32), dc});
+  Tensor dg = dev(make_output(rows, n, DType::kF32, 0xFF));
+  grouped_gemm_bf16(gpu(), {dev(a), dev(b), dev(group_sizes_tensor(sizes, DType::kI32)), dg});
+  expect_close(dc, dg, 1e-5, "bf16 fprop");
+}
+
+TEST(GroupedGemmGpu, Fp8WgradMatchesCpuAndAccumulates) {
+  OCTET_REQUIRE_GPU();
+  const std::vector<int64_t> sizes{128, 0, 384, 0, 256, 128, 0, 80};  // padded to 128, last partial
+  const int64_t t = static_cast<int64_t>(total(sizes)), experts = 8, n = 136, k = 264;
+  const Tensor dy = random_tensor({t, n}, DType::kF32, 3),
+               x = random_tensor({t, k}, DType::kF32, 4);
+  const QuantTensor qdy =
+      quant(cpu(), dy, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kColumnwise);
+  const QuantTensor qx =
+      quant(cpu(), x, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kColumnwise);
+  const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32);
+  for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+    Tensor dc = acc == Accumulate::kAdd ? random_tensor({experts * n, k}, DType::kF32, 5)
+                                        : make_output(experts * n, k, DType::kF32);
+    Tensor dg =
+        acc == Accumulate::kAdd ? dev(dc) : dev(make_output(experts * n, k, DType::kF32, 0xFF));
+    grouped_wgrad_fp8(cpu(), {columnwise_operand(qdy), columnwise_operand(qx), sizes_t,
+                              dc.reshape({experts, n, k}), acc});
+    grouped_wgrad_fp8(gpu(), {to_gpu(columnwise_operand(qdy)), to_gpu(columnwise_operand(qx)),
+                              dev(sizes_t), dg.reshape({experts, n, k}), acc});
+    expect_close(dc, dg, kFp8Tol, acc == Accumulate::kAdd ? "fp8 wgrad +=" : "fp8 wgrad =");
+  }
+}
+
+TEST(GroupedGemmGpu, Bf16WgradMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  const std::vector<int64_t> sizes{10, 0, 57, 3};
+  const int64_t t = 70, n = 48, k = 40;
+  const Tensor a = random_tensor({n, t}, DType::kBF16, 1),
+               b = random_tensor({k, t}, DType::kBF16, 2);
+  Tensor dc = make_output(4 * n, k, DType::kF32);
+  grouped_wgrad_bf16(cpu(), {a, b, group_sizes_tensor(sizes, DType::kI64), dc.reshape({4, n, k}),
+                             Accumulate::kOverwrite});
+  Tensor dg = dev(make_output(4 * n, k, DType::kF32, 0xFF));
+  grouped_wgrad_bf16(gpu(), {dev(a), dev(b), dev(group_sizes_tensor(sizes, DType::kI64)),
+                             dg.reshape({4, n, k}), Accumulate::kOverwrite});
+  expect_close(dc, dg, 1e-5, "bf16 wgrad (unaligned token offsets)");
+}
+
+}  // namespace
+}  // namespace octet::test
