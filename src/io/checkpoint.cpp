@@ -1,0 +1,646 @@
+#include "io/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "io/atomic_file.h"
+#include "numerics/fp8.h"
+#include "ops/quantize/quantize.h"
+
+namespace octet::io {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;  // std::map-backed: keys sorted, as transformers' sort_keys=True
+
+constexpr const char* kConfigName = "config.json";
+constexpr const char* kSingleName = "model.safetensors";
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr int64_t kShownNames = 8;  // names listed in one error or warning before "and N more"
+
+std::string prefix(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".";
+}
+
+// One decoder layer (main or MTP): attention, norms and the dense or MoE MLP.
+void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
+                       std::vector<TensorSpec>& out) {
+  const std::string p = prefix(layer);
+  const int64_t D = c.hidden_size, H = c.num_attention_heads;
+  auto add = [&](const std::string& name, Shape shape, TensorKind kind) {
+    out.push_back({p + name, std::move(shape), kind, layer, depth});
+  };
+  add("input_layernorm.weight", {D}, TensorKind::kNorm);
+  if (c.q_lora_rank) {
+    add("self_attn.q_a_proj.weight", {*c.q_lora_rank, D}, TensorKind::kLinear);
+    add("self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, TensorKind::kNorm);
+    add("self_attn.q_b_proj.weight", {H * c.qk_head_dim(), *c.q_lora_rank}, TensorKind::kLinear);
+  } else {
+    add("self_attn.q_proj.weight", {H * c.qk_head_dim(), D}, TensorKind::kLinear);
+  }
+  add("self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, D},
+      TensorKind::kLinear);
+  add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, TensorKind::kNorm);
+  add("self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
+      TensorKind::kLinear);
+  add("self_attn.o_proj.weight", {D, H * c.v_head_dim}, TensorKind::kLinear);
+  add("post_attention_layernorm.weight", {D}, TensorKind::kNorm);
+  auto add_mlp = [&](const std::string& mlp, int64_t inter) {
+    add(mlp + "gate_proj.weight", {inter, D}, TensorKind::kLinear);
+    add(mlp + "up_proj.weight", {inter, D}, TensorKind::kLinear);
+    add(mlp + "down_proj.weight", {D, inter}, TensorKind::kLinear);
+  };
+  if (!c.is_moe_layer(layer)) {
+    add_mlp("mlp.", c.intermediate_size);
+    return;
+  }
+  add("mlp.gate.weight", {c.n_routed_experts, D}, TensorKind::kRouterGate);
+  add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, TensorKind::kRouterBias);
+  for (int64_t j = 0; j < c.n_routed_experts; ++j)
+    add_mlp("mlp.experts." + std::to_string(j) + ".", c.moe_intermediate_size);
+  if (c.n_shared_experts > 0)
+    add_mlp("mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
+}
+
+std::string shown_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < kShownNames; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > kShownNames)
+    s += " and " + std::to_string(names.size() - kShownNames) + " more";
+  return s;
+}
+
+std::string tensor_in(const std::string& file, const std::string& name) {
+  return file + ": tensor '" + name + "'";
+}
+
+// ---- Matching named tensors (given to the writer, or found in the files) against the specs. ----
+
+struct Located {
+  Tensor tensor;
+  std::string file;  // for messages: the shard, or "params"
+};
+
+struct Matched {
+  const TensorSpec* spec = nullptr;
+  Tensor value;      // F32 / BF16, or the E4M3 data of an FP8 pair
+  Tensor scale_inv;  // F32 (ceil(out/128), ceil(in/128)) when `value` is FP8; undefined otherwise
+  std::string file;
+  bool fp8() const { return scale_inv.defined() && value.dtype() == DType::kE4M3; }
+};
+
+// Matches every spec to its tensor (or FP8 pair), checking dtype and shape; any tensor no spec
+// claims is an error. Returns the matches in spec order; missing specs go to `missing`.
+std::vector<Matched> match_tensors(const ModelConfig& c, const std::vector<TensorSpec>& specs,
+                                   const std::map<std::string, Located>& given,
+                                   std::vector<const TensorSpec*>& missing) {
+  const int64_t layers = c.num_hidden_layers + c.num_nextn_predict_layers;
+  std::vector<Matched> out;
+  std::set<std::string> used;
+  for (const TensorSpec& spec : specs) {
+    auto it = given.find(spec.name);
+    if (it == given.end()) {
+      missing.push_back(&spec);
+      continue;
+    }
+    const auto& [t, file] = it->second;
+    Matched m{&spec, t, {}, file};
+    used.insert(spec.name);
+    const std::string where = tensor_in(file, spec.name);
+    if (is_fp8(t.dtype())) {
+      OCTET_CHECK(t.dtype() == DType::kE4M3, where, ": FP8 weights must be F8_E4M3 (DeepSeek-V3's ",
+                  "format), got ", dtype_name(t.dtype()));
+      OCTET_CHECK(spec.shape.size() == 2, where,
+                  ": only matrices can be stored in FP8, expected shape ", shape_str(spec.shape));
+      const std::string sname = fp8_scale_name(spec.name);
+      auto s = given.find(sname);
+      OCTET_CHECK(s != given.end(), where, " is F8_E4M3 but its scales '", sname, "' are missing");
+      const Tensor& scale = s->second.tensor;
+      OCTET_CHECK(scale.dtype() == DType::kF32, tensor_in(s->second.file, sname),
+                  ": expected dtype F32, got ", dtype_name(scale.dtype()));
+      OCTET_CHECK(scale.shape() == fp8_scale_shape(spec.shape), tensor_in(s->second.file, sname),
+                  ": expected shape ", shape_str(fp8_scale_shape(spec.shape)),
+                  " (one scale per 128x128 ", "block of ", shape_str(spec.shape), "), got ",
+                  shape_str(scale.shape()));
+      m.scale_inv = scale;
+      used.insert(sname);
+    } else {
+      OCTET_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16, where,
+                  ": expected dtype F32, BF16 or F8_E4M3 (with scales), got ",
+                  dtype_name(t.dtype()));
+    }
+    OCTET_CHECK(t.shape() == spec.shape, where, ": expected shape ", shape_str(spec.shape),
+                ", got ", shape_str(t.shape()));
+    out.push_back(std::move(m));
+  }
+  std::vector<std::string> extra;
+  std::string hint;
+  for (const auto& [name, loc] : given) {
+    if (used.count(name)) continue;
+    extra.push_back(tensor_in(loc.file, name));
+    // A release checkpoint with num_nextn_predict_layers set to 0 still holds its MTP layer.
+    int64_t layer = -1;
+    if (hint.empty() && std::sscanf(name.c_str(), "model.layers.%" SCNd64 ".", &layer) == 1 &&
+        layer >= layers)
+      hint = "; layer " + std::to_string(layer) + " is beyond num_hidden_layers + " +
+             "num_nextn_predict_layers = " + std::to_string(layers) + " (undeclared MTP layers?)";
+  }
+  OCTET_CHECK(extra.empty(), "unexpected tensor", extra.size() > 1 ? "s " : " ", shown_names(extra),
+              ": not a parameter of this model config (", specs.size(), " expected)", hint);
+  return out;
+}
+
+std::string missing_message(const std::vector<const TensorSpec*>& missing) {
+  std::vector<std::string> names;
+  names.reserve(missing.size());
+  for (const TensorSpec* s : missing) names.push_back(s->name + " " + shape_str(s->shape));
+  return "missing tensor" + std::string(missing.size() > 1 ? "s " : " ") + shown_names(names);
+}
+
+// ---- Conversions ----
+
+enum class Storage : uint8_t { kAsGiven, kF32, kBf16, kFp8 };
+
+Storage storage_for(TensorKind kind, CheckpointFormat format) {
+  if (format == CheckpointFormat::kAsIs) return Storage::kAsGiven;
+  if (kind == TensorKind::kRouterBias) return Storage::kF32;
+  if (format == CheckpointFormat::kFp8 && kind == TensorKind::kLinear) return Storage::kFp8;
+  return Storage::kBf16;
+}
+
+int64_t stored_bytes(const Matched& m, Storage s) {
+  const int64_t n = shape_numel(m.spec->shape);
+  switch (s) {
+    case Storage::kAsGiven:
+      return m.value.nbytes() + (m.fp8() ? m.scale_inv.nbytes() : 0);
+    case Storage::kF32:
+      return 4 * n;
+    case Storage::kBf16:
+      return 2 * n;
+    case Storage::kFp8:
+      return n + 4 * shape_numel(fp8_scale_shape(m.spec->shape));
+  }
+  return 0;
+}
+
+Tensor cast(const Tensor& t, DType to) {
+  if (t.dtype() == to) return t;
+  Tensor out = Tensor::empty(t.shape(), to);
+  const int64_t n = t.numel();
+  if (to == DType::kBF16) {
+    const float* src = t.data_as<float>();
+    auto* dst = out.data_as<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  } else {
+    const auto* src = t.data_as<uint16_t>();
+    float* dst = out.data_as<float>();
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+  }
+  return out;
+}
+
+QuantTensor as_quant(const Matched& m) {
+  QuantTensor q;
+  q.format = Fp8Format::kE4M3;
+  q.granularity = Granularity::k128x128;
+  q.data = m.value;
+  q.scale_inv = m.scale_inv;
+  return q;
+}
+
+Tensor to_float(Context& ctx, const Matched& m, DType to) {
+  if (!m.fp8()) return cast(m.value, to);
+  return dequantize(ctx, as_quant(m), to).reshape(m.spec->shape);
+}
+
+// The tensor(s) a match is stored as: one, or the FP8 weight followed by its scales.
+NamedTensors convert(Context& ctx, const Matched& m, Storage s) {
+  const std::string& name = m.spec->name;
+  const std::string sname = fp8_scale_name(name);
+  switch (s) {
+    case Storage::kAsGiven:
+      if (m.fp8()) return {{name, m.value}, {sname, m.scale_inv}};
+      return {{name, m.value}};
+    case Storage::kF32:
+      return {{name, to_float(ctx, m, DType::kF32)}};
+    case Storage::kBf16:
+      return {{name, to_float(ctx, m, DType::kBF16)}};
+    case Storage::kFp8: {
+      if (m.fp8()) return {{name, m.value}, {sname, m.scale_inv}};
+      QuantizeArgs args;
+      args.input = m.value;
+      args.format = Fp8Format::kE4M3;
+      args.granularity = Granularity::k128x128;
+      // The release's scales are amax / 448, not powers of 2.
+      args.rounding = ScaleRounding::kExact;
+      const QuantTensor q = quantize(ctx, args);
+      return {{name, q.data}, {sname, q.scale_inv}};
+    }
+  }
+  return {};
+}
+
+// ---- The staging directory and its swap into place ----
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // durability is best effort for directories; the renames are what is atomic
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Files of an existing checkpoint directory that the new checkpoint replaces; everything else
+// (tokenizer, generation config, README, ...) is carried over.
+bool is_checkpoint_file(const std::string& name) {
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return name == kConfigName || name == kIndexName || ends_with(".safetensors") ||
+         name.find(".tmp.") != std::string::npos;
+}
+
+void carry_over(const fs::path& from, const fs::path& to) {
+  for (const auto& e : fs::directory_iterator(from)) {
+    const std::string name = e.path().filename().string();
+    if (is_checkpoint_file(name)) continue;
+    std::error_code ec;
+    if (e.is_regular_file() && !e.is_symlink()) fs::create_hard_link(e.path(), to / name, ec);
+    if (ec || !e.is_regular_file() || e.is_symlink())
+      fs::copy(e.path(), to / name, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  }
+}
+
+// Puts the complete `staging` directory at `target`, replacing what is there.
+void swap_into_place(const fs::path& staging, const fs::path& target) {
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::exists(fs::symlink_status(target))) {
+    OCTET_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, target.string(),
+                ": cannot rename ", staging.string(), " onto it: ", std::strerror(errno));
+    fsync_path(parent);
+    return;
+  }
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_path(parent);
+    std::error_code ec;  // the new checkpoint is in place: leftovers of the old one are no error
+    fs::remove_all(staging, ec);
+    return;
+  }
+  OCTET_CHECK(errno == EINVAL || errno == ENOSYS, target.string(), ": cannot exchange it with ",
+              staging.string(), ": ", std::strerror(errno));
+#endif
+  const fs::path old = target.string() + ".old." + std::to_string(::getpid());
+  fs::remove_all(old);
+  OCTET_CHECK(std::rename(target.c_str(), old.c_str()) == 0, target.string(),
+              ": cannot move it to ", old.string(), ": ", std::strerror(errno));
+  if (std::rename(staging.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    std::rename(old.c_str(), target.c_str());
+    OCTET_THROW(target.string(), ": cannot rename ", staging.string(),
+                " onto it: ", std::strerror(err));
+  }
+  fsync_path(parent);
+  std::error_code ec;
+  fs::remove_all(old, ec);
+}
+
+fs::path normalized_dir(const std::string& dir) {
+  OCTET_CHECK(!dir.empty(), "checkpoint: the directory name is empty");
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  return p;
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+ModelConfig config_for(const ModelConfig& c, bool fp8, DType dtype) {
+  ModelConfig out = c;
+  if (fp8) {
+    out.extra["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                        {"fmt", "e4m3"},
+                                        {"quant_method", "fp8"},
+                                        {"weight_block_size", {128, 128}}};
+  } else {
+    out.extra.erase("quantization_config");  // a BF16 copy of a release checkpoint is not FP8
+  }
+  // Recent transformers versions spell torch_dtype "dtype"; keep whichever the config has.
+  const char* key = out.extra.contains("dtype") ? "dtype" : "torch_dtype";
+  out.extra[key] = dtype == DType::kF32 ? "float32" : "bfloat16";
+  return out;
+}
+
+}  // namespace
+
+const char* tensor_kind_name(TensorKind k) {
+  switch (k) {
+    case TensorKind::kLinear:
+      return "linear";
+    case TensorKind::kNorm:
+      return "norm";
+    case TensorKind::kEmbedding:
+      return "embedding";
+    case TensorKind::kHead:
+      return "head";
+    case TensorKind::kRouterGate:
+      return "router_gate";
+    case TensorKind::kRouterBias:
+      return "router_bias";
+    case TensorKind::kMtpProjection:
+      return "mtp_projection";
+  }
+  return "?";
+}
+
+std::string fp8_scale_name(const std::string& weight_name) {
+  return weight_name + "_scale_inv";
+}
+
+Shape fp8_scale_shape(const Shape& s) {
+  OCTET_CHECK(s.size() == 2, "fp8_scale_shape: expected a matrix, got shape ", shape_str(s));
+  return {ceil_div(s[0], kGroup), ceil_div(s[1], kGroup)};
+}
+
+std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
+  c.validate();
+  const int64_t V = c.vocab_size, D = c.hidden_size, N = c.num_hidden_layers;
+  std::vector<TensorSpec> out;
+  out.push_back({"model.embed_tokens.weight", {V, D}, TensorKind::kEmbedding});
+  for (int64_t i = 0; i < N; ++i) add_decoder_layer(c, i, -1, out);
+  out.push_back({"model.norm.weight", {D}, TensorKind::kNorm});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, D}, TensorKind::kHead});
+  // MTP modules, as DeepSeek-V3's release stores them (see the top of checkpoint.h).
+  for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
+    const int64_t L = N + d;
+    const std::string p = prefix(L);
+    out.push_back({p + "embed_tokens.weight", {V, D}, TensorKind::kEmbedding, L, d});
+    out.push_back({p + "enorm.weight", {D}, TensorKind::kNorm, L, d});
+    out.push_back({p + "hnorm.weight", {D}, TensorKind::kNorm, L, d});
+    out.push_back({p + "eh_proj.weight", {D, 2 * D}, TensorKind::kMtpProjection, L, d});
+    add_decoder_layer(c, L, d, out);
+    out.push_back({p + "shared_head.norm.weight", {D}, TensorKind::kNorm, L, d});
+    out.push_back({p + "shared_head.head.weight", {V, D}, TensorKind::kHead, L, d});
+  }
+  return out;
+}
+
+const Tensor& LoadedCheckpoint::at(const std::string& name) const {
+  auto it = index_.find(name);
+  OCTET_CHECK(it != index_.end(), "checkpoint: no tensor '", name, "'",
+              quantized.count(name) ? " (it was kept in FP8: see quantized)" : "");
+  return tensors[it->second].second;
+}
+
+namespace {
+
+// What goes into which shard, validated before anything touches the disk.
+struct WritePlan {
+  struct Entry {
+    const Matched* m;
+    Storage storage;
+    int64_t bytes;  // stored data bytes (an FP8 weight's scales included)
+  };
+  std::vector<TensorSpec> specs;  // what `matched` points into
+  std::vector<Matched> matched;
+  std::vector<Entry> entries;               // in the order of `params`
+  std::vector<std::vector<size_t>> shards;  // indices into entries
+  int64_t total = 0;
+  bool any_fp8 = false;
+  DType dtype = DType::kBF16;  // config.json's torch_dtype: the embedding's stored dtype
+};
+
+WritePlan plan_write(const ModelConfig& config, const NamedTensors& params,
+                     const CheckpointWriteOptions& options, const std::string& where) {
+  OCTET_CHECK(options.shard_bytes > 0, where, ": shard_bytes must be > 0, got ",
+              options.shard_bytes);
+  std::map<std::string, Located> given;
+  for (const auto& [name, t] : params) {
+    OCTET_CHECK(given.emplace(name, Located{t, "params"}).second, tensor_in("params", name),
+                ": given twice");
+    check_device(t, name.c_str(), Device::kCpu);
+  }
+  WritePlan plan;
+  plan.specs = expected_tensors(config);
+  std::vector<const TensorSpec*> missing;
+  plan.matched = match_tensors(config, plan.specs, given, missing);
+  OCTET_CHECK(missing.empty(), where, ": write_checkpoint: ", missing_message(missing));
+
+  std::map<std::string, const Matched*> by_name;
+  for (const Matched& m : plan.matched) by_name[m.spec->name] = &m;
+  for (const auto& [name, t] : params) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) continue;  // the scales of an FP8 weight travel with it
+    const Matched& m = *it->second;
+    const Storage s = storage_for(m.spec->kind, options.format);
+    plan.entries.push_back({&m, s, stored_bytes(m, s)});
+    plan.total += plan.entries.back().bytes;
+    plan.any_fp8 |= s == Storage::kFp8 || (s == Storage::kAsGiven && m.fp8());
+    if (m.spec->kind == TensorKind::kEmbedding && m.spec->layer < 0)
+      plan.dtype = s == Storage::kAsGiven ? m.value.dtype() : DType::kBF16;
+  }
+  // transformers' sharding: a new shard when the next entry would overflow a non-empty one.
+  plan.shards.emplace_back();
+  int64_t in_shard = 0;
+  for (size_t i = 0; i < plan.entries.size(); ++i) {
+    if (!plan.shards.back().empty() && in_shard + plan.entries[i].bytes > options.shard_bytes) {
+      plan.shards.emplace_back();
+      in_shard = 0;
+    }
+    plan.shards.back().push_back(i);
+    in_shard += plan.entries[i].bytes;
+  }
+  return plan;
+}
+
+// config.json, the shards, then the index: a directory with an index has all its shards.
+void write_files(const fs::path& staging, const ModelConfig& config, const WritePlan& plan,
+                 const CheckpointWriteOptions& options) {
+  auto done = [&](const fs::path& file, int64_t bytes) {
+    if (options.progress) options.progress(file.string(), bytes, plan.total);
+  };
+  write_model_config((staging / kConfigName).string(),
+                     config_for(config, plan.any_fp8, plan.dtype));
+  done(staging / kConfigName, 0);
+
+  Context ctx = make_context(Device::kCpu);
+  Json weight_map = Json::object();
+  int64_t written = 0;
+  const size_t n = plan.shards.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string file = n == 1 ? kSingleName : shard_name(i, n);
+    NamedTensors tensors;  // converted one shard at a time, so at most one shard is held twice
+    for (size_t e : plan.shards[i]) {
+      const WritePlan::Entry& entry = plan.entries[e];
+      for (auto& nt : convert(ctx, *entry.m, entry.storage)) {
+        weight_map[nt.first] = file;
+        tensors.push_back(std::move(nt));
+      }
+      written += entry.bytes;
+    }
+    write_safetensors((staging / file).string(), tensors, {{"format", "pt"}});
+    done(staging / file, written);
+  }
+  if (n > 1) {
+    const Json index = {{"metadata", {{"total_size", plan.total}}}, {"weight_map", weight_map}};
+    write_text_file_atomic((staging / kIndexName).string(), index.dump(2) + "\n");
+    done(staging / kIndexName, written);
+  }
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& params,
+                      const CheckpointWriteOptions& options) {
+  const fs::path target = normalized_dir(dir);
+  const WritePlan plan = plan_write(config, params, options, target.string());
+  OCTET_CHECK(!fs::exists(target) || fs::is_directory(target), target.string(),
+              ": exists and is not a directory");
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  const fs::path staging = target.string() + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(staging);  // a stale one from a crashed writer that had our pid
+  fs::create_directory(staging);
+  try {
+    write_files(staging, config, plan, options);
+    if (fs::exists(target)) carry_over(target, staging);
+    fsync_path(staging);
+    swap_into_place(staging, target);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);  // the previous checkpoint, if any, is untouched
+    throw;
+  }
+}
+
+namespace {
+
+Json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  OCTET_CHECK(in, path.string(), ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return Json::parse(ss.str());
+  } catch (const Json::exception& e) {
+    OCTET_THROW(path.string(), ": not valid JSON: ", e.what());
+  }
+}
+
+// The index's name -> file map; every file must be a plain name inside the directory.
+std::map<std::string, std::string> read_index(const fs::path& index) {
+  const Json j = read_json(index);
+  auto wm = j.is_object() ? j.find("weight_map") : j.end();
+  OCTET_CHECK(wm != j.end() && wm->is_object(), index.string(),
+              ": expected an object with a \"weight_map\" object");
+  std::map<std::string, std::string> map;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    OCTET_CHECK(it.value().is_string(), index.string(), ": weight_map['", it.key(),
+                "'] must be a file name, got ", it.value().dump());
+    const std::string file = it.value().get<std::string>();
+    OCTET_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+                index.string(), ": weight_map['", it.key(), "'] = '", file,
+                "' is not a file name inside the checkpoint directory");
+    map[it.key()] = file;
+  }
+  return map;
+}
+
+// Every tensor of the checkpoint, checked against the index: each listed tensor in its file, each
+// file's tensors listed there, no tensor twice.
+std::map<std::string, Located> read_tensors(const fs::path& dir) {
+  const fs::path index = dir / kIndexName, single = dir / kSingleName;
+  const bool has_index = fs::exists(index), has_single = fs::exists(single);
+  OCTET_CHECK(!(has_index && has_single), dir.string(), ": holds both ", kIndexName, " and ",
+              kSingleName, "; which one is the checkpoint is ambiguous");
+  OCTET_CHECK(has_index || has_single, dir.string(), ": no checkpoint (neither ", kIndexName,
+              " nor ", kSingleName, ")");
+  std::map<std::string, Located> found;
+  if (has_single) {
+    for (auto& [name, t] : read_safetensors(single.string()).tensors)
+      found.emplace(name, Located{std::move(t), single.string()});
+    return found;
+  }
+  const std::map<std::string, std::string> weight_map = read_index(index);
+  std::map<std::string, std::vector<std::string>> files;  // file -> names the index puts there
+  for (const auto& [name, file] : weight_map) files[file].push_back(name);
+  // All files first, so that a tensor in two shards reads as a duplicate whatever the file order.
+  std::map<std::string, std::vector<Located>> held;
+  for (const auto& [file, names] : files) {
+    const fs::path path = dir / file;
+    OCTET_CHECK(fs::is_regular_file(path), path.string(), ": missing (", kIndexName,
+                " maps tensor '", names.front(), "'", names.size() > 1 ? " and others" : "",
+                " to it)");
+    for (auto& [name, t] : read_safetensors(path.string()).tensors)
+      held[name].push_back(Located{std::move(t), path.string()});
+  }
+  for (auto& [name, locs] : held) {
+    OCTET_CHECK(locs.size() == 1, tensor_in(locs[0].file, name), ": also in ", locs[1].file,
+                " (duplicate tensors across shards)");
+    const std::string& path = locs[0].file;
+    auto listed = weight_map.find(name);
+    OCTET_CHECK(listed != weight_map.end(), tensor_in(path, name), ": not listed in ", kIndexName);
+    OCTET_CHECK(dir / listed->second == fs::path(path), tensor_in(path, name), ": ", kIndexName,
+                " maps it to ", listed->second);
+    found.emplace(name, std::move(locs[0]));
+  }
+  for (const auto& [name, file] : weight_map)
+    OCTET_CHECK(found.count(name), tensor_in((dir / file).string(), name), ": listed in ",
+                kIndexName, " but absent from the file");
+  return found;
+}
+
+}  // namespace
+
+LoadedCheckpoint read_checkpoint(const std::string& dir_name,
+                                 const CheckpointReadOptions& options) {
+  const fs::path dir = normalized_dir(dir_name);
+  OCTET_CHECK(fs::is_directory(dir), dir.string(), ": not a checkpoint directory");
+  LoadedCheckpoint out;
+  out.config = read_model_config((dir / kConfigName).string());
+  const std::map<std::string, Located> found = read_tensors(dir);
+
+  const std::vector<TensorSpec> specs = expected_tensors(out.config);
+  std::vector<const TensorSpec*> missing;
+  std::vector<Matched> matched = match_tensors(out.config, specs, found, missing);
+  if (!missing.empty()) {
+    // A checkpoint without any MTP layer (what transformers saves) is complete but for them.
+    bool all_mtp = true, any_mtp = false;
+    for (const TensorSpec* s : missing) all_mtp &= s->mtp_depth >= 0;
+    for (const Matched& m : matched) any_mtp |= m.spec->mtp_depth >= 0;
+    OCTET_CHECK(all_mtp && !any_mtp, dir.string(), ": ", missing_message(missing));
+    for (const TensorSpec* s : missing) out.missing_mtp.push_back(s->name);
+    out.warnings.push_back(
+        dir.string() + ": no Multi-Token Prediction layers (num_nextn_predict_layers = " +
+        std::to_string(out.config.num_nextn_predict_layers) +
+        "; the transformers library does not save them): " + std::to_string(missing.size()) +
+        " tensors to initialise afresh: " + shown_names(out.missing_mtp));
+  }
+
+  Context ctx = make_context(Device::kCpu);
+  for (const Matched& m : matched) {
+    out.stored_fp8 |= m.fp8();
+    if (m.fp8() && options.fp8_weights == Fp8Weights::kKeep) {
+      out.quantized.emplace(m.spec->name, as_quant(m));
+      continue;
+    }
+    Tensor t = m.value;
+    if (m.fp8() || options.cast == ReadCast::kToF32) t = to_float(ctx, m, DType::kF32);
+    out.index_[m.spec->name] = out.tensors.size();
+    out.tensors.emplace_back(m.spec->name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace octet::io
