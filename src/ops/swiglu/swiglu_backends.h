@@ -1,0 +1,23 @@
+// Internal: the per-backend implementations behind swiglu.h. Arguments are validated and the
+// QuantTensor allocated by swiglu.cpp (rows >= 1); these functions only compute.
+#pragma once
+
+#include "ops/swiglu/swiglu.h"
+
+namespace octet {
+
+#define OCTET_SWIGLU_BACKEND_DECLS                                                       \
+  void swiglu_forward(Context& ctx, const SwigluForwardArgs& args);                      \
+  void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);                    \
+  void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args, QuantTensor& out);
+
+namespace cpu {
+OCTET_SWIGLU_BACKEND_DECLS
+}
+namespace cuda {
+OCTET_SWIGLU_BACKEND_DECLS
+}
+
+#undef OCTET_SWIGLU_BACKEND_DECLS
+
+}  // namespace octet

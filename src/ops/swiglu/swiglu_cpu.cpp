@@ -1,0 +1,66 @@
+// CPU reference for swiglu.h: plain loops over the element math of swiglu_math.h; the quantized
+// variant applies numerics/scale.h's rule group by group.
+#include <algorithm>
+#include <vector>
+
+#include "ops/swiglu/swiglu_backends.h"
+#include "ops/swiglu/swiglu_math.h"
+
+namespace octet::cpu {
+namespace {
+
+float load(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
+  return bf16_to_float(t.data_as<const uint16_t>()[i]);
+}
+
+void store(const Tensor& t, int64_t i, float v) {
+  if (t.dtype() == DType::kF32) t.data_as<float>()[i] = v;
+  else t.data_as<uint16_t>()[i] = float_to_bf16(v);
+}
+
+}  // namespace
+
+void swiglu_forward(Context&, const SwigluForwardArgs& a) {
+  const int64_t rows = a.h.rows(), f = a.h.cols();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < f; ++j)
+      store(a.h, r * f + j, swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j)));
+}
+
+void swiglu_backward(Context&, const SwigluBackwardArgs& a) {
+  const int64_t rows = a.dh.rows(), f = a.dh.cols();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < f; ++j) {
+      const int64_t gi = r * 2 * f + j, ui = gi + f;
+      const auto d = swiglu_math::swiglu_grad(load(a.gate_up, gi), load(a.gate_up, ui), load(a.dh, r * f + j));
+      store(a.d_gate_up, gi, d.dg);
+      store(a.d_gate_up, ui, d.du);
+    }
+  }
+}
+
+void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
+  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2, groups = ceil_div(f, kGroup);
+  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
+  uint8_t* data = out.data.data_as<uint8_t>();
+  float* scale_inv = out.scale_inv.data_as<float>();
+  std::vector<float> h(static_cast<size_t>(f));
+  uint32_t amax_all = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < f; ++j)
+      h[j] = swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * kGroup, c1 = std::min(f, c0 + kGroup);
+      uint32_t amax = 0;
+      for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, abs_bits(h[j]));
+      amax_all = std::max(amax_all, amax);
+      const float scale = compute_scale(bits_float(amax), rule);
+      scale_inv[r * groups + g] = scale_inverse(scale);
+      for (int64_t j = c0; j < c1; ++j) data[r * f + j] = quantize_value(h[j], scale, a.format);
+    }
+  }
+  out.amax.data_as<float>()[0] = bits_float(amax_all);
+}
+
+}  // namespace octet::cpu
