@@ -1,5 +1,5 @@
-// Benchmarks behind `octet bench <suite>`: timing programs that print tables of throughput and ratios
-// against a baseline measured in the same run. Correctness belongs in tests/, not here.
+// Benchmarks behind `octet bench <suite>`: timing programs that print tables of throughput and
+// ratios against a baseline measured in the same run. Correctness belongs in tests/, not here.
 #pragma once
 
 #include <functional>
@@ -22,7 +22,7 @@ const std::vector<Suite>& suites();
 // Declared by each bench/bench_<suite>.cpp.
 Suite quantize_suite();
 Suite gemm_suite(), gemm_accum_suite();  // bench_gemm.cpp
-Suite attention_suite();  // bench_attention.cpp
+Suite attention_suite();                 // bench_attention.cpp
 
 struct Timing {
   double median_ms = 0;
@@ -31,7 +31,8 @@ struct Timing {
 };
 
 // Runs `fn` `warmup` times, then `runs` times each timed alone on the device (events), with
-// `before_each` (e.g. an L2 flush or input rotation) outside the timed region. Median and min in ms.
+// `before_each` (e.g. an L2 flush or input rotation) outside the timed region. Median and min in
+// ms.
 Timing time_op(Context& ctx, const std::function<void()>& fn, int warmup, int runs,
                const std::function<void()>& before_each = {});
 
@@ -46,12 +47,13 @@ class L2Flusher {
   Tensor buf_;
 };
 
-// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median over `runs` copies of
-// `bytes` bytes: the memory-bound baseline every bandwidth figure is divided by.
+// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median over `runs` copies
+// of `bytes` bytes: the memory-bound baseline every bandwidth figure is divided by.
 double copy_bandwidth_gbs(Context& ctx, int64_t bytes, int runs = 30);
 
 // Prints a table: header row then rows, columns padded to their widest cell.
-void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+void print_table(const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows);
 std::string fmt(double v, int precision = 2);
 
 }  // namespace octet::bench

@@ -1,5 +1,5 @@
-// `octet bench quantize`: quantization throughput against the device-to-device copy bandwidth measured
-// in the same run, and the scaling-aware transpose against dequantize-then-requantize.
+// `octet bench quantize`: quantization throughput against the device-to-device copy bandwidth
+// measured in the same run, and the scaling-aware transpose against dequantize-then-requantize.
 //
 // Bytes counted are the fewest an op must move: every input read once, every output written once
 // (FP8 codes, FP32 scales). GB/s = bytes / median time; "of copy" = that over the copy bandwidth.
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "cli.h"
 #include "backend/backend.h"
 #include "bench.h"
+#include "cli.h"
 #include "ops/quantize/quantize.h"
 
 namespace octet::bench {
@@ -40,18 +40,22 @@ Tensor random_bf16(Context& ctx, int64_t rows, int64_t cols) {
 
 int run(const std::vector<std::string>& argv) {
   cli::Args args(argv, {"device", "rows", "cols", "runs", "warmup"}, {});
-  args.expect_positional(0, 0, "octet bench quantize [--device cuda|cpu] [--rows R --cols C] [--runs N]");
+  args.expect_positional(0, 0,
+                         "octet bench quantize [--device cuda|cpu] [--rows R --cols C] [--runs N]");
   const std::string dev = args.choice("device", {"cuda", "cpu"}, "cuda");
   Context ctx = make_context(dev == "cuda" ? Device::kCuda : Device::kCpu);
   const int runs = static_cast<int>(args.get_int("runs", 30));
   const int warmup = static_cast<int>(args.get_int("warmup", 3));
   OCTET_CHECK(runs >= 1 && warmup >= 0, "--runs must be >= 1 and --warmup >= 0");
   std::vector<std::pair<int64_t, int64_t>> shapes = {{32768, 7168}, {24576, 5120}};
-  if (args.get("rows") || args.get("cols")) shapes = {{args.get_int("rows", 4096), args.get_int("cols", 7168)}};
+  if (args.get("rows") || args.get("cols"))
+    shapes = {{args.get_int("rows", 4096), args.get_int("cols", 7168)}};
 
   const double copy_gbs = copy_bandwidth_gbs(ctx, int64_t{1} << (dev == "cuda" ? 30 : 26), runs);
-  std::printf("device: %s\n", dev == "cuda" ? cuda_device_info(ctx.device_index).name.c_str() : "cpu");
-  std::printf("device-to-device copy: %.0f GB/s (bytes read + written, median of %d)\n\n", copy_gbs, runs);
+  std::printf("device: %s\n",
+              dev == "cuda" ? cuda_device_info(ctx.device_index).name.c_str() : "cpu");
+  std::printf("device-to-device copy: %.0f GB/s (bytes read + written, median of %d)\n\n", copy_gbs,
+              runs);
 
   L2Flusher flush(ctx);
   std::vector<std::vector<std::string>> table, transpose_table;
@@ -60,43 +64,80 @@ int run(const std::vector<std::string>& argv) {
     const double n = static_cast<double>(rows) * static_cast<double>(cols);
     const double s1x128 = static_cast<double>(rows) * static_cast<double>((cols + 127) / 128) * 4;
     const double s128x1 = static_cast<double>((rows + 127) / 128) * static_cast<double>(cols) * 4;
-    const double s128 = static_cast<double>((rows + 127) / 128) * static_cast<double>((cols + 127) / 128) * 4;
+    const double s128 =
+        static_cast<double>((rows + 127) / 128) * static_cast<double>((cols + 127) / 128) * 4;
     auto quant = [&](Granularity g, QuantizeOutput o, ScaleRounding r) {
       return [&ctx, &x, g, o, r] { quantize(ctx, {x, Fp8Format::kE4M3, g, r, 0.0f, o, {}}); };
     };
     const std::vector<Row> rows_out = {
-        {"bf16 -> fp8 1x128", time_op(ctx, quant(Granularity::k1x128, QuantizeOutput::kRowwise, ScaleRounding::kExact), warmup, runs, flush).median_ms,
+        {"bf16 -> fp8 1x128",
+         time_op(ctx, quant(Granularity::k1x128, QuantizeOutput::kRowwise, ScaleRounding::kExact),
+                 warmup, runs, flush)
+             .median_ms,
          2 * n + n + s1x128},
-        {"bf16 -> fp8 1x128 + column-wise", time_op(ctx, quant(Granularity::k1x128, QuantizeOutput::kBoth, ScaleRounding::kExact), warmup, runs, flush).median_ms,
+        {"bf16 -> fp8 1x128 + column-wise",
+         time_op(ctx, quant(Granularity::k1x128, QuantizeOutput::kBoth, ScaleRounding::kExact),
+                 warmup, runs, flush)
+             .median_ms,
          2 * n + 2 * n + s1x128 + s128x1},
-        {"bf16 -> fp8 128x128", time_op(ctx, quant(Granularity::k128x128, QuantizeOutput::kRowwise, ScaleRounding::kExact), warmup, runs, flush).median_ms,
+        {"bf16 -> fp8 128x128",
+         time_op(ctx, quant(Granularity::k128x128, QuantizeOutput::kRowwise, ScaleRounding::kExact),
+                 warmup, runs, flush)
+             .median_ms,
          2 * n + n + s128},
-        {"bf16 -> fp8 per-tensor (amax pass + cast)", time_op(ctx, quant(Granularity::kTensor, QuantizeOutput::kRowwise, ScaleRounding::kExact), warmup, runs, flush).median_ms,
+        {"bf16 -> fp8 per-tensor (amax pass + cast)",
+         time_op(ctx, quant(Granularity::kTensor, QuantizeOutput::kRowwise, ScaleRounding::kExact),
+                 warmup, runs, flush)
+             .median_ms,
          2 * n + n + 4},
     };
     const std::string shape = std::to_string(rows) + " x " + std::to_string(cols);
     for (const Row& r : rows_out) {
       const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
-      table.push_back({r.op, shape, fmt(r.ms, 3), fmt(gbs, gbs < 10 ? 2 : 0), fmt(100.0 * gbs / copy_gbs, 1) + "%"});
+      table.push_back({r.op, shape, fmt(r.ms, 3), fmt(gbs, gbs < 10 ? 2 : 0),
+                       fmt(100.0 * gbs / copy_gbs, 1) + "%"});
     }
 
     // Scaling-aware transpose vs the path it replaces: dequantize to BF16, quantize the transpose.
-    QuantTensor q = quantize(ctx, {x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2, 0.0f,
-                                   QuantizeOutput::kRowwise, {}});
-    const double t_sat = time_op(ctx, [&] { scaling_aware_transpose(ctx, q); }, warmup, runs, flush).median_ms;
-    const double t_deq = time_op(ctx, [&] { dequantize(ctx, q, DType::kBF16); }, warmup, runs, flush).median_ms;
+    QuantTensor q = quantize(ctx, {x,
+                                   Fp8Format::kE4M3,
+                                   Granularity::k1x128,
+                                   ScaleRounding::kPow2,
+                                   0.0f,
+                                   QuantizeOutput::kRowwise,
+                                   {}});
+    const double t_sat = time_op(
+                             ctx, [&] { scaling_aware_transpose(ctx, q); }, warmup, runs, flush)
+                             .median_ms;
+    const double t_deq = time_op(
+                             ctx, [&] { dequantize(ctx, q, DType::kBF16); }, warmup, runs, flush)
+                             .median_ms;
     const Tensor xd = dequantize(ctx, q, DType::kBF16);
-    const double t_req = time_op(ctx, [&] {
-      quantize(ctx, {xd, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kColumnwise, {}});
-    }, warmup, runs, flush).median_ms;
+    const double t_req = time_op(
+                             ctx,
+                             [&] {
+                               quantize(ctx, {xd,
+                                              Fp8Format::kE4M3,
+                                              Granularity::k1x128,
+                                              ScaleRounding::kPow2,
+                                              0.0f,
+                                              QuantizeOutput::kColumnwise,
+                                              {}});
+                             },
+                             warmup, runs, flush)
+                             .median_ms;
     const double sat_bytes = 2 * n + s1x128 + s128;
-    transpose_table.push_back({shape, fmt(t_sat, 3), fmt(sat_bytes / (t_sat * 1e-3) / 1e9, 0), fmt(t_deq, 3),
-                               fmt(t_req, 3), fmt(t_deq + t_req, 3), fmt((t_deq + t_req) / t_sat, 2) + "x"});
+    transpose_table.push_back({shape, fmt(t_sat, 3), fmt(sat_bytes / (t_sat * 1e-3) / 1e9, 0),
+                               fmt(t_deq, 3), fmt(t_req, 3), fmt(t_deq + t_req, 3),
+                               fmt((t_deq + t_req) / t_sat, 2) + "x"});
   }
   print_table({"op", "shape", "ms", "GB/s", "of copy"}, table);
-  std::printf("\nscaling-aware transpose (1x128 pow2 -> column-wise, 128x128 scales) vs dequantize + requantize:\n");
-  print_table({"shape", "transpose ms", "GB/s", "dequantize ms", "requantize ms", "deq+req ms", "speedup"},
-              transpose_table);
+  std::printf(
+      "\nscaling-aware transpose (1x128 pow2 -> column-wise, 128x128 scales) vs dequantize + "
+      "requantize:\n");
+  print_table(
+      {"shape", "transpose ms", "GB/s", "dequantize ms", "requantize ms", "deq+req ms", "speedup"},
+      transpose_table);
   return 0;
 }
 
@@ -104,11 +145,16 @@ int run(const std::vector<std::string>& argv) {
 
 Suite quantize_suite() {
   return {"quantize", "quantize / transpose throughput vs device copy bandwidth",
-          "usage: octet bench quantize [--device cuda|cpu] [--rows R --cols C] [--runs N] [--warmup N]\n\n"
-          "BF16 -> FP8 E4M3 quantization (1x128, 1x128 with the column-wise copy, 128x128, per-tensor) at\n"
-          "DeepSeek-sized tensors (32768 x 7168 and 24576 x 5120 unless --rows/--cols), in GB/s and as a share\n"
-          "of the device-to-device copy bandwidth measured in the same run; then the scaling-aware transpose\n"
-          "against dequantize-then-requantize. Median of --runs (default 30) with the L2 flushed before each.",
+          "usage: octet bench quantize [--device cuda|cpu] [--rows R --cols C] [--runs N] "
+          "[--warmup N]\n\n"
+          "BF16 -> FP8 E4M3 quantization (1x128, 1x128 with the column-wise copy, 128x128, "
+          "per-tensor) at\n"
+          "DeepSeek-sized tensors (32768 x 7168 and 24576 x 5120 unless --rows/--cols), in GB/s "
+          "and as a share\n"
+          "of the device-to-device copy bandwidth measured in the same run; then the scaling-aware "
+          "transpose\n"
+          "against dequantize-then-requantize. Median of --runs (default 30) with the L2 flushed "
+          "before each.",
           run};
 }
 

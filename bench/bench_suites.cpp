@@ -3,7 +3,8 @@
 namespace octet::bench {
 
 const std::vector<Suite>& suites() {
-  static const std::vector<Suite> table = {quantize_suite(), gemm_suite(), gemm_accum_suite(), attention_suite()};
+  static const std::vector<Suite> table = {quantize_suite(), gemm_suite(), gemm_accum_suite(),
+                                           attention_suite()};
   return table;
 }
 

@@ -35,8 +35,10 @@ void L2Flusher::operator()() {
 double copy_bandwidth_gbs(Context& ctx, int64_t bytes, int runs) {
   Tensor a = Tensor::empty(ctx, {bytes}, DType::kU8), b = Tensor::empty(ctx, {bytes}, DType::kU8);
   ctx.be().memset(a.data(), 0x3C, bytes);
-  const CopyKind kind = ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
-  const Timing t = time_op(ctx, [&] { ctx.be().copy(b.data(), a.data(), bytes, kind); }, 3, runs);
+  const CopyKind kind =
+      ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
+  const Timing t = time_op(
+      ctx, [&] { ctx.be().copy(b.data(), a.data(), bytes, kind); }, 3, runs);
   return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
 }
 
@@ -46,7 +48,8 @@ std::string fmt(double v, int precision) {
   return buf;
 }
 
-void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+void print_table(const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> w(header.size());
   for (size_t c = 0; c < header.size(); ++c) w[c] = header[c].size();
   for (const auto& r : rows)

@@ -12,8 +12,8 @@
 
 namespace octet {
 
-// Elapsed time of work submitted between start() and stop_ms(): CUDA events on the backend's stream for
-// the GPU (stop_ms waits for the work), the host's steady clock for the CPU.
+// Elapsed time of work submitted between start() and stop_ms(): CUDA events on the backend's stream
+// for the GPU (stop_ms waits for the work), the host's steady clock for the CPU.
 class Timer {
  public:
   virtual ~Timer() = default;

@@ -11,7 +11,8 @@ class HostTimer final : public Timer {
  public:
   void start() override { t0_ = std::chrono::steady_clock::now(); }
   double stop_ms() override {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
   }
 
  private:
@@ -40,6 +41,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
+std::shared_ptr<Backend> make_cpu_backend() {
+  return std::make_shared<CpuBackend>();
+}
 
 }  // namespace octet

@@ -35,8 +35,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device_index) : device_index_(device_index) {
     OCTET_CUDA_CHECK(cudaSetDevice(device_index));
     OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    // Keep freed blocks in the stream-ordered pool instead of returning them to the driver: the pool then
-    // acts as a caching allocator and steady-state steps allocate without driver calls.
+    // Keep freed blocks in the stream-ordered pool instead of returning them to the driver: the
+    // pool then acts as a caching allocator and steady-state steps allocate without driver calls.
     cudaMemPool_t pool;
     OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index));
     uint64_t threshold = UINT64_MAX;
@@ -84,7 +84,9 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_built() { return true; }
+bool cuda_built() {
+  return true;
+}
 
 int cuda_device_count() {
   int n = 0;

@@ -1,5 +1,5 @@
-// Routes an op to its cpu:: or cuda:: implementation by the context's device. In a build without CUDA
-// the cuda:: side does not exist and a CUDA context cannot be made, so the branch only throws.
+// Routes an op to its cpu:: or cuda:: implementation by the context's device. In a build without
+// CUDA the cuda:: side does not exist and a CUDA context cannot be made, so the branch only throws.
 #pragma once
 
 #include "core/context.h"

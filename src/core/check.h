@@ -2,7 +2,8 @@
 //
 // The library throws octet::Error; only tools/octet catches, prints one line and exits non-zero.
 // Every macro is a single statement (do { } while (0)) and formats its message from any streamable
-// arguments, so call sites read `OCTET_CHECK(x.rank() == 2, "input: expected rank 2, got ", x.rank())`.
+// arguments, so call sites read `OCTET_CHECK(x.rank() == 2, "input: expected rank 2, got ",
+// x.rank())`.
 #pragma once
 
 #include <sstream>
@@ -34,11 +35,12 @@ std::string concat(const Args&... args) {
 
 }  // namespace octet
 
-#define OCTET_THROW(...) throw ::octet::Error(__FILE__, __LINE__, ::octet::detail::concat(__VA_ARGS__))
+#define OCTET_THROW(...) \
+  throw ::octet::Error(__FILE__, __LINE__, ::octet::detail::concat(__VA_ARGS__))
 
-#define OCTET_CHECK(cond, ...)                   \
-  do {                                           \
-    if (!(cond)) {                               \
-      OCTET_THROW(__VA_ARGS__);                  \
-    }                                            \
+#define OCTET_CHECK(cond, ...)  \
+  do {                          \
+    if (!(cond)) {              \
+      OCTET_THROW(__VA_ARGS__); \
+    }                           \
   } while (0)

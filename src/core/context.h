@@ -1,8 +1,8 @@
 // Context: the explicit carrier of everything an op needs to run (no globals below tools/).
 //
-// It owns the backend (allocator, stream, copies) for one device. Ops take `Context&` first and run on
-// its stream; host work runs inline. Library handles (cuBLASLt, NCCL) live here as opaque pointers so
-// that this header stays free of CUDA includes.
+// It owns the backend (allocator, stream, copies) for one device. Ops take `Context&` first and run
+// on its stream; host work runs inline. Library handles (cuBLASLt, NCCL) live here as opaque
+// pointers so that this header stays free of CUDA includes.
 #pragma once
 
 #include <memory>

@@ -1,9 +1,9 @@
 // QuantTensor: an FP8 tensor with its scales, in TransformerEngine's vocabulary.
 //
-// The row-wise copy `data` has the logical shape (rows, cols) of the source. The optional column-wise
-// copy holds the transpose, (cols, rows) row-major, so that the GEMM that needs the other K-major operand
-// (Dgrad for weights, Wgrad for activations and gradients) reads it directly; its scales follow the
-// layout of `columnwise_granularity` applied to that (cols, rows) matrix.
+// The row-wise copy `data` has the logical shape (rows, cols) of the source. The optional
+// column-wise copy holds the transpose, (cols, rows) row-major, so that the GEMM that needs the
+// other K-major operand (Dgrad for weights, Wgrad for activations and gradients) reads it directly;
+// its scales follow the layout of `columnwise_granularity` applied to that (cols, rows) matrix.
 #pragma once
 
 #include "core/tensor.h"

@@ -9,7 +9,9 @@
 
 namespace octet {
 
-const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+const char* device_name(Device d) {
+  return d == Device::kCpu ? "cpu" : "cuda";
+}
 
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
@@ -73,7 +75,8 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device,
 }
 
 int64_t Tensor::size(int dim) const {
-  OCTET_CHECK(dim >= 0 && dim < rank(), "dimension ", dim, " out of range for shape ", shape_str(shape_));
+  OCTET_CHECK(dim >= 0 && dim < rank(), "dimension ", dim, " out of range for shape ",
+              shape_str(shape_));
   return shape_[static_cast<size_t>(dim)];
 }
 
@@ -84,7 +87,9 @@ int64_t Tensor::rows() const {
   return r;
 }
 
-int64_t Tensor::cols() const { return shape_.empty() ? 1 : shape_.back(); }
+int64_t Tensor::cols() const {
+  return shape_.empty() ? 1 : shape_.back();
+}
 
 Tensor Tensor::reshape(const Shape& shape) const {
   OCTET_CHECK(shape_numel(shape) == numel(), "cannot reshape ", shape_str(shape_), " to ",
@@ -102,9 +107,10 @@ Tensor Tensor::to(Context& ctx, Device device) const {
   }
   OCTET_CHECK(ctx.device == Device::kCuda, "copy to or from cuda needs a cuda context");
   Tensor out = device == Device::kCpu ? empty(shape_, dtype_) : empty(ctx, shape_, dtype_);
-  const CopyKind kind = device_ == Device::kCpu
-                            ? CopyKind::kHostToDevice
-                            : (device == Device::kCpu ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice);
+  const CopyKind kind =
+      device_ == Device::kCpu
+          ? CopyKind::kHostToDevice
+          : (device == Device::kCpu ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice);
   if (nbytes()) ctx.be().copy(out.data(), data_, nbytes(), kind);
   return out;
 }
@@ -139,8 +145,8 @@ Context make_context(Device device, int device_index) {
     OCTET_CHECK(cuda_built(), "this octet was built without CUDA; use --device cpu");
     const int n = cuda_device_count();
     OCTET_CHECK(n > 0, "no CUDA GPU is visible; use --device cpu");
-    OCTET_CHECK(device_index >= 0 && device_index < n, "GPU index ", device_index, " out of range (",
-                n, " visible)");
+    OCTET_CHECK(device_index >= 0 && device_index < n, "GPU index ", device_index,
+                " out of range (", n, " visible)");
     ctx.backend = make_cuda_backend(device_index);
     ctx.stream = ctx.backend->stream();
   }

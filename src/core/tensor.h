@@ -30,9 +30,11 @@ class Tensor {
 
   // Host tensor, 64-byte aligned, uninitialised.
   static Tensor empty(const Shape& shape, DType dtype);
-  // Tensor on the context's device (uninitialised; device memory is stream-ordered on ctx's stream).
+  // Tensor on the context's device (uninitialised; device memory is stream-ordered on ctx's
+  // stream).
   static Tensor empty(Context& ctx, const Shape& shape, DType dtype);
-  // Wraps memory owned elsewhere; `owner` keeps it alive (may be null for memory that outlives the tensor).
+  // Wraps memory owned elsewhere; `owner` keeps it alive (may be null for memory that outlives the
+  // tensor).
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device,
                      std::shared_ptr<void> owner = nullptr);
 
@@ -55,7 +57,8 @@ class Tensor {
 
   // Same buffer, new shape with the same element count.
   Tensor reshape(const Shape& shape) const;
-  // Copy to `device` (a host copy needs no context for host sources). Synchronises for device->host.
+  // Copy to `device` (a host copy needs no context for host sources). Synchronises for
+  // device->host.
   Tensor to(Context& ctx, Device device) const;
   Tensor to_host(Context& ctx) const { return to(ctx, Device::kCpu); }
 

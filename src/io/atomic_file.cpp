@@ -22,14 +22,14 @@ AtomicFile::~AtomicFile() {
 
 void AtomicFile::write(const void* data, size_t bytes) {
   OCTET_CHECK(file_ && !committed_, path_, ": write after commit");
-  OCTET_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, file_) == bytes, tmp_, ": write failed: ",
-              std::strerror(errno));
+  OCTET_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, file_) == bytes, tmp_,
+              ": write failed: ", std::strerror(errno));
 }
 
 void AtomicFile::commit() {
   // Flushed and synced before the rename, so that the name never points at incomplete data.
-  OCTET_CHECK(std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0, tmp_, ": write failed: ",
-              std::strerror(errno));
+  OCTET_CHECK(std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0, tmp_,
+              ": write failed: ", std::strerror(errno));
   const int closed = std::fclose(file_);
   file_ = nullptr;
   OCTET_CHECK(closed == 0, tmp_, ": close failed: ", std::strerror(errno));

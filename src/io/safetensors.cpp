@@ -283,16 +283,26 @@ namespace {
 // size.
 int layout_rank(DType d) {
   switch (d) {
-    case DType::kI64: return 0;
-    case DType::kF32: return 1;
-    case DType::kI32: return 2;
-    case DType::kBF16: return 3;
-    case DType::kF16: return 4;
-    case DType::kU16: return 5;
-    case DType::kE8M0: return 6;
-    case DType::kE4M3: return 7;
-    case DType::kE5M2: return 8;
-    case DType::kU8: return 9;
+    case DType::kI64:
+      return 0;
+    case DType::kF32:
+      return 1;
+    case DType::kI32:
+      return 2;
+    case DType::kBF16:
+      return 3;
+    case DType::kF16:
+      return 4;
+    case DType::kU16:
+      return 5;
+    case DType::kE8M0:
+      return 6;
+    case DType::kE4M3:
+      return 7;
+    case DType::kE5M2:
+      return 8;
+    case DType::kU8:
+      return 9;
   }
   return 10;
 }
@@ -365,7 +375,8 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(header.size() >> (8 * i));
   f.write(len_bytes, 8);
   f.write(header);
-  for (size_t i : order) f.write(tensors[i].second.data(), static_cast<size_t>(tensors[i].second.nbytes()));
+  for (size_t i : order)
+    f.write(tensors[i].second.data(), static_cast<size_t>(tensors[i].second.nbytes()));
   f.commit();
 }
 

@@ -37,12 +37,16 @@ class Reader {
   template <typename T>
   T as(const Json& v, const std::string& key) const {
     if constexpr (std::is_same_v<T, bool>) {
-      OCTET_CHECK(v.is_boolean(), source_, ": field ", key, " must be true or false, got ", v.dump());
+      OCTET_CHECK(v.is_boolean(), source_, ": field ", key, " must be true or false, got ",
+                  v.dump());
       return v.get<bool>();
     } else if constexpr (std::is_integral_v<T>) {
       // 4096.0 from a Python writer is still an integer.
-      OCTET_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))),
-                  source_, ": field ", key, " must be an integer, got ", v.dump());
+      OCTET_CHECK(
+          v.is_number_integer() ||
+              (v.is_number_float() &&
+               v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))),
+          source_, ": field ", key, " must be an integer, got ", v.dump());
       return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
     } else if constexpr (std::is_floating_point_v<T>) {
       OCTET_CHECK(v.is_number(), source_, ": field ", key, " must be a number, got ", v.dump());
@@ -61,18 +65,23 @@ class Reader {
 
 void read_rope(Reader& r, ModelConfig& c, const std::string& source) {
   r.get("rope_theta", c.rope_theta);
-  // Recent transformers versions move rope settings into rope_parameters (older ones: rope_scaling).
+  // Recent transformers versions move rope settings into rope_parameters (older ones:
+  // rope_scaling).
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     r.mark(key);
     auto it = r.json().find(key);
     if (it == r.json().end() || it->is_null()) continue;
     OCTET_CHECK(it->is_object(), source, ": field ", key, " must be an object, got ", it->dump());
     std::string type = "default";
-    if (auto t = it->find("rope_type"); t != it->end()) type = r.as<std::string>(*t, std::string(key) + ".rope_type");
-    else if (auto t2 = it->find("type"); t2 != it->end()) type = r.as<std::string>(*t2, std::string(key) + ".type");
-    OCTET_CHECK(type == "default", source, ": field ", key, ".rope_type '", type,
-                "' is not supported (octet implements the default RoPE; YaRN context extension is not)");
-    if (auto t = it->find("rope_theta"); t != it->end()) c.rope_theta = r.as<double>(*t, std::string(key) + ".rope_theta");
+    if (auto t = it->find("rope_type"); t != it->end())
+      type = r.as<std::string>(*t, std::string(key) + ".rope_type");
+    else if (auto t2 = it->find("type"); t2 != it->end())
+      type = r.as<std::string>(*t2, std::string(key) + ".type");
+    OCTET_CHECK(
+        type == "default", source, ": field ", key, ".rope_type '", type,
+        "' is not supported (octet implements the default RoPE; YaRN context extension is not)");
+    if (auto t = it->find("rope_theta"); t != it->end())
+      c.rope_theta = r.as<double>(*t, std::string(key) + ".rope_theta");
   }
 }
 
@@ -94,35 +103,45 @@ void ModelConfig::validate() const {
   positive("v_head_dim", v_head_dim);
   positive("max_position_embeddings", max_position_embeddings);
   if (q_lora_rank) positive("q_lora_rank", *q_lora_rank);
-  OCTET_CHECK(qk_rope_head_dim % 2 == 0, "config: qk_rope_head_dim must be even (RoPE rotates pairs), got ",
-              qk_rope_head_dim);
+  OCTET_CHECK(qk_rope_head_dim % 2 == 0,
+              "config: qk_rope_head_dim must be even (RoPE rotates pairs), got ", qk_rope_head_dim);
   OCTET_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
-              "config: first_k_dense_replace must be in [0, num_hidden_layers = ", num_hidden_layers, "], got ",
-              first_k_dense_replace);
+              "config: first_k_dense_replace must be in [0, num_hidden_layers = ",
+              num_hidden_layers, "], got ", first_k_dense_replace);
   OCTET_CHECK(num_nextn_predict_layers >= 0, "config: num_nextn_predict_layers must be >= 0, got ",
               num_nextn_predict_layers);
   OCTET_CHECK(rms_norm_eps > 0, "config: rms_norm_eps must be > 0, got ", rms_norm_eps);
   OCTET_CHECK(rope_theta > 0, "config: rope_theta must be > 0, got ", rope_theta);
-  OCTET_CHECK(initializer_range > 0, "config: initializer_range must be > 0, got ", initializer_range);
+  OCTET_CHECK(initializer_range > 0, "config: initializer_range must be > 0, got ",
+              initializer_range);
   if (first_k_dense_replace < num_hidden_layers || num_nextn_predict_layers > 0) {
     positive("n_routed_experts", n_routed_experts);
     positive("num_experts_per_tok", num_experts_per_tok);
     positive("n_group", n_group);
     positive("topk_group", topk_group);
-    OCTET_CHECK(n_shared_experts >= 0, "config: n_shared_experts must be >= 0, got ", n_shared_experts);
+    OCTET_CHECK(n_shared_experts >= 0, "config: n_shared_experts must be >= 0, got ",
+                n_shared_experts);
     OCTET_CHECK(n_routed_experts % n_group == 0, "config: n_routed_experts (", n_routed_experts,
                 ") must be a multiple of n_group (", n_group, ")");
-    OCTET_CHECK(topk_group <= n_group, "config: topk_group (", topk_group, ") must be <= n_group (", n_group, ")");
+    OCTET_CHECK(topk_group <= n_group, "config: topk_group (", topk_group, ") must be <= n_group (",
+                n_group, ")");
     const int64_t per_group = n_routed_experts / n_group;
-    OCTET_CHECK(per_group >= 2 || n_group == 1, "config: group-limited routing scores a group by its top-2 experts, so "
-                "n_routed_experts / n_group must be >= 2, got ", per_group);
-    OCTET_CHECK(num_experts_per_tok <= topk_group * per_group, "config: num_experts_per_tok (", num_experts_per_tok,
-                ") must be <= topk_group * n_routed_experts / n_group (", topk_group * per_group, ")");
-    OCTET_CHECK(routed_scaling_factor > 0, "config: routed_scaling_factor must be > 0, got ", routed_scaling_factor);
+    OCTET_CHECK(per_group >= 2 || n_group == 1,
+                "config: group-limited routing scores a group by its top-2 experts, so "
+                "n_routed_experts / n_group must be >= 2, got ",
+                per_group);
+    OCTET_CHECK(num_experts_per_tok <= topk_group * per_group, "config: num_experts_per_tok (",
+                num_experts_per_tok, ") must be <= topk_group * n_routed_experts / n_group (",
+                topk_group * per_group, ")");
+    OCTET_CHECK(routed_scaling_factor > 0, "config: routed_scaling_factor must be > 0, got ",
+                routed_scaling_factor);
   }
-  OCTET_CHECK(mtp_loss_weight >= 0, "config: octet_mtp_loss_weight must be >= 0, got ", mtp_loss_weight);
-  OCTET_CHECK(bias_update_rate >= 0, "config: octet_bias_update_rate must be >= 0, got ", bias_update_rate);
-  OCTET_CHECK(seq_aux_loss_alpha >= 0, "config: octet_seq_aux_loss_alpha must be >= 0, got ", seq_aux_loss_alpha);
+  OCTET_CHECK(mtp_loss_weight >= 0, "config: octet_mtp_loss_weight must be >= 0, got ",
+              mtp_loss_weight);
+  OCTET_CHECK(bias_update_rate >= 0, "config: octet_bias_update_rate must be >= 0, got ",
+              bias_update_rate);
+  OCTET_CHECK(seq_aux_loss_alpha >= 0, "config: octet_seq_aux_loss_alpha must be >= 0, got ",
+              seq_aux_loss_alpha);
 }
 
 ModelConfig model_config_from_json(const Json& j, const std::string& source) {
@@ -165,7 +184,8 @@ ModelConfig model_config_from_json(const Json& j, const std::string& source) {
               ") must equal num_attention_heads (", c.num_attention_heads, ") in MLA");
   std::string act = "silu";
   r.get("hidden_act", act);
-  OCTET_CHECK(act == "silu", source, ": field hidden_act '", act, "' is not supported (SwiGLU uses silu)");
+  OCTET_CHECK(act == "silu", source, ": field hidden_act '", act,
+              "' is not supported (SwiGLU uses silu)");
   r.get("octet_recipe", c.recipe);
   r.get("octet_mtp_loss_weight", c.mtp_loss_weight);
   r.get("octet_bias_update_rate", c.bias_update_rate);

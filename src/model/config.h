@@ -1,9 +1,10 @@
 // Model configuration: a DeepSeek-V3-style transformer, with the field names of the transformers
-// library's DeepseekV3Config and of DeepSeek-V3's released config.json, so that either file reads as is
-// and what octet writes reads back in the ecosystem.
+// library's DeepseekV3Config and of DeepSeek-V3's released config.json, so that either file reads
+// as is and what octet writes reads back in the ecosystem.
 //
 // Strings become enums here, once. Keys octet does not use (architectures, auto_map, torch_dtype,
-// bos_token_id, ...) are kept verbatim in `extra` and written back, so a config survives a round trip.
+// bos_token_id, ...) are kept verbatim in `extra` and written back, so a config survives a round
+// trip.
 #pragma once
 
 #include <cstdint>
@@ -52,10 +53,10 @@ struct ModelConfig {
   int64_t num_nextn_predict_layers = 1;  // Multi-Token Prediction depth (DeepSeek-V3 release: 1)
 
   // octet's own keys (prefixed "octet_" in config.json so they never collide with the ecosystem's).
-  std::string recipe = "deepseek";       // precision recipe name; resolved by numerics/recipe.h
-  double mtp_loss_weight = 0.3;          // lambda of DeepSeek-V3's MTP loss (0.3 early, 0.1 late)
-  double bias_update_rate = 0.001;       // gamma of the auxiliary-loss-free balancing
-  double seq_aux_loss_alpha = 0.0001;    // sequence-wise balance loss weight; 0 disables it
+  std::string recipe = "deepseek";     // precision recipe name; resolved by numerics/recipe.h
+  double mtp_loss_weight = 0.3;        // lambda of DeepSeek-V3's MTP loss (0.3 early, 0.1 late)
+  double bias_update_rate = 0.001;     // gamma of the auxiliary-loss-free balancing
+  double seq_aux_loss_alpha = 0.0001;  // sequence-wise balance loss weight; 0 disables it
 
   nlohmann::json extra = nlohmann::json::object();  // unknown keys, written back unchanged
 

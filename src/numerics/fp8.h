@@ -1,12 +1,12 @@
-// Number formats: FP8 (E4M3fn, E5M2), BF16, E8M0 scales, and a generic ExMy rounding used to emulate
-// storage formats such as DeepSeek-V3's E5M6. Host and device share this code; CUDA kernels may use the
-// hardware conversion instead (cvt.rn.satfinite), and tests/numerics prove the two bit-identical over
-// every FP32 input.
+// Number formats: FP8 (E4M3fn, E5M2), BF16, E8M0 scales, and a generic ExMy rounding used to
+// emulate storage formats such as DeepSeek-V3's E5M6. Host and device share this code; CUDA kernels
+// may use the hardware conversion instead (cvt.rn.satfinite), and tests/numerics prove the two
+// bit-identical over every FP32 input.
 //
-// Conversion from FP32 (reference/fp8-facts.md section 1): round to nearest, ties to even; finite values
-// and infinities saturate to the largest finite value of the sign (the `satfinite` semantics);
-// signed zero is kept; NaN becomes the format's positive all-ones NaN code (0x7F for both FP8 formats), as
-// the hardware conversion does, so the sign of a NaN is not carried.
+// Conversion from FP32 (reference/fp8-facts.md section 1): round to nearest, ties to even; finite
+// values and infinities saturate to the largest finite value of the sign (the `satfinite`
+// semantics); signed zero is kept; NaN becomes the format's positive all-ones NaN code (0x7F for
+// both FP8 formats), as the hardware conversion does, so the sign of a NaN is not carried.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +40,8 @@ OCTET_HD float bits_float(uint32_t u) {
 #endif
 }
 
-// How the all-ones exponent is used. kIeee: reserved for inf/NaN (E5M2, E5M6). kFiniteOnly: ordinary
-// binade whose all-ones mantissa is the only NaN (E4M3fn: max 448, no infinities).
+// How the all-ones exponent is used. kIeee: reserved for inf/NaN (E5M2, E5M6). kFiniteOnly:
+// ordinary binade whose all-ones mantissa is the only NaN (E4M3fn: max 448, no infinities).
 enum class ExMyKind : uint8_t { kIeee, kFiniteOnly };
 
 struct ExMyFormat {
@@ -53,8 +53,9 @@ struct ExMyFormat {
   constexpr uint32_t nan_code() const { return (1u << (exp_bits + man_bits)) - 1u; }  // all ones
   constexpr uint32_t sign_bit() const { return 1u << (exp_bits + man_bits); }
   constexpr uint32_t max_code() const {
-    return kind == ExMyKind::kIeee ? ((((1u << exp_bits) - 2u) << man_bits) | ((1u << man_bits) - 1u))
-                                   : ((((1u << exp_bits) - 1u) << man_bits) | ((1u << man_bits) - 2u));
+    return kind == ExMyKind::kIeee
+               ? ((((1u << exp_bits) - 2u) << man_bits) | ((1u << man_bits) - 1u))
+               : ((((1u << exp_bits) - 1u) << man_bits) | ((1u << man_bits) - 2u));
   }
 };
 
@@ -94,10 +95,11 @@ OCTET_HD uint32_t encode_exmy(float x, ExMyFormat f) {
   const uint32_t m = e ? ((abs & 0x7FFFFFu) | 0x800000u) : (abs & 0x7FFFFFu);
   const int ex = e ? e - 127 : -126;
   const int s = (emin - f.man_bits) - (ex - 23);  // > 0 here
-  return sign | rne_shift_right(m, s);             // 2^man_bits rounds up into the smallest normal
+  return sign | rne_shift_right(m, s);            // 2^man_bits rounds up into the smallest normal
 }
 
-// ExMy code -> FP32 (exact: every ExMy value with exp_bits <= 8 and man_bits <= 23 is an FP32 value).
+// ExMy code -> FP32 (exact: every ExMy value with exp_bits <= 8 and man_bits <= 23 is an FP32
+// value).
 OCTET_HD float decode_exmy(uint32_t code, ExMyFormat f) {
   const uint32_t sign = (code & f.sign_bit()) ? 0x80000000u : 0u;
   const uint32_t mag = code & (f.sign_bit() - 1u);
@@ -112,7 +114,8 @@ OCTET_HD float decode_exmy(uint32_t code, ExMyFormat f) {
     // single factor 2^(1 - bias - man_bits) is not a normal FP32 number for exp_bits == 8: first
     // mf / 2^man_bits in [2^-man_bits, 1), then 2^(1 - bias) >= 2^-126; both products are exact.
     if (mf == 0) return bits_float(sign);
-    const float frac = static_cast<float>(mf) * bits_float(static_cast<uint32_t>(127 - f.man_bits) << 23);
+    const float frac =
+        static_cast<float>(mf) * bits_float(static_cast<uint32_t>(127 - f.man_bits) << 23);
     const float unit = bits_float(static_cast<uint32_t>(127 + 1 - f.bias()) << 23);
     return bits_float(sign | float_bits(frac * unit));
   }
@@ -121,12 +124,22 @@ OCTET_HD float decode_exmy(uint32_t code, ExMyFormat f) {
 }
 
 // Emulated storage: x rounded to ExMy and back to FP32.
-OCTET_HD float round_to_exmy(float x, ExMyFormat f) { return decode_exmy(encode_exmy(x, f), f); }
+OCTET_HD float round_to_exmy(float x, ExMyFormat f) {
+  return decode_exmy(encode_exmy(x, f), f);
+}
 
-OCTET_HD uint8_t float_to_e4m3(float x) { return static_cast<uint8_t>(encode_exmy(x, kE4M3Format)); }
-OCTET_HD uint8_t float_to_e5m2(float x) { return static_cast<uint8_t>(encode_exmy(x, kE5M2Format)); }
-OCTET_HD float e4m3_to_float(uint8_t c) { return decode_exmy(c, kE4M3Format); }
-OCTET_HD float e5m2_to_float(uint8_t c) { return decode_exmy(c, kE5M2Format); }
+OCTET_HD uint8_t float_to_e4m3(float x) {
+  return static_cast<uint8_t>(encode_exmy(x, kE4M3Format));
+}
+OCTET_HD uint8_t float_to_e5m2(float x) {
+  return static_cast<uint8_t>(encode_exmy(x, kE5M2Format));
+}
+OCTET_HD float e4m3_to_float(uint8_t c) {
+  return decode_exmy(c, kE4M3Format);
+}
+OCTET_HD float e5m2_to_float(uint8_t c) {
+  return decode_exmy(c, kE5M2Format);
+}
 
 // BF16: round to nearest even; overflow goes to infinity (BF16 has FP32's range); NaN becomes the
 // canonical 0x7FFF with the input's sign bit, as CUDA's __float2bfloat16_rn does.
@@ -135,7 +148,9 @@ OCTET_HD uint16_t float_to_bf16(float x) {
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x7FFFu);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
-OCTET_HD float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+OCTET_HD float bf16_to_float(uint16_t b) {
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
 
 // E8M0 (unsigned, bias 127, 0xFF is NaN): the OCP MX scale format. Decoding code c gives 2^(c-127).
 OCTET_HD float e8m0_to_float(uint8_t c) {
@@ -146,7 +161,8 @@ OCTET_HD float e8m0_to_float(uint8_t c) {
 
 enum class E8M0Rounding : uint8_t { kDown, kUp, kNearestEven };
 
-// Positive finite x -> E8M0 code, clamped to [2^-127, 2^127]; zero, negative or NaN inputs give 0xFF.
+// Positive finite x -> E8M0 code, clamped to [2^-127, 2^127]; zero, negative or NaN inputs give
+// 0xFF.
 OCTET_HD uint8_t float_to_e8m0(float x, E8M0Rounding mode) {
   const uint32_t u = float_bits(x);
   if ((u >> 31) || u == 0 || u > 0x7F800000u) return 0xFF;
@@ -160,7 +176,8 @@ OCTET_HD uint8_t float_to_e8m0(float x, E8M0Rounding mode) {
   uint32_t e = u >> 23;
   const uint32_t mant = u & 0x7FFFFFu;
   if (mode == E8M0Rounding::kUp && mant) ++e;
-  if (mode == E8M0Rounding::kNearestEven && (mant > 0x400000u || (mant == 0x400000u && (e & 1u)))) ++e;
+  if (mode == E8M0Rounding::kNearestEven && (mant > 0x400000u || (mant == 0x400000u && (e & 1u))))
+    ++e;
   return static_cast<uint8_t>(e > 0xFE ? 0xFE : e);
 }
 

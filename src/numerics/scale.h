@@ -1,8 +1,8 @@
 // Scaling: FP8 formats, group granularities, and the exact rule that turns an amax into a scale.
 //
 // Notation (reference/fp8-facts.md section 2): q = cvt_rn_satfinite(x * scale), x ~ q * scale_inv.
-// Every step is one correctly rounded FP32 operation, so the CPU reference and the CUDA kernels agree
-// bit for bit:
+// Every step is one correctly rounded FP32 operation, so the CPU reference and the CUDA kernels
+// agree bit for bit:
 //   amax      = max |x| over the group (NaN if the group holds a NaN)
 //   scale     = fp8_max / max(amax, epsilon)              FP32 division, correctly rounded
 //               * 2^-margin                                 exact (delayed scaling only)
@@ -24,18 +24,23 @@ namespace octet {
 
 enum class Fp8Format : uint8_t { kE4M3, kE5M2 };
 
-// Scale groups. Layout of scale_inv (row-major FP32) for a (rows, cols) tensor, as DeepSeek-V3 stores
-// its weights: kTensor [1], kRow [rows, 1], k1x128 [rows, ceil(cols/128)], k128x1 [ceil(rows/128), cols],
-// k128x128 [ceil(rows/128), ceil(cols/128)]. The last group of a row or column may be partial.
+// Scale groups. Layout of scale_inv (row-major FP32) for a (rows, cols) tensor, as DeepSeek-V3
+// stores its weights: kTensor [1], kRow [rows, 1], k1x128 [rows, ceil(cols/128)], k128x1
+// [ceil(rows/128), cols], k128x128 [ceil(rows/128), ceil(cols/128)]. The last group of a row or
+// column may be partial.
 enum class Granularity : uint8_t { kTensor, kRow, k1x128, k128x1, k128x128 };
 
 enum class ScaleRounding : uint8_t { kExact, kPow2 };
 
 inline constexpr int64_t kGroup = 128;  // DeepSeek-V3's tile and block edge
 
-OCTET_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+OCTET_HD int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
-OCTET_HD float fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? 448.0f : 57344.0f; }
+OCTET_HD float fp8_max(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
+}
 
 OCTET_HD uint8_t float_to_fp8(float x, Fp8Format f) {
   return f == Fp8Format::kE4M3 ? float_to_e4m3(x) : float_to_e5m2(x);
@@ -44,9 +49,11 @@ OCTET_HD float fp8_to_float(uint8_t c, Fp8Format f) {
   return f == Fp8Format::kE4M3 ? e4m3_to_float(c) : e5m2_to_float(c);
 }
 
-// |x| as bits: unsigned-integer max over these is max |x| with NaN winning (NaN patterns sort above inf),
-// independent of reduction order, on host and device alike.
-OCTET_HD uint32_t abs_bits(float x) { return float_bits(x) & 0x7FFFFFFFu; }
+// |x| as bits: unsigned-integer max over these is max |x| with NaN winning (NaN patterns sort above
+// inf), independent of reduction order, on host and device alike.
+OCTET_HD uint32_t abs_bits(float x) {
+  return float_bits(x) & 0x7FFFFFFFu;
+}
 
 struct ScaleRule {
   Fp8Format format = Fp8Format::kE4M3;
@@ -74,13 +81,14 @@ OCTET_HD float fp32_mul_rn(float a, float b) {
 OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   constexpr float kFltMax = 3.40282347e38f;
   if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
-  amax = bits_float(abs_bits(amax));                // a magnitude: a stray sign must not flip the scale
-  if (amax == 0.0f) return 1.0f;  // all-zero group: scale 1 even with an epsilon (its data is all 0)
+  amax = bits_float(abs_bits(amax));  // a magnitude: a stray sign must not flip the scale
+  if (amax == 0.0f)
+    return 1.0f;  // all-zero group: scale 1 even with an epsilon (its data is all 0)
   if (amax < r.epsilon) amax = r.epsilon;
   float s = fp32_div_rn(fp8_max(r.format), amax);
-  // 2^-margin in factors of at most 2^-126 (a single factor is not a normal FP32 beyond 126). Once a
-  // product is subnormal the result ends below FLT_MIN and is clamped below, so only normal products
-  // need to be exact; beyond 300 every scale is already clamped.
+  // 2^-margin in factors of at most 2^-126 (a single factor is not a normal FP32 beyond 126). Once
+  // a product is subnormal the result ends below FLT_MIN and is clamped below, so only normal
+  // products need to be exact; beyond 300 every scale is already clamped.
   for (int m = r.margin < 300 ? r.margin : 300; m > 0; m -= 126)
     s = fp32_mul_rn(s, bits_float(static_cast<uint32_t>(127 - (m < 126 ? m : 126)) << 23));
   if (abs_bits(s) == 0x7F800000u) s = kFltMax;
@@ -89,7 +97,9 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   return s;
 }
 
-OCTET_HD float scale_inverse(float scale) { return fp32_div_rn(1.0f, scale); }
+OCTET_HD float scale_inverse(float scale) {
+  return fp32_div_rn(1.0f, scale);
+}
 
 // One element: q = cvt_rn_satfinite(x * scale) with the product rounded to FP32.
 OCTET_HD uint8_t quantize_value(float x, float scale, Fp8Format f) {

@@ -82,22 +82,32 @@ class CliTest : public ::testing::Test {
 Shape expected_scale_shape(Granularity g, int64_t rows, int64_t cols) {
   auto cdiv = [](int64_t a) { return (a + 127) / 128; };
   switch (g) {
-    case Granularity::kTensor: return {};
-    case Granularity::kRow: return {rows, 1};
-    case Granularity::k1x128: return {rows, cdiv(cols)};
-    case Granularity::k128x1: return {cdiv(rows), cols};
-    case Granularity::k128x128: return {cdiv(rows), cdiv(cols)};
+    case Granularity::kTensor:
+      return {};
+    case Granularity::kRow:
+      return {rows, 1};
+    case Granularity::k1x128:
+      return {rows, cdiv(cols)};
+    case Granularity::k128x1:
+      return {cdiv(rows), cols};
+    case Granularity::k128x128:
+      return {cdiv(rows), cdiv(cols)};
   }
   return {};
 }
 
 int64_t scale_index(Granularity g, int64_t i, int64_t j, int64_t rows, int64_t cols) {
   switch (g) {
-    case Granularity::kTensor: return 0;
-    case Granularity::kRow: return i;
-    case Granularity::k1x128: return i * ((cols + 127) / 128) + j / 128;
-    case Granularity::k128x1: return (i / 128) * cols + j;
-    case Granularity::k128x128: return (i / 128) * ((cols + 127) / 128) + j / 128;
+    case Granularity::kTensor:
+      return 0;
+    case Granularity::kRow:
+      return i;
+    case Granularity::k1x128:
+      return i * ((cols + 127) / 128) + j / 128;
+    case Granularity::k128x1:
+      return (i / 128) * cols + j;
+    case Granularity::k128x128:
+      return (i / 128) * ((cols + 127) / 128) + j / 128;
   }
   (void)rows;
   return 0;

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <unistd.h>
+#include <filesystem>
 
 #include <fstream>
 
@@ -38,7 +38,8 @@ TEST(ModelConfig, ReadsTransformersLayout) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 50000.0);
   EXPECT_TRUE(c.is_moe_layer(1));
   EXPECT_FALSE(c.is_moe_layer(0));
-  EXPECT_EQ(c.num_nextn_predict_layers, 1);  // absent from transformers configs: DeepSeek-V3's default
+  EXPECT_EQ(c.num_nextn_predict_layers,
+            1);  // absent from transformers configs: DeepSeek-V3's default
   EXPECT_EQ(c.extra.at("bos_token_id"), 0);  // kept for the round trip
 }
 
@@ -49,7 +50,8 @@ TEST(ModelConfig, RoundTripsThroughAFile) {
   j["octet_recipe"] = "bf16";
   const ModelConfig c = model_config_from_json(j);
   EXPECT_FALSE(c.q_lora_rank.has_value());
-  const auto path = std::filesystem::temp_directory_path() / ("octet_config_" + std::to_string(::getpid()) + ".json");
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("octet_config_" + std::to_string(::getpid()) + ".json");
   write_model_config(path.string(), c);
   const ModelConfig back = read_model_config(path.string());
   std::filesystem::remove(path);
@@ -91,12 +93,14 @@ TEST(ModelConfig, RejectsInvalidCombinationsNamingTheField) {
   expect_error(with("scoring_func", "softmax"), "scoring_func 'softmax'");
   expect_error(with("hidden_size", "big"), "field hidden_size must be an integer");
   expect_error(with("vocab_size", 0), "vocab_size must be > 0");
-  expect_error(with("rope_parameters", Json::parse(R"({"rope_type": "yarn", "factor": 40})")), "'yarn' is not supported");
+  expect_error(with("rope_parameters", Json::parse(R"({"rope_type": "yarn", "factor": 40})")),
+               "'yarn' is not supported");
   expect_error(Json::array(), "must be a JSON object");
 }
 
 TEST(ModelConfig, MalformedFileIsOneClearError) {
-  const auto path = std::filesystem::temp_directory_path() / ("octet_bad_" + std::to_string(::getpid()) + ".json");
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("octet_bad_" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << "{\"hidden_size\": 12,";
   try {
     read_model_config(path.string());

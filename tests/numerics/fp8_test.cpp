@@ -1,7 +1,8 @@
-// Known values and edge cases of every number format in numerics/fp8.h: E4M3fn, E5M2, E8M0, BF16 and
-// the emulated E5M6. The exhaustive comparison with ml_dtypes over all FP32 inputs lives in
+// Known values and edge cases of every number format in numerics/fp8.h: E4M3fn, E5M2, E8M0, BF16
+// and the emulated E5M6. The exhaustive comparison with ml_dtypes over all FP32 inputs lives in
 // fp8_exhaustive.py; these tests pin down the cases a reader checks by hand (boundaries, ties,
-// saturation, signed zero, NaN) and compare against a reference built from the formats' definitions.
+// saturation, signed zero, NaN) and compare against a reference built from the formats'
+// definitions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,21 +20,31 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-float next_up(float x) { return std::nextafter(x, kInf); }
-float next_down(float x) { return std::nextafter(x, -kInf); }
+float next_up(float x) {
+  return std::nextafter(x, kInf);
+}
+float next_down(float x) {
+  return std::nextafter(x, -kInf);
+}
 
-bool e4m3_is_nan(uint8_t c) { return (c & 0x7F) == 0x7F; }
-bool e5m2_is_nan(uint8_t c) { return (c & 0x7F) > 0x7C; }
+bool e4m3_is_nan(uint8_t c) {
+  return (c & 0x7F) == 0x7F;
+}
+bool e5m2_is_nan(uint8_t c) {
+  return (c & 0x7F) > 0x7C;
+}
 
-// Non-negative finite values of a format, indexed by code, from the definition (sign, biased exponent,
-// mantissa with an implicit leading one for normals), independent of fp8.h's bit manipulation.
+// Non-negative finite values of a format, indexed by code, from the definition (sign, biased
+// exponent, mantissa with an implicit leading one for normals), independent of fp8.h's bit
+// manipulation.
 std::vector<double> finite_values(int exp_bits, int man_bits, bool ieee) {
   const int bias = (1 << (exp_bits - 1)) - 1;
   const int codes = ieee ? ((1 << exp_bits) - 1) << man_bits : (1 << (exp_bits + man_bits)) - 1;
   std::vector<double> v;
   for (int c = 0; c < codes; ++c) {
     const int e = c >> man_bits, m = c & ((1 << man_bits) - 1);
-    v.push_back(e == 0 ? std::ldexp(m, 1 - bias - man_bits) : std::ldexp((1 << man_bits) + m, e - bias - man_bits));
+    v.push_back(e == 0 ? std::ldexp(m, 1 - bias - man_bits)
+                       : std::ldexp((1 << man_bits) + m, e - bias - man_bits));
   }
   return v;
 }
@@ -64,10 +75,10 @@ std::vector<float> random_floats(int n, uint64_t seed) {
 TEST(Fp8E4M3, KnownValues) {
   EXPECT_EQ(float_to_e4m3(1.0f), 0x38);
   EXPECT_EQ(float_to_e4m3(-2.0f), 0xC0);
-  EXPECT_EQ(float_to_e4m3(448.0f), 0x7E);   // max finite: S.1111.110
+  EXPECT_EQ(float_to_e4m3(448.0f), 0x7E);  // max finite: S.1111.110
   EXPECT_EQ(float_to_e4m3(-448.0f), 0xFE);
-  EXPECT_EQ(float_to_e4m3(0x1p-6f), 0x08);  // min normal
-  EXPECT_EQ(float_to_e4m3(0x1p-9f), 0x01);  // min subnormal
+  EXPECT_EQ(float_to_e4m3(0x1p-6f), 0x08);      // min normal
+  EXPECT_EQ(float_to_e4m3(0x1p-9f), 0x01);      // min subnormal
   EXPECT_EQ(float_to_e4m3(7 * 0x1p-9f), 0x07);  // max subnormal
   EXPECT_EQ(e4m3_to_float(0x7E), 448.0f);
   EXPECT_EQ(e4m3_to_float(0x01), 0x1p-9f);
@@ -88,12 +99,13 @@ TEST(Fp8E4M3, SignedZeroAndUnderflow) {
 }
 
 TEST(Fp8E4M3, TiesToEvenAtSubnormals) {
-  EXPECT_EQ(float_to_e4m3(0x1p-10f), 0x00);             // half the min subnormal: tie to 0
-  EXPECT_EQ(float_to_e4m3(next_up(0x1p-10f)), 0x01);    // just above: rounds up
-  EXPECT_EQ(float_to_e4m3(3 * 0x1p-10f), 0x02);         // 1.5 units: tie to 2
-  EXPECT_EQ(float_to_e4m3(5 * 0x1p-10f), 0x02);         // 2.5 units: tie to 2
+  EXPECT_EQ(float_to_e4m3(0x1p-10f), 0x00);           // half the min subnormal: tie to 0
+  EXPECT_EQ(float_to_e4m3(next_up(0x1p-10f)), 0x01);  // just above: rounds up
+  EXPECT_EQ(float_to_e4m3(3 * 0x1p-10f), 0x02);       // 1.5 units: tie to 2
+  EXPECT_EQ(float_to_e4m3(5 * 0x1p-10f), 0x02);       // 2.5 units: tie to 2
   EXPECT_EQ(float_to_e4m3(next_up(5 * 0x1p-10f)), 0x03);
-  // 7.5 units sits between the largest subnormal (7, odd) and the smallest normal (8): up into normals.
+  // 7.5 units sits between the largest subnormal (7, odd) and the smallest normal (8): up into
+  // normals.
   EXPECT_EQ(float_to_e4m3(15 * 0x1p-10f), 0x08);
   EXPECT_EQ(float_to_e4m3(next_down(15 * 0x1p-10f)), 0x07);
 }
@@ -103,7 +115,8 @@ TEST(Fp8E4M3, TiesToEvenAtNormals) {
   EXPECT_EQ(float_to_e4m3(next_up(1.0625f)), 0x39);
   EXPECT_EQ(float_to_e4m3(1.1875f), 0x3A);  // between 1.125 (odd) and 1.25
   EXPECT_EQ(float_to_e4m3(next_down(1.1875f)), 0x39);
-  // The tie between the largest mantissa of a binade and the next power of two carries into the exponent.
+  // The tie between the largest mantissa of a binade and the next power of two carries into the
+  // exponent.
   EXPECT_EQ(float_to_e4m3(1.9375f), 0x40);
   EXPECT_EQ(float_to_e4m3(1.95f), 0x40);
   EXPECT_EQ(float_to_e4m3(next_down(1.9375f)), 0x3F);
@@ -118,7 +131,7 @@ TEST(Fp8E4M3, Saturation) {
   EXPECT_EQ(float_to_e4m3(1e9f), 0x7E);
   EXPECT_EQ(float_to_e4m3(FLT_MAX), 0x7E);
   EXPECT_EQ(float_to_e4m3(-FLT_MAX), 0xFE);
-  EXPECT_EQ(float_to_e4m3(kInf), 0x7E);   // satfinite: infinities saturate too
+  EXPECT_EQ(float_to_e4m3(kInf), 0x7E);  // satfinite: infinities saturate too
   EXPECT_EQ(float_to_e4m3(-kInf), 0xFE);
 }
 
@@ -168,7 +181,8 @@ TEST(Fp8E5M2, KnownValuesAndEdges) {
   EXPECT_EQ(e5m2_to_float(0x01), 0x1p-16f);
   EXPECT_EQ(e5m2_to_float(0x7C), kInf);
   EXPECT_EQ(e5m2_to_float(0xFC), -kInf);
-  for (uint8_t c : {0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF}) EXPECT_TRUE(std::isnan(e5m2_to_float(c))) << int(c);
+  for (uint8_t c : {0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF})
+    EXPECT_TRUE(std::isnan(e5m2_to_float(c))) << int(c);
   EXPECT_EQ(kE5M2Format.max_code(), 0x7Bu);
 }
 
@@ -206,13 +220,16 @@ TEST(Fp8, EncodeMatchesNearestEvenReference) {
     const std::vector<double> v = finite_values(f.fmt.exp_bits, f.fmt.man_bits, f.ieee);
     std::vector<float> xs = random_floats(200000, 7);
     for (size_t c = 0; c + 1 < v.size(); ++c) {
-      const float mid = static_cast<float>((v[c] + v[c + 1]) / 2);  // exact: one more bit than the format
-      for (float x : {mid, next_up(mid), next_down(mid), -mid, static_cast<float>(v[c])}) xs.push_back(x);
+      const float mid =
+          static_cast<float>((v[c] + v[c + 1]) / 2);  // exact: one more bit than the format
+      for (float x : {mid, next_up(mid), next_down(mid), -mid, static_cast<float>(v[c])})
+        xs.push_back(x);
     }
     for (float x : xs) {
       if (std::isnan(x)) continue;
       const uint32_t want = nearest_code(x, v, f.fmt.sign_bit());
-      ASSERT_EQ(encode_exmy(x, f.fmt), want) << "x = " << x << " (e" << f.fmt.exp_bits << "m" << f.fmt.man_bits << ")";
+      ASSERT_EQ(encode_exmy(x, f.fmt), want)
+          << "x = " << x << " (e" << f.fmt.exp_bits << "m" << f.fmt.man_bits << ")";
     }
   }
 }
@@ -227,7 +244,8 @@ TEST(E8M0, Decode) {
   EXPECT_EQ(e8m0_to_float(1), 0x1p-126f);
   EXPECT_EQ(e8m0_to_float(0), 0x1p-127f);  // an FP32 subnormal, still exact
   EXPECT_TRUE(std::isnan(e8m0_to_float(255)));
-  for (int c = 0; c < 255; ++c) EXPECT_EQ(e8m0_to_float(static_cast<uint8_t>(c)), std::ldexp(1.0f, c - 127));
+  for (int c = 0; c < 255; ++c)
+    EXPECT_EQ(e8m0_to_float(static_cast<uint8_t>(c)), std::ldexp(1.0f, c - 127));
 }
 
 TEST(E8M0, EncodeRoundingModes) {
@@ -295,7 +313,8 @@ TEST(Bf16, RoundingAndSpecials) {
   EXPECT_EQ(float_to_bf16(kInf), 0x7F80);
   EXPECT_EQ(float_to_bf16(-kInf), 0xFF80);
   EXPECT_EQ(float_to_bf16(bits_float(0x7F7F7FFFu)), 0x7F7F);  // largest BF16
-  EXPECT_EQ(float_to_bf16(bits_float(0x7F7F8000u)), 0x7F80);  // BF16 does not saturate: overflows to inf
+  EXPECT_EQ(float_to_bf16(bits_float(0x7F7F8000u)),
+            0x7F80);  // BF16 does not saturate: overflows to inf
   EXPECT_EQ(float_to_bf16(FLT_MAX), 0x7F80);
   // A NaN whose payload lies only in the low half would truncate to inf; it must stay NaN.
   for (uint32_t nan : {0x7F800001u, 0xFF800001u, 0x7FC00000u, 0xFFFFFFFFu}) {
@@ -351,11 +370,12 @@ TEST(E5M6, RepresentableValuesAreExactAndTheRestNearestEven) {
   }
 }
 
-// Formats at the edges of what fp8.h accepts (exp_bits <= 8, man_bits <= 23): the BF16-range E8M7 must
-// decode its subnormals, and E5M23 keeps every mantissa bit.
+// Formats at the edges of what fp8.h accepts (exp_bits <= 8, man_bits <= 23): the BF16-range E8M7
+// must decode its subnormals, and E5M23 keeps every mantissa bit.
 TEST(ExMy, WideFormats) {
   const ExMyFormat e8m7{8, 7, ExMyKind::kIeee};
-  for (uint32_t c = 1; c < 128; ++c) ASSERT_EQ(decode_exmy(c, e8m7), bf16_to_float(static_cast<uint16_t>(c))) << c;
+  for (uint32_t c = 1; c < 128; ++c)
+    ASSERT_EQ(decode_exmy(c, e8m7), bf16_to_float(static_cast<uint16_t>(c))) << c;
   for (float x : random_floats(100000, 17)) {
     if (std::isnan(x) || std::fabs(x) > bf16_to_float(0x7F7F)) continue;
     ASSERT_EQ(float_bits(round_to_exmy(x, e8m7)), float_bits(bf16_to_float(float_to_bf16(x)))) << x;

@@ -1,6 +1,6 @@
-// The scale rule of numerics/scale.h: every defined result listed at the top of that header, the exact
-// arithmetic (correctly rounded FP32 division, exact margin, power-of-2 round-down) and the promise
-// that no amax, epsilon or margin gives a NaN, infinite or zero scale or scale_inv.
+// The scale rule of numerics/scale.h: every defined result listed at the top of that header, the
+// exact arithmetic (correctly rounded FP32 division, exact margin, power-of-2 round-down) and the
+// promise that no amax, epsilon or margin gives a NaN, infinite or zero scale or scale_inv.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -17,7 +17,8 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-ScaleRule rule(Fp8Format f, ScaleRounding r = ScaleRounding::kExact, float eps = 0.0f, int margin = 0) {
+ScaleRule rule(Fp8Format f, ScaleRounding r = ScaleRounding::kExact, float eps = 0.0f,
+               int margin = 0) {
   return ScaleRule{f, r, eps, margin};
 }
 
@@ -63,8 +64,8 @@ TEST(Scale, DefinedResultsForZeroAndNonFinite) {
     for (ScaleRounding r : {ScaleRounding::kExact, ScaleRounding::kPow2}) {
       for (float eps : {0.0f, 1e-4f}) {
         const ScaleRule ru = rule(f, r, eps);
-        // An all-zero group gets scale 1, whatever the epsilon (the spec's rule; its data is all zeros
-        // under any scale).
+        // An all-zero group gets scale 1, whatever the epsilon (the spec's rule; its data is all
+        // zeros under any scale).
         EXPECT_EQ(compute_scale(0.0f, ru), 1.0f);
         EXPECT_EQ(compute_scale(-0.0f, ru), 1.0f);
         EXPECT_EQ(compute_scale(kNaN, ru), 1.0f);
@@ -115,18 +116,26 @@ TEST(Scale, MarginIsAnExactPowerOfTwo) {
   // Margins beyond the exponent range (no single FP32 factor 2^-margin exists) still scale exactly
   // while the result is normal, and clamp after.
   const float big = compute_scale(FLT_TRUE_MIN, rule(Fp8Format::kE4M3));  // FLT_MAX
-  EXPECT_EQ(compute_scale(FLT_TRUE_MIN, rule(Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 127)), big);
-  EXPECT_EQ(compute_scale(FLT_TRUE_MIN, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 127)), 0x1p127f);
-  EXPECT_EQ(compute_scale(0x1p-100f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 127)), 0x1p-19f);
-  EXPECT_EQ(compute_scale(0x1p-100f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 200)), 0x1p-92f);
-  EXPECT_EQ(compute_scale(0x1p-100f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 300)), FLT_MIN);
-  EXPECT_EQ(compute_scale(1.0f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 1 << 30)), FLT_MIN);
+  EXPECT_EQ(compute_scale(FLT_TRUE_MIN, rule(Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 127)),
+            big);
+  EXPECT_EQ(compute_scale(FLT_TRUE_MIN, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 127)),
+            0x1p127f);
+  EXPECT_EQ(compute_scale(0x1p-100f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 127)),
+            0x1p-19f);
+  EXPECT_EQ(compute_scale(0x1p-100f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 200)),
+            0x1p-92f);
+  EXPECT_EQ(compute_scale(0x1p-100f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 300)),
+            FLT_MIN);
+  EXPECT_EQ(compute_scale(1.0f, rule(Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 1 << 30)),
+            FLT_MIN);
 }
 
 TEST(Scale, AmaxSignIsIgnored) {
   for (float a : {3.0f, 1e-30f, FLT_TRUE_MIN, 448.0f})
     for (ScaleRounding r : {ScaleRounding::kExact, ScaleRounding::kPow2})
-      EXPECT_EQ(compute_scale(-a, rule(Fp8Format::kE4M3, r)), compute_scale(a, rule(Fp8Format::kE4M3, r))) << a;
+      EXPECT_EQ(compute_scale(-a, rule(Fp8Format::kE4M3, r)),
+                compute_scale(a, rule(Fp8Format::kE4M3, r)))
+          << a;
 }
 
 TEST(Scale, Pow2IsExactRoundDown) {
@@ -147,8 +156,8 @@ TEST(Scale, Pow2IsExactRoundDown) {
       ASSERT_LE(p, exact) << amax;
       ASSERT_GT(2.0 * p, double{exact}) << amax;
       // Round-down keeps amax * scale within the format: nothing saturates under a pow2 scale. (The
-      // correctly rounded quotient cannot round up onto a power of two from below: fp8_max = 1.75 * 2^k
-      // leaves no FP32 amax close enough.)
+      // correctly rounded quotient cannot round up onto a power of two from below: fp8_max = 1.75 *
+      // 2^k leaves no FP32 amax close enough.)
       if (amax != 0) {
         ASSERT_LE(double{amax} * p, double{fp8_max(f)}) << amax;
       }
@@ -180,8 +189,9 @@ TEST(Scale, ScaleInverseOfPowersOfTwoIsExact) {
 TEST(Scale, AlwaysFiniteAndPositive) {
   std::mt19937 rng(9);
   const float eps_values[] = {0.0f, 1e-4f, FLT_TRUE_MIN, 1.0f, 1e30f};
-  std::vector<float> amaxes = {0.0f,  -0.0f, kInf,  -kInf,  kNaN,    FLT_MAX, -FLT_MAX, FLT_MIN,
-                               FLT_TRUE_MIN, -1.0f, 1.0f, 448.0f, 57344.0f, 3e38f, 1e-38f};
+  std::vector<float> amaxes = {0.0f,    -0.0f,    kInf,     -kInf,        kNaN,
+                               FLT_MAX, -FLT_MAX, FLT_MIN,  FLT_TRUE_MIN, -1.0f,
+                               1.0f,    448.0f,   57344.0f, 3e38f,        1e-38f};
   while (amaxes.size() < 20000) amaxes.push_back(bits_float(static_cast<uint32_t>(rng())));
   for (float amax : amaxes) {
     for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
@@ -190,8 +200,10 @@ TEST(Scale, AlwaysFiniteAndPositive) {
           for (int margin : {0, 1, 7, 64, 126, 127, 128, 129, 200, 1000}) {
             const float s = compute_scale(amax, rule(f, r, eps, margin));
             const float inv = scale_inverse(s);
-            ASSERT_TRUE(std::isfinite(s) && s > 0) << amax << " eps " << eps << " margin " << margin;
-            ASSERT_TRUE(std::isfinite(inv) && inv > 0) << amax << " eps " << eps << " margin " << margin;
+            ASSERT_TRUE(std::isfinite(s) && s > 0)
+                << amax << " eps " << eps << " margin " << margin;
+            ASSERT_TRUE(std::isfinite(inv) && inv > 0)
+                << amax << " eps " << eps << " margin " << margin;
             if (r == ScaleRounding::kPow2) {
               ASSERT_TRUE(is_pow2(s)) << amax;
             }
@@ -212,7 +224,8 @@ TEST(Scale, QuantizeValueRoundsTheProductToFp32First) {
   EXPECT_EQ(quantize_value(kNaN, 1.0f, Fp8Format::kE4M3) & 0x7F, 0x7F);
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7F) == 0x7F) continue;
-    EXPECT_EQ(fp8_to_float(static_cast<uint8_t>(c), Fp8Format::kE4M3), e4m3_to_float(static_cast<uint8_t>(c)));
+    EXPECT_EQ(fp8_to_float(static_cast<uint8_t>(c), Fp8Format::kE4M3),
+              e4m3_to_float(static_cast<uint8_t>(c)));
     EXPECT_EQ(float_to_fp8(e4m3_to_float(static_cast<uint8_t>(c)), Fp8Format::kE4M3), c);
   }
 }

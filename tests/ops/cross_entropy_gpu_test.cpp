@@ -1,9 +1,10 @@
-// CUDA cross_entropy against the CPU reference (FP64 sums) on odd and prime shapes, with about 10% of
-// rows ignored. Summation order differs, so the stated tolerances are:
-//   lse, losses   |d| <= 2e-5 + 2e-6 |lse|   (FP32 sum of exp: ~1e-6 relative, plus lse's own rounding)
-//   loss (mean)   |d| <= 2e-5 + 2e-6 |loss|, count exact
-//   dlogits F32   |d| <= 1e-5 |ref| + 2e-6 dloss / count   (exp(x - lse) with x - lse rounded in FP32;
-//                 the target element cancels to (p - 1))     BF16: at most 1 ulp apart, or that bound
+// CUDA cross_entropy against the CPU reference (FP64 sums) on odd and prime shapes, with about 10%
+// of rows ignored. Summation order differs, so the stated tolerances are:
+//   lse, losses   |d| <= 2e-5 + 2e-6 |lse|   (FP32 sum of exp: ~1e-6 relative, plus lse's own
+//   rounding) loss (mean)   |d| <= 2e-5 + 2e-6 |loss|, count exact dlogits F32   |d| <= 1e-5 |ref|
+//   + 2e-6 dloss / count   (exp(x - lse) with x - lse rounded in FP32;
+//                 the target element cancels to (p - 1))     BF16: at most 1 ulp apart, or that
+//                 bound
 // The backward is compared given the same saved lse and count (the CPU's), so forward and backward
 // errors are measured separately. The CUDA forward and backward are bitwise deterministic, and the
 // in-place backward equals the out-of-place one bit for bit. Outputs are poisoned with NaN first.
@@ -52,8 +53,8 @@ Fwd forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
   return f;
 }
 
-Tensor backward(Context& ctx, const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& count,
-                const Tensor& dloss) {
+Tensor backward(Context& ctx, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                const Tensor& count, const Tensor& dloss) {
   Tensor d = make(ctx, logits.shape(), logits.dtype());
   cross_entropy_backward(ctx, {logits, targets, lse, count, dloss, d});
   return d.to_host(ctx);
@@ -68,7 +69,8 @@ Tensor targets_with_ignored(int64_t rows, int64_t vocab, uint64_t seed) {
   });
 }
 
-void check(const Tensor& logits, const Tensor& targets, float dloss_value, const std::string& where) {
+void check(const Tensor& logits, const Tensor& targets, float dloss_value,
+           const std::string& where) {
   auto& [cpu, gpu] = devices();
   const Tensor logits_d = logits.to(gpu, Device::kCuda), targets_d = targets.to(gpu, Device::kCuda);
   const Fwd want = forward(cpu, logits, targets);
@@ -79,7 +81,8 @@ void check(const Tensor& logits, const Tensor& targets, float dloss_value, const
   EXPECT_TRUE(test::all_close(want.losses, got_losses, 0.0, lse_atol, where + " losses"));
   EXPECT_TRUE(bitwise_equal(want.count, got.count.to_host(gpu))) << where << " count";
   const double loss_want = want.loss.data_as<float>()[0];
-  EXPECT_NEAR(got.loss.to_host(gpu).data_as<float>()[0], loss_want, 2e-5 + 2e-6 * std::fabs(loss_want))
+  EXPECT_NEAR(got.loss.to_host(gpu).data_as<float>()[0], loss_want,
+              2e-5 + 2e-6 * std::fabs(loss_want))
       << where << " mean loss";
 
   const Tensor dloss = test::host_tensor({1}, DType::kF32, [&](int64_t) { return dloss_value; });
@@ -90,13 +93,16 @@ void check(const Tensor& logits, const Tensor& targets, float dloss_value, const
   const int32_t count = want.count.data_as<int32_t>()[0];
   const double scale = count ? std::fabs(dloss_value) / count : 0.0;
   auto atol = [&](int64_t) { return 2e-6 * scale; };
-  if (logits.dtype() == DType::kF32) EXPECT_TRUE(test::all_close(dwant, dgot, 1e-5, atol, where + " dlogits"));
-  else EXPECT_TRUE(test::bf16_close(dwant, dgot, 1, atol, where + " dlogits"));
+  if (logits.dtype() == DType::kF32)
+    EXPECT_TRUE(test::all_close(dwant, dgot, 1e-5, atol, where + " dlogits"));
+  else
+    EXPECT_TRUE(test::bf16_close(dwant, dgot, 1, atol, where + " dlogits"));
 
   // Determinism of the whole CUDA path, and the in-place backward.
   const Fwd again = forward(gpu, logits_d, targets_d);
   EXPECT_TRUE(bitwise_equal(got_lse, again.lse.to_host(gpu))) << where << " lse not deterministic";
-  EXPECT_TRUE(bitwise_equal(got.loss.to_host(gpu), again.loss.to_host(gpu))) << where << " loss not deterministic";
+  EXPECT_TRUE(bitwise_equal(got.loss.to_host(gpu), again.loss.to_host(gpu)))
+      << where << " loss not deterministic";
   const Tensor d1 = backward(gpu, logits_d, targets_d, got.lse, got.count, dloss_d);
   const Tensor d2 = backward(gpu, logits_d, targets_d, got.lse, got.count, dloss_d);
   EXPECT_TRUE(bitwise_equal(d1, d2)) << where << " dlogits not deterministic";
@@ -128,8 +134,8 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, CrossEntropyGpu,
 TEST(CrossEntropyGpuSpecial, LargestVocabulary) {
   OCTET_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF32}) {
-    check(random_tensor({37, 131072}, dt, 3200, Dist::kOutliers), targets_with_ignored(37, 131072, 3201), 0.3f,
-          "V 131072 " + std::string(dtype_name(dt)));
+    check(random_tensor({37, 131072}, dt, 3200, Dist::kOutliers),
+          targets_with_ignored(37, 131072, 3201), 0.3f, "V 131072 " + std::string(dtype_name(dt)));
     check(random_tensor({3, 131071}, dt, 3202), targets_with_ignored(3, 131071, 3203), 1.0f,
           "V 131071 " + std::string(dtype_name(dt)));
   }
@@ -137,10 +143,12 @@ TEST(CrossEntropyGpuSpecial, LargestVocabulary) {
 
 TEST(CrossEntropyGpuSpecial, ManyRowsAndLargeLogits) {
   OCTET_REQUIRE_GPU();
-  check(random_tensor({32768, 129}, DType::kBF16, 3300), targets_with_ignored(32768, 129, 3301), 1.0f, "32768 rows");
+  check(random_tensor({32768, 129}, DType::kBF16, 3300), targets_with_ignored(32768, 129, 3301),
+        1.0f, "32768 rows");
   // A shift of 2e4 overflows exp without the max subtraction.
   const Tensor base = random_tensor({129, 1000}, DType::kF32, 3302);
-  const Tensor shifted = test::host_tensor({129, 1000}, DType::kF32, [&](int64_t i) { return 2e4 + test::value_at(base, i); });
+  const Tensor shifted = test::host_tensor(
+      {129, 1000}, DType::kF32, [&](int64_t i) { return 2e4 + test::value_at(base, i); });
   check(shifted, targets_with_ignored(129, 1000, 3303), 2.0f, "shifted by 2e4");
 }
 
@@ -152,8 +160,10 @@ TEST(CrossEntropyGpuSpecial, AllIgnored) {
   const Fwd f = forward(gpu, logits.to(gpu, Device::kCuda), targets.to(gpu, Device::kCuda));
   EXPECT_EQ(f.count.to_host(gpu).data_as<int32_t>()[0], 0);
   EXPECT_EQ(f.loss.to_host(gpu).data_as<float>()[0], 0.0f);
-  const Tensor dloss = test::host_tensor({1}, DType::kF32, [](int64_t) { return 1.0; }).to(gpu, Device::kCuda);
-  const Tensor d = backward(gpu, logits.to(gpu, Device::kCuda), targets.to(gpu, Device::kCuda), f.lse, f.count, dloss);
+  const Tensor dloss =
+      test::host_tensor({1}, DType::kF32, [](int64_t) { return 1.0; }).to(gpu, Device::kCuda);
+  const Tensor d = backward(gpu, logits.to(gpu, Device::kCuda), targets.to(gpu, Device::kCuda),
+                            f.lse, f.count, dloss);
   for (int64_t i = 0; i < d.numel(); ++i) ASSERT_EQ(d.data_as<uint16_t>()[i], 0) << "element " << i;
   (void)cpu;
 }

@@ -1,6 +1,6 @@
-// Cross-entropy on the CPU: the loss against the formula, the ignore index, the backward against FP64
-// central differences of the mean loss, numerical stability at large logits, the in-place backward, and
-// argument errors.
+// Cross-entropy on the CPU: the loss against the formula, the ignore index, the backward against
+// FP64 central differences of the mean loss, numerical stability at large logits, the in-place
+// backward, and argument errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,14 +19,15 @@ struct Fwd {
 
 Fwd forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
   const int64_t rows = logits.rows();
-  Fwd f{Tensor::empty({rows}, DType::kF32), Tensor::empty({rows}, DType::kF32), Tensor::empty({1}, DType::kI32),
-        Tensor::empty({1}, DType::kF32)};
+  Fwd f{Tensor::empty({rows}, DType::kF32), Tensor::empty({rows}, DType::kF32),
+        Tensor::empty({1}, DType::kI32), Tensor::empty({1}, DType::kF32)};
   for (Tensor* t : {&f.losses, &f.lse, &f.count, &f.loss}) test::poison(*t, 0xFF);
   cross_entropy_forward(ctx, {logits, targets, f.losses, f.lse, f.count, f.loss});
   return f;
 }
 
-Tensor backward(Context& ctx, const Tensor& logits, const Tensor& targets, const Fwd& f, float dloss) {
+Tensor backward(Context& ctx, const Tensor& logits, const Tensor& targets, const Fwd& f,
+                float dloss) {
   Tensor d = Tensor::empty(logits.shape(), logits.dtype());
   test::poison(d, 0xFF);
   const Tensor dl = test::host_tensor({1}, DType::kF32, [&](int64_t) { return dloss; });
@@ -46,8 +47,10 @@ TEST(CrossEntropy, ForwardMatchesFormula) {
       double s = 0.0;
       for (int64_t v = 0; v < 29; ++v) s += std::exp(test::value_at(logits, r * 29 + v));
       const int32_t t = targets.data_as<int32_t>()[r];
-      const double loss = t == kIgnoreIndex ? 0.0 : std::log(s) - test::value_at(logits, r * 29 + t);
-      EXPECT_NEAR(f.lse.data_as<float>()[r], std::log(s), 1e-6 * std::fabs(std::log(s)) + 1e-6) << "row " << r;
+      const double loss =
+          t == kIgnoreIndex ? 0.0 : std::log(s) - test::value_at(logits, r * 29 + t);
+      EXPECT_NEAR(f.lse.data_as<float>()[r], std::log(s), 1e-6 * std::fabs(std::log(s)) + 1e-6)
+          << "row " << r;
       EXPECT_NEAR(f.losses.data_as<float>()[r], loss, 1e-5) << "row " << r;
       sum += loss;
     }
@@ -58,7 +61,8 @@ TEST(CrossEntropy, ForwardMatchesFormula) {
 
 TEST(CrossEntropy, EqualLogitsGiveLogV) {
   Context cpu = make_context(Device::kCpu);
-  const Tensor logits = test::host_tensor({3, 1000}, DType::kF32, [](int64_t i) { return 3.25 - (i / 1000); });
+  const Tensor logits =
+      test::host_tensor({3, 1000}, DType::kF32, [](int64_t i) { return 3.25 - (i / 1000); });
   const Tensor targets = test::host_tensor({3}, DType::kI32, [](int64_t r) { return 17 * r; });
   const Fwd f = forward(cpu, logits, targets);
   EXPECT_NEAR(f.loss.data_as<float>()[0], std::log(1000.0), 1e-6);
@@ -68,9 +72,12 @@ TEST(CrossEntropy, EqualLogitsGiveLogV) {
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   Context cpu = make_context(Device::kCpu);
   Tensor logits = random_tensor({4, 7}, DType::kF32, 43);
-  Tensor targets = test::host_tensor({4}, DType::kI32, [](int64_t r) { return r == 2 ? kIgnoreIndex : 2 * r; });
+  Tensor targets =
+      test::host_tensor({4}, DType::kI32, [](int64_t r) { return r == 2 ? kIgnoreIndex : 2 * r; });
   const float dloss = 0.75f;
-  auto loss = [&] { return dloss * static_cast<double>(forward(cpu, logits, targets).loss.data_as<float>()[0]); };
+  auto loss = [&] {
+    return dloss * static_cast<double>(forward(cpu, logits, targets).loss.data_as<float>()[0]);
+  };
   const Tensor d = backward(cpu, logits, targets, forward(cpu, logits, targets), dloss);
   for (int64_t i = 0; i < logits.numel(); ++i) {
     const double fd = test::central_difference(logits.data_as<float>() + i, 1e-2, loss);
@@ -95,7 +102,8 @@ TEST(CrossEntropy, StableAtLargeLogits) {
   Context cpu = make_context(Device::kCpu);
   const Tensor base = random_tensor({3, 50}, DType::kF32, 46);
   const Tensor shifted = test::host_tensor({3, 50}, DType::kF32, [&](int64_t i) {
-    return 3.0e4 + test::value_at(base, i);  // exp overflows FP32 (and FP64 beyond 709) without the max
+    return 3.0e4 +
+           test::value_at(base, i);  // exp overflows FP32 (and FP64 beyond 709) without the max
   });
   const Tensor targets = test::random_ints({3}, 0, 49, 47);
   const Fwd a = forward(cpu, base, targets), b = forward(cpu, shifted, targets);
@@ -144,10 +152,16 @@ TEST(CrossEntropy, RejectsBadArguments) {
   const Fwd f = forward(cpu, logits, targets);
   const Tensor dl = test::host_tensor({1}, DType::kF32, [](int64_t) { return 1.0; });
   test::expect_error(
-      [&] { cross_entropy_backward(cpu, {logits, targets, f.lse, f.count, dl, Tensor::empty({4, 10}, DType::kBF16)}); },
+      [&] {
+        cross_entropy_backward(
+            cpu, {logits, targets, f.lse, f.count, dl, Tensor::empty({4, 10}, DType::kBF16)});
+      },
       {"cross_entropy dlogits", "F32", "BF16"});
-  test::expect_error([&] { cross_entropy_backward(cpu, {logits, targets, f.lse, f.loss, dl, logits}); },
-                     {"cross_entropy count", "I32", "F32"});
+  test::expect_error(
+      [&] {
+        cross_entropy_backward(cpu, {logits, targets, f.lse, f.loss, dl, logits});
+      },
+      {"cross_entropy count", "I32", "F32"});
 }
 
 }  // namespace

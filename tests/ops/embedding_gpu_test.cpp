@@ -27,9 +27,12 @@ Devices& devices() {
 
 Tensor forward(Context& ctx, const Tensor& ids, const Tensor& table, DType out_dt) {
   const Shape s{ids.numel(), table.size(1)};
-  Tensor out = ctx.device == Device::kCuda ? test::poisoned(ctx, s, out_dt) : Tensor::empty(s, out_dt);
-  if (ctx.device == Device::kCuda) embedding_forward(ctx, {ids.to(ctx, Device::kCuda), table.to(ctx, Device::kCuda), out});
-  else embedding_forward(ctx, {ids, table, out});
+  Tensor out =
+      ctx.device == Device::kCuda ? test::poisoned(ctx, s, out_dt) : Tensor::empty(s, out_dt);
+  if (ctx.device == Device::kCuda)
+    embedding_forward(ctx, {ids.to(ctx, Device::kCuda), table.to(ctx, Device::kCuda), out});
+  else
+    embedding_forward(ctx, {ids, table, out});
   return out.to_host(ctx);
 }
 
@@ -54,7 +57,8 @@ TEST_P(EmbeddingGpu, MatchesCpuBitwiseAndIsDeterministic) {
   const auto& [rows, d, vocab, dt] = GetParam();
   const std::string where = "rows " + std::to_string(rows) + " D " + std::to_string(d) + " V " +
                             std::to_string(vocab) + " " + std::string(dtype_name(dt));
-  const Tensor ids = test::random_ints({rows}, 0, static_cast<int32_t>(vocab - 1), 2000 + rows + vocab);
+  const Tensor ids =
+      test::random_ints({rows}, 0, static_cast<int32_t>(vocab - 1), 2000 + rows + vocab);
   for (DType table_dt : {DType::kF32, DType::kBF16}) {
     const Tensor table = test::hashed_tensor({vocab, d}, table_dt, 2100 + d);
     ASSERT_TRUE(bitwise_equal(forward(cpu, ids, table, dt), forward(gpu, ids, table, dt)))
@@ -64,21 +68,25 @@ TEST_P(EmbeddingGpu, MatchesCpuBitwiseAndIsDeterministic) {
   const Tensor dtable0 = test::hashed_tensor({vocab, d}, DType::kF32, 2300 + vocab);
   const Tensor got = backward(gpu, ids, dout, dtable0);
   ASSERT_TRUE(bitwise_equal(backward(cpu, ids, dout, dtable0), got)) << where << " backward";
-  ASSERT_TRUE(bitwise_equal(got, backward(gpu, ids, dout, dtable0))) << where << " backward not deterministic";
+  ASSERT_TRUE(bitwise_equal(got, backward(gpu, ids, dout, dtable0)))
+      << where << " backward not deterministic";
 }
 
 // V = 7 makes runs of ~200 equal ids at 1481 rows; V = 65537 makes most ids unique (17-bit keys).
 INSTANTIATE_TEST_SUITE_P(OddShapes, EmbeddingGpu,
-                         ::testing::Combine(::testing::Values(1, 127, 129, 1481), ::testing::Values(7, 129, 1000),
+                         ::testing::Combine(::testing::Values(1, 127, 129, 1481),
+                                            ::testing::Values(7, 129, 1000),
                                             ::testing::Values(7, 1000, 65537),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
 TEST(EmbeddingGpuSpecial, ModelSizedBackward) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
-  // 8 x 4096 tokens of a 32000-word vocabulary with a skewed distribution (a few ids very frequent).
+  // 8 x 4096 tokens of a 32000-word vocabulary with a skewed distribution (a few ids very
+  // frequent).
   Tensor ids = test::random_ints({8, 4096}, 0, 31999, 2400);
-  for (int64_t t = 0; t < ids.numel(); t += 3) ids.data_as<int32_t>()[t] = static_cast<int32_t>(t % 5);
+  for (int64_t t = 0; t < ids.numel(); t += 3)
+    ids.data_as<int32_t>()[t] = static_cast<int32_t>(t % 5);
   const Tensor dout = random_tensor({8 * 4096, 256}, DType::kBF16, 2401);
   const Tensor dtable0 = random_tensor({32000, 256}, DType::kF32, 2402);
   const Tensor got = backward(gpu, ids, dout, dtable0);
@@ -99,7 +107,8 @@ TEST(EmbeddingGpuSpecial, InvalidIdsGiveNaNRowsAndAreSkipped) {
   const Tensor table = random_tensor({vocab, d}, DType::kF32, 2501);
   const Tensor out = forward(gpu, ids, table, DType::kF32);
   for (int64_t t : bad)
-    for (int64_t j = 0; j < d; ++j) ASSERT_TRUE(std::isnan(out.data_as<float>()[t * d + j])) << "row " << t;
+    for (int64_t j = 0; j < d; ++j)
+      ASSERT_TRUE(std::isnan(out.data_as<float>()[t * d + j])) << "row " << t;
   // The reference: the valid positions only, in their order.
   Tensor ids_ok = Tensor::empty({rows - 3}, DType::kI32);
   const Tensor dout = random_tensor({rows, d}, DType::kF32, 2502);
@@ -107,11 +116,13 @@ TEST(EmbeddingGpuSpecial, InvalidIdsGiveNaNRowsAndAreSkipped) {
   for (int64_t t = 0, k = 0; t < rows; ++t) {
     if (t == 0 || t == 17 || t == 299) continue;
     ids_ok.data_as<int32_t>()[k] = ids.data_as<int32_t>()[t];
-    for (int64_t j = 0; j < d; ++j) dout_ok.data_as<float>()[k * d + j] = dout.data_as<float>()[t * d + j];
+    for (int64_t j = 0; j < d; ++j)
+      dout_ok.data_as<float>()[k * d + j] = dout.data_as<float>()[t * d + j];
     ++k;
   }
   const Tensor dtable0 = random_tensor({vocab, d}, DType::kF32, 2503);
-  ASSERT_TRUE(bitwise_equal(backward(cpu, ids_ok, dout_ok, dtable0), backward(gpu, ids, dout, dtable0)));
+  ASSERT_TRUE(
+      bitwise_equal(backward(cpu, ids_ok, dout_ok, dtable0), backward(gpu, ids, dout, dtable0)));
 }
 
 }  // namespace

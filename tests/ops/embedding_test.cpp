@@ -1,6 +1,6 @@
-// Embedding on the CPU: the gather is exact, the backward follows its stated summation order bit for
-// bit (checked by a loop of a different shape), matches FP64 central differences, accumulates, leaves
-// unused rows untouched, and rejects bad ids naming the position.
+// Embedding on the CPU: the gather is exact, the backward follows its stated summation order bit
+// for bit (checked by a loop of a different shape), matches FP64 central differences, accumulates,
+// leaves unused rows untouched, and rejects bad ids naming the position.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,8 +24,10 @@ TEST(Embedding, ForwardGathersRows) {
     for (int64_t t = 0; t < 18; ++t)
       for (int64_t j = 0; j < 13; ++j) {
         const float want = table.data_as<float>()[ids.data_as<int32_t>()[t] * 13 + j];
-        if (out_dt == DType::kF32) ASSERT_EQ(out.data_as<float>()[t * 13 + j], want) << t << "," << j;
-        else ASSERT_EQ(out.data_as<uint16_t>()[t * 13 + j], float_to_bf16(want)) << t << "," << j;
+        if (out_dt == DType::kF32)
+          ASSERT_EQ(out.data_as<float>()[t * 13 + j], want) << t << "," << j;
+        else
+          ASSERT_EQ(out.data_as<uint16_t>()[t * 13 + j], float_to_bf16(want)) << t << "," << j;
       }
   }
 }
@@ -40,7 +42,8 @@ Tensor expected_dtable(const Tensor& ids, const Tensor& dout, const Tensor& dtab
       float s = 0.0f;
       bool any = false;
       for (int64_t t = 0; t < ids.numel(); ++t)
-        if (ids.data_as<int32_t>()[t] == v) s += static_cast<float>(test::value_at(dout, t * d + j)), any = true;
+        if (ids.data_as<int32_t>()[t] == v)
+          s += static_cast<float>(test::value_at(dout, t * d + j)), any = true;
       const float before = dtable0.data_as<float>()[v * d + j];
       want.data_as<float>()[v * d + j] = any ? before + s : before;
     }
@@ -63,7 +66,8 @@ TEST(Embedding, BackwardFollowsItsSummationOrder) {
 TEST(Embedding, BackwardMatchesFiniteDifferences) {
   Context cpu = make_context(Device::kCpu);
   Tensor table = random_tensor({5, 3}, DType::kF32, 36);
-  const Tensor ids = test::host_tensor({6}, DType::kI32, [](int64_t t) { return (t * 3) % 4; });  // 0 3 2 1 0 3
+  const Tensor ids =
+      test::host_tensor({6}, DType::kI32, [](int64_t t) { return (t * 3) % 4; });  // 0 3 2 1 0 3
   const Tensor r = random_tensor({6, 3}, DType::kF32, 37);
   auto loss = [&] {
     Tensor out = Tensor::empty({6, 3}, DType::kF32);
@@ -74,9 +78,11 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   embedding_backward(cpu, {ids, r, dtable});
   for (int64_t i = 0; i < table.numel(); ++i) {
     const double fd = test::central_difference(table.data_as<float>() + i, 1e-2, loss);
-    EXPECT_NEAR(dtable.data_as<float>()[i], fd, 1e-4 * std::max(1.0, std::fabs(fd))) << "element " << i;
+    EXPECT_NEAR(dtable.data_as<float>()[i], fd, 1e-4 * std::max(1.0, std::fabs(fd)))
+        << "element " << i;
   }
-  for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(dtable.data_as<float>()[4 * 3 + j], 0.0f) << "unused id 4";
+  for (int64_t j = 0; j < 3; ++j)
+    EXPECT_EQ(dtable.data_as<float>()[4 * 3 + j], 0.0f) << "unused id 4";
 }
 
 TEST(Embedding, RejectsBadArguments) {
@@ -85,18 +91,35 @@ TEST(Embedding, RejectsBadArguments) {
   Tensor ids = test::random_ints({5}, 0, 6, 39);
   Tensor out = Tensor::empty({5, 4}, DType::kBF16);
   ids.data_as<int32_t>()[3] = 7;
-  test::expect_error([&] { embedding_forward(cpu, {ids, table, out}); }, {"position 3", "holds 7", "[0, 7)"});
+  test::expect_error(
+      [&] {
+        embedding_forward(cpu, {ids, table, out});
+      },
+      {"position 3", "holds 7", "[0, 7)"});
   Tensor dtable = Tensor::empty({7, 4}, DType::kF32);
   test::expect_error([&] { embedding_backward(cpu, {ids, out, dtable}); }, {"position 3"});
   ids.data_as<int32_t>()[3] = -1;
-  test::expect_error([&] { embedding_forward(cpu, {ids, table, out}); }, {"position 3", "holds -1"});
+  test::expect_error(
+      [&] {
+        embedding_forward(cpu, {ids, table, out});
+      },
+      {"position 3", "holds -1"});
   ids.data_as<int32_t>()[3] = 0;
-  test::expect_error([&] { embedding_forward(cpu, {ids, table, Tensor::empty({5, 5}, DType::kBF16)}); },
-                     {"embedding out", "(5, 4)", "[5, 5]"});
-  test::expect_error([&] { embedding_forward(cpu, {random_tensor({5}, DType::kF32, 1), table, out}); },
-                     {"embedding ids", "I32", "F32"});
-  test::expect_error([&] { embedding_backward(cpu, {ids, out, Tensor::empty({7, 4}, DType::kBF16)}); },
-                     {"embedding dtable", "F32", "BF16"});
+  test::expect_error(
+      [&] {
+        embedding_forward(cpu, {ids, table, Tensor::empty({5, 5}, DType::kBF16)});
+      },
+      {"embedding out", "(5, 4)", "[5, 5]"});
+  test::expect_error(
+      [&] {
+        embedding_forward(cpu, {random_tensor({5}, DType::kF32, 1), table, out});
+      },
+      {"embedding ids", "I32", "F32"});
+  test::expect_error(
+      [&] {
+        embedding_backward(cpu, {ids, out, Tensor::empty({7, 4}, DType::kBF16)});
+      },
+      {"embedding dtable", "F32", "BF16"});
 }
 
 }  // namespace

@@ -27,23 +27,26 @@ Devices& devices() {
   return d;
 }
 
-// Fills the device pool with a poison pattern and frees it, so that outputs the kernels fail to write
-// hold garbage rather than zeros left by an earlier test.
+// Fills the device pool with a poison pattern and frees it, so that outputs the kernels fail to
+// write hold garbage rather than zeros left by an earlier test.
 void poison_pool(Context& gpu, int64_t bytes) {
   Tensor t = Tensor::empty(gpu, {bytes}, DType::kU8);
   gpu.be().memset(t.data(), 0xA5, bytes);
 }
 
-::testing::AssertionResult same_quant(Context& gpu, const QuantTensor& want, const QuantTensor& got) {
+::testing::AssertionResult same_quant(Context& gpu, const QuantTensor& want,
+                                      const QuantTensor& got) {
   auto cmp = [&](const Tensor& a, const Tensor& b, const char* what) -> ::testing::AssertionResult {
     if (!a.defined() && !b.defined()) return ::testing::AssertionSuccess();
-    if (a.data() == nullptr && a.numel() > 0) return ::testing::AssertionSuccess();  // not requested
+    if (a.data() == nullptr && a.numel() > 0)
+      return ::testing::AssertionSuccess();  // not requested
     auto r = bitwise_equal(a, b.to_host(gpu));
     if (!r) r << " [" << what << "]";
     return r;
   };
   for (auto r : {cmp(want.data, got.data, "data"), cmp(want.scale_inv, got.scale_inv, "scale_inv"),
-                 cmp(want.amax, got.amax, "amax"), cmp(want.columnwise_data, got.columnwise_data, "columnwise_data"),
+                 cmp(want.amax, got.amax, "amax"),
+                 cmp(want.columnwise_data, got.columnwise_data, "columnwise_data"),
                  cmp(want.columnwise_scale_inv, got.columnwise_scale_inv, "columnwise_scale_inv")})
     if (!r) return r;
   return ::testing::AssertionSuccess();
@@ -67,23 +70,28 @@ TEST_P(QuantizeGpu, MatchesCpuBitwise) {
     ASSERT_TRUE(same_quant(gpu, want, got)) << "dist " << static_cast<int>(dist);
     if (out != QuantizeOutput::kColumnwise) {
       const Tensor dq_cpu = dequantize(cpu, want, DType::kBF16);
-      ASSERT_TRUE(bitwise_equal(dq_cpu, dequantize(gpu, got, DType::kBF16).to_host(gpu))) << "dequantize bf16";
-      ASSERT_TRUE(bitwise_equal(dequantize(cpu, want, DType::kF32), dequantize(gpu, got, DType::kF32).to_host(gpu)))
+      ASSERT_TRUE(bitwise_equal(dq_cpu, dequantize(gpu, got, DType::kBF16).to_host(gpu)))
+          << "dequantize bf16";
+      ASSERT_TRUE(bitwise_equal(dequantize(cpu, want, DType::kF32),
+                                dequantize(gpu, got, DType::kF32).to_host(gpu)))
           << "dequantize f32";
     }
   }
 }
 
-const Shape kShapes[] = {{1, 1}, {1, 127}, {127, 129}, {129, 257}, {1481, 7}, {3, 129, 136}, {256, 384}, {130, 1024}};
+const Shape kShapes[] = {{1, 1},    {1, 127},      {127, 129}, {129, 257},
+                         {1481, 7}, {3, 129, 136}, {256, 384}, {130, 1024}};
 
 INSTANTIATE_TEST_SUITE_P(
     AllRecipes, QuantizeGpu,
     ::testing::Combine(::testing::ValuesIn(kShapes),
-                       ::testing::Values(Granularity::kTensor, Granularity::kRow, Granularity::k1x128,
-                                         Granularity::k128x1, Granularity::k128x128),
+                       ::testing::Values(Granularity::kTensor, Granularity::kRow,
+                                         Granularity::k1x128, Granularity::k128x1,
+                                         Granularity::k128x128),
                        ::testing::Values(Fp8Format::kE4M3, Fp8Format::kE5M2),
                        ::testing::Values(ScaleRounding::kExact, ScaleRounding::kPow2),
-                       ::testing::Values(QuantizeOutput::kRowwise, QuantizeOutput::kColumnwise, QuantizeOutput::kBoth),
+                       ::testing::Values(QuantizeOutput::kRowwise, QuantizeOutput::kColumnwise,
+                                         QuantizeOutput::kBoth),
                        ::testing::Values(DType::kBF16, DType::kF32)));
 
 TEST(QuantizeGpuSpecial, NonFiniteAndZeroGroups) {
@@ -97,13 +105,14 @@ TEST(QuantizeGpuSpecial, NonFiniteAndZeroGroups) {
   p[130 * 260 + 129] = std::numeric_limits<float>::quiet_NaN();
   p[250 * 260 + 7] = -0.0f;
   p[251 * 260 + 7] = 1e-40f;  // FP32 subnormal
-  for (Granularity g : {Granularity::kTensor, Granularity::kRow, Granularity::k1x128, Granularity::k128x1,
-                        Granularity::k128x128})
+  for (Granularity g : {Granularity::kTensor, Granularity::kRow, Granularity::k1x128,
+                        Granularity::k128x1, Granularity::k128x128})
     for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
       QuantizeArgs a{x, f, g, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kBoth, {}};
       const QuantTensor want = quantize(cpu, a);
       a.input = x.to(gpu, Device::kCuda);
-      ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a))) << granularity_name(g) << " " << format_name(f);
+      ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)))
+          << granularity_name(g) << " " << format_name(f);
     }
 }
 
@@ -111,10 +120,18 @@ TEST(QuantizeGpuSpecial, MisalignedInputTakesTheScalarPath) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
   Tensor big = random_tensor({1, 129 * 256 + 1}, DType::kBF16, 9);
-  Tensor x = Tensor::wrap(static_cast<uint16_t*>(big.data()) + 1, {129, 256}, DType::kBF16, Device::kCpu);
+  Tensor x =
+      Tensor::wrap(static_cast<uint16_t*>(big.data()) + 1, {129, 256}, DType::kBF16, Device::kCpu);
   Tensor dev_big = big.to(gpu, Device::kCuda);
-  Tensor dev_x = Tensor::wrap(static_cast<uint16_t*>(dev_big.data()) + 1, {129, 256}, DType::kBF16, Device::kCuda);
-  QuantizeArgs a{x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kExact, 0.0f, QuantizeOutput::kRowwise, {}};
+  Tensor dev_x = Tensor::wrap(static_cast<uint16_t*>(dev_big.data()) + 1, {129, 256}, DType::kBF16,
+                              Device::kCuda);
+  QuantizeArgs a{x,
+                 Fp8Format::kE4M3,
+                 Granularity::k1x128,
+                 ScaleRounding::kExact,
+                 0.0f,
+                 QuantizeOutput::kRowwise,
+                 {}};
   const QuantTensor want = quantize(cpu, a);
   a.input = dev_x;
   ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)));
@@ -138,7 +155,13 @@ TEST(QuantizeGpuSpecial, GivenDelayedScale) {
   Tensor x = random_tensor({257, 129}, DType::kF32, 13, Dist::kOutliers);
   Tensor scale = Tensor::empty({1}, DType::kF32);
   scale.data_as<float>()[0] = 3.75f;
-  QuantizeArgs a{x, Fp8Format::kE5M2, Granularity::kTensor, ScaleRounding::kExact, 0.0f, QuantizeOutput::kBoth, scale};
+  QuantizeArgs a{x,
+                 Fp8Format::kE5M2,
+                 Granularity::kTensor,
+                 ScaleRounding::kExact,
+                 0.0f,
+                 QuantizeOutput::kBoth,
+                 scale};
   const QuantTensor want = quantize(cpu, a);
   a.input = x.to(gpu, Device::kCuda);
   a.scale = scale.to(gpu, Device::kCuda);
@@ -153,22 +176,25 @@ TEST_P(TransposeGpu, MatchesCpuBitwise) {
   const auto& [shape, fmt] = GetParam();
   for (Dist dist : {Dist::kOutliers, Dist::kWide, Dist::kGaussian}) {
     Tensor x = random_tensor(shape, DType::kBF16, 77 + static_cast<int>(dist), dist);
-    QuantizeArgs a{x, fmt, Granularity::k1x128, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kRowwise, {}};
+    QuantizeArgs a{
+        x, fmt, Granularity::k1x128, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kRowwise, {}};
     QuantTensor want = quantize(cpu, a);
     scaling_aware_transpose(cpu, want);
     a.input = x.to(gpu, Device::kCuda);
     QuantTensor got = quantize(gpu, a);
     poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
     scaling_aware_transpose(gpu, got);
-    ASSERT_TRUE(bitwise_equal(want.columnwise_data, got.columnwise_data.to_host(gpu))) << "dist " << int(dist);
+    ASSERT_TRUE(bitwise_equal(want.columnwise_data, got.columnwise_data.to_host(gpu)))
+        << "dist " << int(dist);
     ASSERT_TRUE(bitwise_equal(want.columnwise_scale_inv, got.columnwise_scale_inv.to_host(gpu)));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(OddShapes, TransposeGpu,
-                         ::testing::Combine(::testing::Values(Shape{1, 1}, Shape{1, 129}, Shape{127, 1}, Shape{129, 257},
-                                                              Shape{1481, 133}, Shape{256, 512}, Shape{300, 1030}),
-                                            ::testing::Values(Fp8Format::kE4M3, Fp8Format::kE5M2)));
+INSTANTIATE_TEST_SUITE_P(
+    OddShapes, TransposeGpu,
+    ::testing::Combine(::testing::Values(Shape{1, 1}, Shape{1, 129}, Shape{127, 1}, Shape{129, 257},
+                                         Shape{1481, 133}, Shape{256, 512}, Shape{300, 1030}),
+                       ::testing::Values(Fp8Format::kE4M3, Fp8Format::kE5M2)));
 
 TEST(AmaxGpu, MatchesCpuIncludingNaN) {
   OCTET_REQUIRE_GPU();
@@ -189,7 +215,8 @@ TEST(DelayedScalingGpu, MatchesCpuOverASequence) {
   for (AmaxReduce reduce : {AmaxReduce::kMax, AmaxReduce::kMostRecent}) {
     DelayedScaling sc = make_delayed_scaling(cpu, 5), sg = make_delayed_scaling(gpu, 5);
     const ScaleRule rule{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 1};
-    const float amaxes[] = {3.0f, 0.0f, 7.5f, std::numeric_limits<float>::quiet_NaN(), 0.25f, 1e-30f, 2.0f, 0.5f};
+    const float amaxes[] = {3.0f,  0.0f,   7.5f, std::numeric_limits<float>::quiet_NaN(),
+                            0.25f, 1e-30f, 2.0f, 0.5f};
     for (int step = 0; step < 8; ++step) {
       Tensor am = Tensor::empty({1}, DType::kF32);
       am.data_as<float>()[0] = amaxes[step];

@@ -1,8 +1,9 @@
-// The quantize op family on the CPU (ops/quantize/quantize.h) against an independent re-implementation
-// written here: the FP8 formats from their definition (a table of values, nearest-even search), scales
-// looked up element by element through the granularity, arithmetic in double where it must be exact.
-// It shares no loop structure with quantize_cpu.cpp, so a wrong group boundary, a partial last group or
-// a swapped layout shows up as a mismatch at a named coordinate.
+// The quantize op family on the CPU (ops/quantize/quantize.h) against an independent
+// re-implementation written here: the FP8 formats from their definition (a table of values,
+// nearest-even search), scales looked up element by element through the granularity, arithmetic in
+// double where it must be exact. It shares no loop structure with quantize_cpu.cpp, so a wrong
+// group boundary, a partial last group or a swapped layout shows up as a mismatch at a named
+// coordinate.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,8 +25,9 @@ using test::Dist;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr Granularity kAllGranularities[] = {Granularity::kTensor, Granularity::kRow, Granularity::k1x128,
-                                             Granularity::k128x1, Granularity::k128x128};
+constexpr Granularity kAllGranularities[] = {Granularity::kTensor, Granularity::kRow,
+                                             Granularity::k1x128, Granularity::k128x1,
+                                             Granularity::k128x128};
 
 // ---------------------------------------------------------------------------------------------------
 // Independent reference
@@ -37,12 +39,14 @@ struct Fp8Ref {
   std::vector<double> v;
 
   explicit Fp8Ref(Fp8Format f)
-      : man_bits(f == Fp8Format::kE4M3 ? 3 : 2), bias(f == Fp8Format::kE4M3 ? 7 : 15),
+      : man_bits(f == Fp8Format::kE4M3 ? 3 : 2),
+        bias(f == Fp8Format::kE4M3 ? 7 : 15),
         ieee(f == Fp8Format::kE5M2) {
     const int codes = ieee ? 31 << man_bits : 127;  // below inf (E5M2) or the NaN code (E4M3)
     for (int c = 0; c < codes; ++c) {
       const int e = c >> man_bits, m = c & ((1 << man_bits) - 1);
-      v.push_back(e == 0 ? std::ldexp(m, 1 - bias - man_bits) : std::ldexp((1 << man_bits) + m, e - bias - man_bits));
+      v.push_back(e == 0 ? std::ldexp(m, 1 - bias - man_bits)
+                         : std::ldexp((1 << man_bits) + m, e - bias - man_bits));
     }
   }
   double max() const { return v.back(); }
@@ -50,7 +54,8 @@ struct Fp8Ref {
   bool is_nan(uint8_t c) const { return ieee ? (c & 0x7F) > 0x7C : (c & 0x7F) == 0x7F; }
   double decode(uint8_t c) const {
     if (is_nan(c)) return std::nan("");
-    const double mag = (c & 0x7F) < static_cast<int>(v.size()) ? v[c & 0x7F] : HUGE_VAL;  // E5M2 inf
+    const double mag =
+        (c & 0x7F) < static_cast<int>(v.size()) ? v[c & 0x7F] : HUGE_VAL;  // E5M2 inf
     return c & 0x80 ? -mag : mag;
   }
   // Nearest value, ties to the even code, saturating; NaN -> the all-ones code.
@@ -59,7 +64,8 @@ struct Fp8Ref {
     const int sign = std::signbit(x) ? 0x80 : 0;
     const double a = std::fabs(x);
     if (a >= max()) return static_cast<uint8_t>(sign | (v.size() - 1));
-    const size_t hi = static_cast<size_t>(std::upper_bound(v.begin(), v.end(), a) - v.begin()), lo = hi - 1;
+    const size_t hi = static_cast<size_t>(std::upper_bound(v.begin(), v.end(), a) - v.begin()),
+                 lo = hi - 1;
     const double dlo = a - v[lo], dhi = v[hi] - a;
     const size_t c = dlo < dhi ? lo : (dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi));
     return static_cast<uint8_t>(sign | c);
@@ -71,26 +77,37 @@ struct Fp8Ref {
   }
 };
 
-// Scale grid of a (rows, cols) matrix and the entry that element (i, j) uses, written per granularity.
+// Scale grid of a (rows, cols) matrix and the entry that element (i, j) uses, written per
+// granularity.
 Shape ref_scale_shape(Granularity g, int64_t rows, int64_t cols) {
   const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
   switch (g) {
-    case Granularity::kTensor: return {1};
-    case Granularity::kRow: return {rows, 1};
-    case Granularity::k1x128: return {rows, cb};
-    case Granularity::k128x1: return {rb, cols};
-    case Granularity::k128x128: return {rb, cb};
+    case Granularity::kTensor:
+      return {1};
+    case Granularity::kRow:
+      return {rows, 1};
+    case Granularity::k1x128:
+      return {rows, cb};
+    case Granularity::k128x1:
+      return {rb, cols};
+    case Granularity::k128x128:
+      return {rb, cb};
   }
   return {};
 }
 int64_t scale_index(Granularity g, int64_t i, int64_t j, int64_t cols) {
   const int64_t cb = (cols + 127) / 128;
   switch (g) {
-    case Granularity::kTensor: return 0;
-    case Granularity::kRow: return i;
-    case Granularity::k1x128: return i * cb + j / 128;
-    case Granularity::k128x1: return (i / 128) * cols + j;
-    case Granularity::k128x128: return (i / 128) * cb + j / 128;
+    case Granularity::kTensor:
+      return 0;
+    case Granularity::kRow:
+      return i;
+    case Granularity::k1x128:
+      return i * cb + j / 128;
+    case Granularity::k128x1:
+      return (i / 128) * cols + j;
+    case Granularity::k128x128:
+      return (i / 128) * cb + j / 128;
   }
   return -1;
 }
@@ -135,8 +152,10 @@ RefQuant ref_quantize(const std::vector<float>& x, int64_t rows, int64_t cols, c
     for (int64_t j = 0; j < cols; ++j) {
       const size_t k = static_cast<size_t>(scale_index(p.g, i, j, cols));
       const float v = x[static_cast<size_t>(i * cols + j)];
-      if (!std::isfinite(v)) r.nonfinite[k] = 1;
-      else amax[k] = std::max(amax[k], std::fabs(double{v}));
+      if (!std::isfinite(v))
+        r.nonfinite[k] = 1;
+      else
+        amax[k] = std::max(amax[k], std::fabs(double{v}));
     }
   for (size_t k = 0; k < n; ++k) {
     r.scale.push_back(p.fixed_scale > 0 ? p.fixed_scale : ref_scale(amax[k], r.nonfinite[k], p));
@@ -153,8 +172,9 @@ RefQuant ref_quantize(const std::vector<float>& x, int64_t rows, int64_t cols, c
 std::vector<float> host_floats(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < v.size(); ++i)
-    v[i] = t.dtype() == DType::kF32 ? t.data_as<float>()[i]
-                                    : bits_float(static_cast<uint32_t>(t.data_as<uint16_t>()[i]) << 16);
+    v[i] = t.dtype() == DType::kF32
+               ? t.data_as<float>()[i]
+               : bits_float(static_cast<uint32_t>(t.data_as<uint16_t>()[i]) << 16);
   return v;
 }
 
@@ -177,19 +197,23 @@ std::string hex(int v) {
 
 std::string where(int64_t e, int64_t cols) {
   std::ostringstream os;
-  os << "(row " << e / std::max<int64_t>(cols, 1) << ", col " << e % std::max<int64_t>(cols, 1) << ")";
+  os << "(row " << e / std::max<int64_t>(cols, 1) << ", col " << e % std::max<int64_t>(cols, 1)
+     << ")";
   return os.str();
 }
 
-// Codes equal bit for bit, except that any NaN code matches any NaN code (the NaN sign is unspecified).
-::testing::AssertionResult same_codes(const std::vector<uint8_t>& want, const Tensor& got, const Fp8Ref& f) {
+// Codes equal bit for bit, except that any NaN code matches any NaN code (the NaN sign is
+// unspecified).
+::testing::AssertionResult same_codes(const std::vector<uint8_t>& want, const Tensor& got,
+                                      const Fp8Ref& f) {
   if (static_cast<int64_t>(want.size()) != got.numel())
     return ::testing::AssertionFailure() << "size " << want.size() << " vs " << got.numel();
   const uint8_t* g = got.data_as<const uint8_t>();
   for (size_t e = 0; e < want.size(); ++e)
     if (want[e] != g[e] && !(f.is_nan(want[e]) && f.is_nan(g[e])))
-      return ::testing::AssertionFailure() << "code at " << where(static_cast<int64_t>(e), got.cols())
-                                           << ": want " << hex(want[e]) << ", got " << hex(g[e]);
+      return ::testing::AssertionFailure()
+             << "code at " << where(static_cast<int64_t>(e), got.cols()) << ": want "
+             << hex(want[e]) << ", got " << hex(g[e]);
   return ::testing::AssertionSuccess();
 }
 
@@ -198,8 +222,9 @@ std::string where(int64_t e, int64_t cols) {
     return ::testing::AssertionFailure() << "size " << want.size() << " vs " << got.numel();
   for (size_t e = 0; e < want.size(); ++e)
     if (float_bits(want[e]) != float_bits(got.data_as<float>()[e]))
-      return ::testing::AssertionFailure() << "value at " << where(static_cast<int64_t>(e), got.cols())
-                                           << ": want " << want[e] << ", got " << got.data_as<float>()[e];
+      return ::testing::AssertionFailure()
+             << "value at " << where(static_cast<int64_t>(e), got.cols()) << ": want " << want[e]
+             << ", got " << got.data_as<float>()[e];
   return ::testing::AssertionSuccess();
 }
 
@@ -207,9 +232,11 @@ std::string where(int64_t e, int64_t cols) {
   for (int64_t k = 0; k < s.numel(); ++k) {
     const float v = s.data_as<float>()[k];
     int e;
-    if (!(std::isfinite(v) && v > 0)) return ::testing::AssertionFailure() << "scale_inv[" << k << "] = " << v;
+    if (!(std::isfinite(v) && v > 0))
+      return ::testing::AssertionFailure() << "scale_inv[" << k << "] = " << v;
     if (pow2 && std::frexp(v, &e) != 0.5f)
-      return ::testing::AssertionFailure() << "scale_inv[" << k << "] = " << v << " is not a power of 2";
+      return ::testing::AssertionFailure()
+             << "scale_inv[" << k << "] = " << v << " is not a power of 2";
   }
   return ::testing::AssertionSuccess();
 }
@@ -222,7 +249,8 @@ void check_dequantize(Context& ctx, const QuantTensor& q, Copy copy, const std::
   const Tensor d = dequantize(ctx, q, DType::kF32, copy);
   ASSERT_EQ(d.rows(), rows);
   ASSERT_EQ(d.cols(), cols);
-  const uint8_t* codes = (copy == Copy::kRowwise ? q.data : q.columnwise_data).data_as<const uint8_t>();
+  const uint8_t* codes =
+      (copy == Copy::kRowwise ? q.data : q.columnwise_data).data_as<const uint8_t>();
   for (int64_t e = 0; e < rows * cols; ++e) {
     const size_t k = static_cast<size_t>(scale_index(p.g, e / cols, e % cols, cols));
     const float got = d.data_as<float>()[e], xv = x[static_cast<size_t>(e)];
@@ -231,10 +259,12 @@ void check_dequantize(Context& ctx, const QuantTensor& q, Copy copy, const std::
         << "dequantized " << where(e, cols) << ": want " << want << ", got " << got;
     if (ref.nonfinite[k]) continue;  // saturated groups have no error budget
     const double y = std::fabs(double{xv} * ref.scale[k]);
-    const double bound = (f.half_ulp(std::min(y, f.max())) + std::max(0.0, y - f.max()) + y * 0x1p-24) *
-                             ref.scale_inv[k] +
-                         std::fabs(double{xv}) * 0x1p-20 + 0x1p-149;
-    ASSERT_LE(std::fabs(double{xv} - got), bound) << where(e, cols) << " x = " << xv << ", deq = " << got;
+    const double bound =
+        (f.half_ulp(std::min(y, f.max())) + std::max(0.0, y - f.max()) + y * 0x1p-24) *
+            ref.scale_inv[k] +
+        std::fabs(double{xv}) * 0x1p-20 + 0x1p-149;
+    ASSERT_LE(std::fabs(double{xv} - got), bound)
+        << where(e, cols) << " x = " << xv << ", deq = " << got;
   }
 }
 
@@ -277,9 +307,12 @@ void check_quantize(Context& ctx, const Tensor& x, const RefParams& p) {
   EXPECT_TRUE(same_floats(col.scale_inv, both.columnwise_scale_inv)) << "column-wise scale_inv";
   EXPECT_TRUE(same_codes(col.data, both.columnwise_data, f)) << "column-wise data";
 
-  // With exact scales the largest |x| of each finite group lands on the format's max (no headroom lost).
-  if (!p.pow2 && p.eps == 0 && p.g == Granularity::kTensor && amax_bits && amax_bits < 0x7F800000u) {
-    const auto it = std::find_if(xf.begin(), xf.end(), [&](float v) { return abs_bits(v) == amax_bits; });
+  // With exact scales the largest |x| of each finite group lands on the format's max (no headroom
+  // lost).
+  if (!p.pow2 && p.eps == 0 && p.g == Granularity::kTensor && amax_bits &&
+      amax_bits < 0x7F800000u) {
+    const auto it =
+        std::find_if(xf.begin(), xf.end(), [&](float v) { return abs_bits(v) == amax_bits; });
     EXPECT_EQ(both.data.data_as<uint8_t>()[it - xf.begin()] & 0x7F, f.v.size() - 1);
   }
 
@@ -297,8 +330,10 @@ void check_quantize(Context& ctx, const Tensor& x, const RefParams& p) {
 
   // The column-wise copy is the row-wise quantization of the explicit transpose.
   const QuantTensor t = quantize(ctx, make_args(xt, p, QuantizeOutput::kRowwise));
-  EXPECT_TRUE(test::bitwise_equal(t.data, both.columnwise_data)) << "quantize(X^T) vs column-wise data";
-  EXPECT_TRUE(test::bitwise_equal(t.scale_inv, both.columnwise_scale_inv)) << "quantize(X^T) scale_inv";
+  EXPECT_TRUE(test::bitwise_equal(t.data, both.columnwise_data))
+      << "quantize(X^T) vs column-wise data";
+  EXPECT_TRUE(test::bitwise_equal(t.scale_inv, both.columnwise_scale_inv))
+      << "quantize(X^T) scale_inv";
 
   check_dequantize(ctx, both, Copy::kRowwise, xf, rows, cols, p, row);
   check_dequantize(ctx, both, Copy::kColumnwise, xtf, cols, rows, p, col);
@@ -306,21 +341,23 @@ void check_quantize(Context& ctx, const Tensor& x, const RefParams& p) {
 
 std::string describe(const Shape& s, DType dt, const RefParams& p) {
   std::ostringstream os;
-  os << shape_str(s) << " " << dtype_name(dt) << " " << granularity_name(p.g) << " " << format_name(p.f)
-     << (p.pow2 ? " pow2" : " exact") << (p.eps > 0 ? " eps" : "");
+  os << shape_str(s) << " " << dtype_name(dt) << " " << granularity_name(p.g) << " "
+     << format_name(p.f) << (p.pow2 ? " pow2" : " exact") << (p.eps > 0 ? " eps" : "");
   return os.str();
 }
 
 TEST(Quantize, EveryGranularityFormatAndOutputMatchesTheReference) {
   Context ctx = make_context(Device::kCpu);
-  const Shape shapes[] = {{1, 1}, {1, 127}, {127, 129}, {129, 257}, {1481, 7}, {3, 129, 130}, {0, 5}};
+  const Shape shapes[] = {{1, 1},    {1, 127},      {127, 129}, {129, 257},
+                          {1481, 7}, {3, 129, 130}, {0, 5}};
   uint64_t seed = 100;
   for (const Shape& shape : shapes) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       // Outliers: groups of very different ranges; wide: 2^-40..2^40 inside a group, so subnormal
       // results, underflow to zero and every exponent of the format occur.
       ++seed;
-      const Tensor x = test::random_tensor(shape, dt, seed, seed % 2 ? Dist::kOutliers : Dist::kWide);
+      const Tensor x =
+          test::random_tensor(shape, dt, seed, seed % 2 ? Dist::kOutliers : Dist::kWide);
       for (Granularity g : kAllGranularities)
         for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
           for (bool pow2 : {false, true}) {
@@ -344,12 +381,14 @@ TEST(Quantize, EpsilonFloorsTheAmax) {
       check_quantize(ctx, x, p);
       const QuantTensor q = quantize(ctx, make_args(x, p, QuantizeOutput::kRowwise));
       const float floor_sinv = 1.0f / ref_scale(1e-4, false, p);
-      EXPECT_EQ(q.scale_inv.data_as<float>()[q.scale_inv.numel() - 1], floor_sinv);  // row 4: tiny values
+      EXPECT_EQ(q.scale_inv.data_as<float>()[q.scale_inv.numel() - 1],
+                floor_sinv);  // row 4: tiny values
     }
 }
 
-// All-zero groups get scale_inv 1 and zero codes (sign kept); a group with an inf or NaN gets scale 1,
-// its finite values saturate, +-inf become +-max and NaN stays NaN; the other groups are unaffected.
+// All-zero groups get scale_inv 1 and zero codes (sign kept); a group with an inf or NaN gets scale
+// 1, its finite values saturate, +-inf become +-max and NaN stays NaN; the other groups are
+// unaffected.
 TEST(Quantize, ZeroInfAndNaNGroups) {
   Context ctx = make_context(Device::kCpu);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -383,7 +422,8 @@ TEST(Quantize, ZeroInfAndNaNGroups) {
         EXPECT_EQ(d[inf_at], ref.v.size() - 1);
         EXPECT_EQ(d[ninf_at], 0x80 | (ref.v.size() - 1));
         EXPECT_TRUE(ref.is_nan(d[nan_at]));
-        for (int64_t at : {inf_at, ninf_at, nan_at}) EXPECT_EQ(s[scale_index(g, at / cols, at % cols, cols)], 1.0f);
+        for (int64_t at : {inf_at, ninf_at, nan_at})
+          EXPECT_EQ(s[scale_index(g, at / cols, at % cols, cols)], 1.0f);
         if (g != Granularity::kTensor) {
           EXPECT_EQ(s[0], 1.0f);
           for (int64_t e = 0; e < rows * cols; ++e) {
@@ -402,7 +442,8 @@ TEST(Quantize, ZeroInfAndNaNGroups) {
     a.epsilon = 1e-4f;  // an epsilon does not change the rule for all-zero groups
     const QuantTensor q = quantize(ctx, a);
     for (const Tensor* t : {&q.scale_inv, &q.columnwise_scale_inv})
-      for (int64_t k = 0; k < t->numel(); ++k) ASSERT_EQ(t->data_as<float>()[k], 1.0f) << granularity_name(g);
+      for (int64_t k = 0; k < t->numel(); ++k)
+        ASSERT_EQ(t->data_as<float>()[k], 1.0f) << granularity_name(g);
     for (int64_t e = 0; e < zeros.numel(); ++e) ASSERT_EQ(q.data.data_as<uint8_t>()[e], 0);
     EXPECT_EQ(q.amax.data_as<float>()[0], 0.0f);
   }
@@ -436,21 +477,24 @@ TEST(Quantize, GivenScaleSaturatesAndIsUsedAsIs) {
   QuantizeArgs neg = make_args(x, RefParams{}, QuantizeOutput::kRowwise);
   neg.epsilon = -1.0f;
   EXPECT_THROW(quantize(ctx, neg), Error);
-  EXPECT_THROW(quantize(ctx, make_args(Tensor::empty({2, 2}, DType::kI32), RefParams{}, QuantizeOutput::kRowwise)),
+  EXPECT_THROW(quantize(ctx, make_args(Tensor::empty({2, 2}, DType::kI32), RefParams{},
+                                       QuantizeOutput::kRowwise)),
                Error);
 }
 
 TEST(Dequantize, Bf16OutputAndUnwrittenCopies) {
   Context ctx = make_context(Device::kCpu);
   const Tensor x = test::random_tensor({20, 300}, DType::kF32, 3, Dist::kOutliers);
-  const QuantTensor q = quantize(ctx, make_args(x, RefParams{Granularity::k1x128}, QuantizeOutput::kRowwise));
+  const QuantTensor q =
+      quantize(ctx, make_args(x, RefParams{Granularity::k1x128}, QuantizeOutput::kRowwise));
   const Tensor d32 = dequantize(ctx, q, DType::kF32), d16 = dequantize(ctx, q, DType::kBF16);
   ASSERT_EQ(d16.shape(), x.shape());
   for (int64_t e = 0; e < x.numel(); ++e)
     ASSERT_EQ(d16.data_as<uint16_t>()[e], float_to_bf16(d32.data_as<float>()[e])) << e;
   EXPECT_THROW(dequantize(ctx, q, DType::kF32, Copy::kColumnwise), Error);
   EXPECT_THROW(dequantize(ctx, q, DType::kE4M3), Error);
-  const QuantTensor c = quantize(ctx, make_args(x, RefParams{Granularity::k1x128}, QuantizeOutput::kColumnwise));
+  const QuantTensor c =
+      quantize(ctx, make_args(x, RefParams{Granularity::k1x128}, QuantizeOutput::kColumnwise));
   EXPECT_THROW(dequantize(ctx, c, DType::kF32, Copy::kRowwise), Error);
   EXPECT_EQ(dequantize(ctx, c, DType::kF32, Copy::kColumnwise).shape(), (Shape{300, 20}));
 }
@@ -467,8 +511,10 @@ TEST(Amax, MaxAbsWithNaNWinning) {
     for (float f : v) want = std::max(want, std::fabs(double{f}));
     EXPECT_EQ(amax(ctx, x).data_as<float>()[0], static_cast<float>(want));
     auto set = [&](int64_t e, float f) {
-      if (dt == DType::kF32) x.data_as<float>()[e] = f;
-      else x.data_as<uint16_t>()[e] = float_to_bf16(f);
+      if (dt == DType::kF32)
+        x.data_as<float>()[e] = f;
+      else
+        x.data_as<uint16_t>()[e] = float_to_bf16(f);
     };
     set(100, -kInf);
     EXPECT_EQ(amax(ctx, x).data_as<float>()[0], kInf);
@@ -484,9 +530,9 @@ TEST(Amax, MaxAbsWithNaNWinning) {
 // ---------------------------------------------------------------------------------------------------
 // Scaling-aware transpose
 
-// Each element moves to its tile's scale S = max s_i: the exact value q * s_i / S (double: powers of
-// two times a 4-bit significand), rounded to nearest even in the format. Where it stays normal that is
-// the value itself; below, a correct rounding, never a flush or a kept mantissa.
+// Each element moves to its tile's scale S = max s_i: the exact value q * s_i / S (double: powers
+// of two times a 4-bit significand), rounded to nearest even in the format. Where it stays normal
+// that is the value itself; below, a correct rounding, never a flush or a kept mantissa.
 TEST(ScalingAwareTranspose, EqualsCorrectlyRoundedRescaling) {
   Context ctx = make_context(Device::kCpu);
   const Shape shapes[] = {{1, 1}, {127, 129}, {129, 257}, {300, 200}, {3, 129, 130}};
@@ -495,12 +541,15 @@ TEST(ScalingAwareTranspose, EqualsCorrectlyRoundedRescaling) {
   for (const Shape& shape : shapes)
     for (Dist dist : {Dist::kOutliers, Dist::kWide})
       for (Fp8Format fmt : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
-        SCOPED_TRACE(shape_str(shape) + " " + format_name(fmt) + (dist == Dist::kWide ? " wide" : " outliers"));
+        SCOPED_TRACE(shape_str(shape) + " " + format_name(fmt) +
+                     (dist == Dist::kWide ? " wide" : " outliers"));
         const Fp8Ref f(fmt);
         const Tensor x = test::random_tensor(shape, DType::kF32, ++seed, dist);
-        QuantTensor q = quantize(ctx, make_args(x, RefParams{Granularity::k1x128, fmt, true}, QuantizeOutput::kRowwise));
+        QuantTensor q = quantize(
+            ctx, make_args(x, RefParams{Granularity::k1x128, fmt, true}, QuantizeOutput::kRowwise));
         scaling_aware_transpose(ctx, q);
-        const int64_t rows = q.rows(), cols = q.cols(), rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+        const int64_t rows = q.rows(), cols = q.cols(), rb = (rows + 127) / 128,
+                      cb = (cols + 127) / 128;
         ASSERT_EQ(q.columnwise_granularity, Granularity::k128x128);
         ASSERT_EQ(q.columnwise_data.shape(), (Shape{cols, rows}));
         ASSERT_EQ(q.columnwise_scale_inv.shape(), (Shape{cb, rb}));
@@ -511,13 +560,15 @@ TEST(ScalingAwareTranspose, EqualsCorrectlyRoundedRescaling) {
         for (int64_t tr = 0; tr < rb; ++tr)
           for (int64_t tc = 0; tc < cb; ++tc) {
             double big = 0;
-            for (int64_t i = tr * 128; i < std::min(rows, tr * 128 + 128); ++i) big = std::max(big, double{s[i * cb + tc]});
+            for (int64_t i = tr * 128; i < std::min(rows, tr * 128 + 128); ++i)
+              big = std::max(big, double{s[i * cb + tc]});
             ASSERT_EQ(double{st[tc * rb + tr]}, big) << "tile scale (" << tc << ", " << tr << ")";
             for (int64_t i = tr * 128; i < std::min(rows, tr * 128 + 128); ++i)
               for (int64_t j = tc * 128; j < std::min(cols, tc * 128 + 128); ++j) {
                 const double v = f.decode(d[i * cols + j]) * (s[i * cb + tc] / big);
                 const uint8_t got = dt[j * rows + i];
-                ASSERT_EQ(hex(got), hex(f.encode(v))) << "(row " << i << ", col " << j << ") value " << v;
+                ASSERT_EQ(hex(got), hex(f.encode(v)))
+                    << "(row " << i << ", col " << j << ") value " << v;
                 if (std::fabs(v) >= f.min_normal()) {
                   ASSERT_EQ(f.decode(got), v);  // exact where the value stays normal
                   ++exact;
@@ -529,7 +580,8 @@ TEST(ScalingAwareTranspose, EqualsCorrectlyRoundedRescaling) {
         EXPECT_TRUE(valid_scale_invs(q.columnwise_scale_inv, true));
       }
   EXPECT_GT(exact, 0);
-  EXPECT_GT(rounded, 0);  // the data did exercise the rounding of values that leave the normal range
+  EXPECT_GT(rounded,
+            0);  // the data did exercise the rounding of values that leave the normal range
 }
 
 // Hand-made ties at the bottom of E4M3, and a ratio of 2^-253 that underflows FP32 itself.
@@ -571,14 +623,17 @@ TEST(ScalingAwareTranspose, TiesAndUnderflow) {
 TEST(ScalingAwareTranspose, Preconditions) {
   Context ctx = make_context(Device::kCpu);
   const Tensor x = test::random_tensor({4, 130}, DType::kF32, 1);
-  QuantTensor exact = quantize(ctx, make_args(x, RefParams{Granularity::k1x128}, QuantizeOutput::kRowwise));
+  QuantTensor exact =
+      quantize(ctx, make_args(x, RefParams{Granularity::k1x128}, QuantizeOutput::kRowwise));
   EXPECT_THROW(scaling_aware_transpose(ctx, exact), Error);  // scales not powers of 2
   QuantTensor blocks =
-      quantize(ctx, make_args(x, RefParams{Granularity::k128x128, Fp8Format::kE4M3, true}, QuantizeOutput::kRowwise));
+      quantize(ctx, make_args(x, RefParams{Granularity::k128x128, Fp8Format::kE4M3, true},
+                              QuantizeOutput::kRowwise));
   EXPECT_THROW(scaling_aware_transpose(ctx, blocks), Error);
-  QuantTensor empty = quantize(
-      ctx, make_args(Tensor::empty({0, 5}, DType::kF32), RefParams{Granularity::k1x128, Fp8Format::kE4M3, true},
-                     QuantizeOutput::kRowwise));
+  QuantTensor empty =
+      quantize(ctx, make_args(Tensor::empty({0, 5}, DType::kF32),
+                              RefParams{Granularity::k1x128, Fp8Format::kE4M3, true},
+                              QuantizeOutput::kRowwise));
   scaling_aware_transpose(ctx, empty);
   EXPECT_EQ(empty.columnwise_data.shape(), (Shape{5, 0}));
 }
@@ -592,8 +647,12 @@ Tensor scalar(float v) {
   return t;
 }
 
-float hist(const DelayedScaling& s, int64_t i) { return s.amax_history.data_as<float>()[i]; }
-float scale_of(const DelayedScaling& s) { return s.scale.data_as<float>()[0]; }
+float hist(const DelayedScaling& s, int64_t i) {
+  return s.amax_history.data_as<float>()[i];
+}
+float scale_of(const DelayedScaling& s) {
+  return s.scale.data_as<float>()[0];
+}
 
 TEST(DelayedScaling, HistoryReductionAndMargin) {
   Context ctx = make_context(Device::kCpu);
@@ -653,7 +712,9 @@ TEST(DelayedScaling, ZeroAndNonFiniteAmaxKeepThePreviousScale) {
   delayed_scaling_update(ctx, s, scalar(4.0f), 4, AmaxReduce::kMax, e4);
   EXPECT_EQ(scale_of(s), 56.0f);  // history {4, 8}
   EXPECT_THROW(delayed_scaling_update(ctx, s, scalar(1.0f), -1, AmaxReduce::kMax, e4), Error);
-  EXPECT_THROW(delayed_scaling_update(ctx, s, scalar(1.0f), 0, AmaxReduce::kMax, ScaleRule{.margin = 65}), Error);
+  EXPECT_THROW(
+      delayed_scaling_update(ctx, s, scalar(1.0f), 0, AmaxReduce::kMax, ScaleRule{.margin = 65}),
+      Error);
   EXPECT_THROW(make_delayed_scaling(ctx, 0), Error);
 }
 
@@ -663,14 +724,17 @@ TEST(DelayedScaling, QuantizeUsesTheGivenScale) {
   const ScaleRule e4{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 0};
   DelayedScaling s = make_delayed_scaling(ctx, 16);
   for (int64_t step = 0; step < 3; ++step) {
-    const Tensor x = test::random_tensor({17, 300}, DType::kBF16, 40 + static_cast<uint64_t>(step), Dist::kOutliers);
+    const Tensor x = test::random_tensor({17, 300}, DType::kBF16, 40 + static_cast<uint64_t>(step),
+                                         Dist::kOutliers);
     RefParams p{Granularity::kTensor};
     p.fixed_scale = scale_of(s);
     QuantizeArgs a = make_args(x, p, QuantizeOutput::kBoth);
     a.scale = s.scale;
     const QuantTensor q = quantize(ctx, a);
-    EXPECT_EQ(float_bits(q.scale_inv.data_as<float>()[0]), float_bits(s.scale_inv.data_as<float>()[0]));
-    EXPECT_TRUE(same_codes(ref_quantize(host_floats(x), x.rows(), x.cols(), p).data, q.data, Fp8Ref(p.f)));
+    EXPECT_EQ(float_bits(q.scale_inv.data_as<float>()[0]),
+              float_bits(s.scale_inv.data_as<float>()[0]));
+    EXPECT_TRUE(
+        same_codes(ref_quantize(host_floats(x), x.rows(), x.cols(), p).data, q.data, Fp8Ref(p.f)));
     delayed_scaling_update(ctx, s, q.amax, step, AmaxReduce::kMax, e4);
     EXPECT_EQ(hist(s, step), q.amax.data_as<float>()[0]);
   }

@@ -1,9 +1,10 @@
 // CUDA rmsnorm against the CPU reference on odd and prime shapes. The sums run in a different order
 // (FP32 trees on the GPU, FP64 on the CPU), so results are compared with stated tolerances:
-//   rstd     relative 2e-6 (FP32 sum of squares: at most ~24 rounded adds in sequence, halved by sqrt)
-//   y  F32   relative 4e-6 (rstd's error plus two roundings);  BF16: at most 1 ulp apart
-//   dx F32   relative 1e-5 + 1e-5 * max |dx| of the row (the row dot product cancels);  BF16: 1 ulp or that
-//   dw       2e-5 * sum_r |dy * xhat| of the column + 2^-22 |dw| (FP32 partial sums over up to 576 terms)
+//   rstd     relative 2e-6 (FP32 sum of squares: at most ~24 rounded adds in sequence, halved by
+//   sqrt) y  F32   relative 4e-6 (rstd's error plus two roundings);  BF16: at most 1 ulp apart dx
+//   F32   relative 1e-5 + 1e-5 * max |dx| of the row (the row dot product cancels);  BF16: 1 ulp or
+//   that dw       2e-5 * sum_r |dy * xhat| of the column + 2^-22 |dw| (FP32 partial sums over up to
+//   576 terms)
 // and the CUDA results must be bitwise identical run to run. Outputs are poisoned with NaN first.
 #include <gtest/gtest.h>
 
@@ -33,7 +34,8 @@ struct Result {
   Tensor y, rstd, dx, dw;  // host copies
 };
 
-Result run(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dw0, DType ydt) {
+Result run(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dw0,
+           DType ydt) {
   const bool gpu = ctx.device == Device::kCuda;
   auto put = [&](const Tensor& t) { return gpu ? t.to(ctx, Device::kCuda) : t.to_host(ctx); };
   auto out = [&](const Shape& s, DType dt) {
@@ -43,7 +45,8 @@ Result run(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, con
     return t;
   };
   const Tensor dx_ = put(x), dw_ = put(w), ddy = put(dy);
-  Tensor y = out(x.shape(), ydt), rstd = out({x.rows()}, DType::kF32), dx = out(x.shape(), dy.dtype());
+  Tensor y = out(x.shape(), ydt), rstd = out({x.rows()}, DType::kF32),
+         dx = out(x.shape(), dy.dtype());
   Tensor dw = put(dw0);
   rmsnorm_forward(ctx, {dx_, dw_, 1e-6f, y, rstd});
   rmsnorm_backward(ctx, {ddy, dx_, dw_, rstd, dx, dw});
@@ -55,20 +58,27 @@ std::vector<double> row_max(const Tensor& t) {
   std::vector<double> m(static_cast<size_t>(t.rows()), 0.0);
   for (int64_t i = 0; i < t.numel(); ++i) {
     const double v = std::fabs(test::value_at(t, i));
-    if (std::isfinite(v)) m[static_cast<size_t>(i / t.cols())] = std::max(m[static_cast<size_t>(i / t.cols())], v);
+    if (std::isfinite(v))
+      m[static_cast<size_t>(i / t.cols())] = std::max(m[static_cast<size_t>(i / t.cols())], v);
   }
   return m;
 }
 
-void compare(const Tensor& x, const Tensor& dy, const Result& want, const Result& got, const std::string& where) {
+void compare(const Tensor& x, const Tensor& dy, const Result& want, const Result& got,
+             const std::string& where) {
   const int64_t d = x.cols();
   EXPECT_TRUE(test::all_close(want.rstd, got.rstd, 2e-6, 0.0, where + " rstd"));
-  if (want.y.dtype() == DType::kF32) EXPECT_TRUE(test::all_close(want.y, got.y, 4e-6, 1e-37, where + " y"));
-  else EXPECT_TRUE(test::bf16_close(want.y, got.y, 1, [](int64_t) { return 0.0; }, where + " y"));
+  if (want.y.dtype() == DType::kF32)
+    EXPECT_TRUE(test::all_close(want.y, got.y, 4e-6, 1e-37, where + " y"));
+  else
+    EXPECT_TRUE(test::bf16_close(
+        want.y, got.y, 1, [](int64_t) { return 0.0; }, where + " y"));
   const std::vector<double> dxmax = row_max(want.dx);
   auto dx_atol = [&](int64_t i) { return 1e-5 * dxmax[static_cast<size_t>(i / d)]; };
-  if (want.dx.dtype() == DType::kF32) EXPECT_TRUE(test::all_close(want.dx, got.dx, 1e-5, dx_atol, where + " dx"));
-  else EXPECT_TRUE(test::bf16_close(want.dx, got.dx, 1, dx_atol, where + " dx"));
+  if (want.dx.dtype() == DType::kF32)
+    EXPECT_TRUE(test::all_close(want.dx, got.dx, 1e-5, dx_atol, where + " dx"));
+  else
+    EXPECT_TRUE(test::bf16_close(want.dx, got.dx, 1, dx_atol, where + " dx"));
   std::vector<double> mag(static_cast<size_t>(d), 0.0);  // sum_r |dy * xhat| per column
   for (int64_t i = 0; i < x.numel(); ++i)
     mag[static_cast<size_t>(i % d)] +=
@@ -104,10 +114,13 @@ TEST_P(RmsNormGpu, MatchesCpuAndIsDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, RmsNormGpu,
-                         ::testing::Combine(::testing::Values(1, 127, 129, 1481), ::testing::Values(7, 129, 1000, 4099),
-                                            ::testing::Values(DType::kBF16, DType::kF32), ::testing::Values(DType::kBF16, DType::kF32)));
+                         ::testing::Combine(::testing::Values(1, 127, 129, 1481),
+                                            ::testing::Values(7, 129, 1000, 4099),
+                                            ::testing::Values(DType::kBF16, DType::kF32),
+                                            ::testing::Values(DType::kBF16, DType::kF32)));
 
-// DeepSeek-V3's hidden size, and a width whose dw partial needs the opt-in shared memory (> 48 KiB).
+// DeepSeek-V3's hidden size, and a width whose dw partial needs the opt-in shared memory (> 48
+// KiB).
 TEST(RmsNormGpuWide, ModelWidthAndOptInSharedMemory) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
@@ -129,7 +142,8 @@ TEST(RmsNormGpuWide, ManyRows) {
   const Tensor w = random_tensor({67}, DType::kF32, 601);
   const Tensor dy = random_tensor({32768, 67}, DType::kF32, 602);
   const Tensor dw0 = random_tensor({67}, DType::kF32, 603);
-  compare(x, dy, run(cpu, x, w, dy, dw0, DType::kF32), run(gpu, x, w, dy, dw0, DType::kF32), "32768 rows");
+  compare(x, dy, run(cpu, x, w, dy, dw0, DType::kF32), run(gpu, x, w, dy, dw0, DType::kF32),
+          "32768 rows");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// RMSNorm on the CPU: the forward against the formula, the backward against FP64 central differences
-// of the FP32 op, the += contract of dweight, and argument errors.
+// RMSNorm on the CPU: the forward against the formula, the backward against FP64 central
+// differences of the FP32 op, the += contract of dweight, and argument errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,14 +40,20 @@ TEST(RmsNorm, ForwardMatchesFormula) {
       const double rs = 1.0 / std::sqrt(ms + eps);
       want_rstd.data_as<float>()[r] = static_cast<float>(rs);
       for (int64_t j = 0; j < 37; ++j) {
-        const double y = test::value_at(x, r * 37 + j) / std::sqrt(ms + eps) * w.data_as<float>()[j];
-        if (dt == DType::kF32) want_y.data_as<float>()[r * 37 + j] = static_cast<float>(y);
-        else want_y.data_as<uint16_t>()[r * 37 + j] = float_to_bf16(static_cast<float>(y));
+        const double y =
+            test::value_at(x, r * 37 + j) / std::sqrt(ms + eps) * w.data_as<float>()[j];
+        if (dt == DType::kF32)
+          want_y.data_as<float>()[r * 37 + j] = static_cast<float>(y);
+        else
+          want_y.data_as<uint16_t>()[r * 37 + j] = float_to_bf16(static_cast<float>(y));
       }
     }
     EXPECT_TRUE(test::all_close(want_rstd, f.rstd, 1e-7, 0.0, "rstd"));
-    if (dt == DType::kF32) EXPECT_TRUE(test::all_close(want_y, f.y, 2.5e-7, 1e-30, "y f32"));
-    else EXPECT_TRUE(test::bf16_close(want_y, f.y, 1, [](int64_t) { return 0.0; }, "y bf16"));
+    if (dt == DType::kF32)
+      EXPECT_TRUE(test::all_close(want_y, f.y, 2.5e-7, 1e-30, "y f32"));
+    else
+      EXPECT_TRUE(test::bf16_close(
+          want_y, f.y, 1, [](int64_t) { return 0.0; }, "y bf16"));
   }
 }
 
@@ -58,7 +64,8 @@ TEST(RmsNorm, MixedDtypesRoundOnce) {
   const Fwd f32 = forward(cpu, x, w, 1e-6f, DType::kF32);
   const Fwd bf = forward(cpu, x, w, 1e-6f, DType::kBF16);
   for (int64_t i = 0; i < x.numel(); ++i)
-    ASSERT_EQ(float_to_bf16(f32.y.data_as<float>()[i]), bf.y.data_as<uint16_t>()[i]) << "element " << i;
+    ASSERT_EQ(float_to_bf16(f32.y.data_as<float>()[i]), bf.y.data_as<uint16_t>()[i])
+        << "element " << i;
 }
 
 // L = sum(y * R); dL/dx and dL/dw from the backward with dy = R, against central differences.
@@ -79,7 +86,8 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   rmsnorm_backward(cpu, {r, x, w, f.rstd, dx, dw});
   for (int64_t i = 0; i < rows * d; ++i) {
     const double fd = test::central_difference(x.data_as<float>() + i, 1e-2, loss);
-    EXPECT_NEAR(dx.data_as<float>()[i], fd, 2e-3 * std::max(1.0, std::fabs(fd))) << "dx element " << i;
+    EXPECT_NEAR(dx.data_as<float>()[i], fd, 2e-3 * std::max(1.0, std::fabs(fd)))
+        << "dx element " << i;
   }
   for (int64_t j = 0; j < d; ++j) {
     const double fd = test::central_difference(w.data_as<float>() + j, 1e-2, loss);
@@ -120,20 +128,38 @@ TEST(RmsNorm, RejectsBadArguments) {
   const Tensor x = random_tensor({4, 8}, DType::kBF16, 13);
   const Tensor w = random_tensor({8}, DType::kF32, 14);
   Tensor y = Tensor::empty({4, 8}, DType::kBF16), rstd = Tensor::empty({4}, DType::kF32);
-  test::expect_error([&] { rmsnorm_forward(cpu, {x, random_tensor({7}, DType::kF32, 1), 1e-6f, y, rstd}); },
-                     {"rmsnorm weight", "expected shape [8]", "got [7]"});
-  test::expect_error([&] { rmsnorm_forward(cpu, {x, random_tensor({8}, DType::kBF16, 1), 1e-6f, y, rstd}); },
-                     {"rmsnorm weight", "F32", "BF16"});
-  test::expect_error([&] { rmsnorm_forward(cpu, {x, w, 1e-6f, Tensor::empty({4, 9}, DType::kBF16), rstd}); },
-                     {"rmsnorm y", "[4, 8]", "[4, 9]"});
-  test::expect_error([&] { rmsnorm_forward(cpu, {x, w, 1e-6f, y, Tensor::empty({5}, DType::kF32)}); },
-                     {"rmsnorm rstd", "[4]", "[5]"});
+  test::expect_error(
+      [&] {
+        rmsnorm_forward(cpu, {x, random_tensor({7}, DType::kF32, 1), 1e-6f, y, rstd});
+      },
+      {"rmsnorm weight", "expected shape [8]", "got [7]"});
+  test::expect_error(
+      [&] {
+        rmsnorm_forward(cpu, {x, random_tensor({8}, DType::kBF16, 1), 1e-6f, y, rstd});
+      },
+      {"rmsnorm weight", "F32", "BF16"});
+  test::expect_error(
+      [&] {
+        rmsnorm_forward(cpu, {x, w, 1e-6f, Tensor::empty({4, 9}, DType::kBF16), rstd});
+      },
+      {"rmsnorm y", "[4, 8]", "[4, 9]"});
+  test::expect_error(
+      [&] {
+        rmsnorm_forward(cpu, {x, w, 1e-6f, y, Tensor::empty({5}, DType::kF32)});
+      },
+      {"rmsnorm rstd", "[4]", "[5]"});
   test::expect_error([&] { rmsnorm_forward(cpu, {x, w, 0.0f, y, rstd}); }, {"epsilon"});
   Tensor dw = Tensor::empty({8}, DType::kF32);
-  test::expect_error([&] { rmsnorm_backward(cpu, {x, x, w, rstd, Tensor::empty({4, 8}, DType::kF32), dw}); },
-                     {"rmsnorm dx", "BF16", "F32"});
-  test::expect_error([&] { rmsnorm_backward(cpu, {x, x, w, rstd, y, Tensor::empty({8}, DType::kBF16)}); },
-                     {"rmsnorm dweight", "F32"});
+  test::expect_error(
+      [&] {
+        rmsnorm_backward(cpu, {x, x, w, rstd, Tensor::empty({4, 8}, DType::kF32), dw});
+      },
+      {"rmsnorm dx", "BF16", "F32"});
+  test::expect_error(
+      [&] {
+        rmsnorm_backward(cpu, {x, x, w, rstd, y, Tensor::empty({8}, DType::kBF16)});
+      },
+      {"rmsnorm dweight", "F32"});
 }
 
 }  // namespace

@@ -36,13 +36,16 @@ Tensor forward(Context& ctx, const Tensor& gu, DType out) {
 }
 
 Tensor backward(Context& ctx, const Tensor& dh, const Tensor& gu) {
-  Tensor d = ctx.device == Device::kCuda ? test::poisoned(ctx, gu.shape(), dh.dtype()) : Tensor::empty(gu.shape(), dh.dtype());
+  Tensor d = ctx.device == Device::kCuda ? test::poisoned(ctx, gu.shape(), dh.dtype())
+                                         : Tensor::empty(gu.shape(), dh.dtype());
   swiglu_backward(ctx, {dh, gu, d});
   return d.to_host(ctx);
 }
 
-::testing::AssertionResult same_quant(const QuantTensor& want, const QuantTensor& got, Context& gpu) {
-  for (auto [a, b, what] : {std::tuple{&want.data, &got.data, "data"}, std::tuple{&want.scale_inv, &got.scale_inv, "scale_inv"},
+::testing::AssertionResult same_quant(const QuantTensor& want, const QuantTensor& got,
+                                      Context& gpu) {
+  for (auto [a, b, what] : {std::tuple{&want.data, &got.data, "data"},
+                            std::tuple{&want.scale_inv, &got.scale_inv, "scale_inv"},
                             std::tuple{&want.amax, &got.amax, "amax"}}) {
     auto r = bitwise_equal(*a, b->device() == Device::kCuda ? b->to_host(gpu) : *b);
     if (!r) return r << " [" << what << "]";
@@ -62,27 +65,33 @@ QuantTensor host_copy(const QuantTensor& q, Context& gpu) {
 void check_all(const Tensor& gu, DType out_dt, const std::string& where) {
   auto& [cpu, gpu] = devices();
   const Tensor gu_d = gu.to(gpu, Device::kCuda);
-  ASSERT_TRUE(bitwise_equal(forward(cpu, gu, out_dt), forward(gpu, gu_d, out_dt))) << where << " forward";
+  ASSERT_TRUE(bitwise_equal(forward(cpu, gu, out_dt), forward(gpu, gu_d, out_dt)))
+      << where << " forward";
   const Tensor dh = random_tensor({gu.rows(), gu.cols() / 2}, out_dt, 77 + gu.rows());
-  ASSERT_TRUE(bitwise_equal(backward(cpu, dh, gu), backward(gpu, dh.to(gpu, Device::kCuda), gu_d))) << where << " backward";
+  ASSERT_TRUE(bitwise_equal(backward(cpu, dh, gu), backward(gpu, dh.to(gpu, Device::kCuda), gu_d)))
+      << where << " backward";
   const Tensor h32 = forward(cpu, gu, DType::kF32);
   for (Fp8Format fmt : {Fp8Format::kE4M3, Fp8Format::kE5M2})
     for (ScaleRounding rnd : {ScaleRounding::kPow2, ScaleRounding::kExact}) {
-      const std::string w = where + " " + format_name(fmt) + (rnd == ScaleRounding::kPow2 ? " pow2" : " exact");
+      const std::string w =
+          where + " " + format_name(fmt) + (rnd == ScaleRounding::kPow2 ? " pow2" : " exact");
       const QuantTensor want = swiglu_quantize(cpu, {gu, fmt, rnd, 0.0f});
       const QuantTensor got = swiglu_quantize(gpu, {gu_d, fmt, rnd, 0.0f});
       ASSERT_TRUE(same_quant(want, got, gpu)) << w << " swiglu_quantize cuda vs cpu";
       const QuantizeArgs qa{h32, fmt, Granularity::k1x128, rnd, 0.0f, QuantizeOutput::kRowwise, {}};
-      ASSERT_TRUE(same_quant(quantize(cpu, qa), got, gpu)) << w << " swiglu_quantize vs quantize(cpu swiglu f32)";
+      ASSERT_TRUE(same_quant(quantize(cpu, qa), got, gpu))
+          << w << " swiglu_quantize vs quantize(cpu swiglu f32)";
       QuantizeArgs qg = qa;
       qg.input = h32.to(gpu, Device::kCuda);
-      ASSERT_TRUE(same_quant(host_copy(quantize(gpu, qg), gpu), got, gpu)) << w << " vs quantize(cuda swiglu f32)";
+      ASSERT_TRUE(same_quant(host_copy(quantize(gpu, qg), gpu), got, gpu))
+          << w << " vs quantize(cuda swiglu f32)";
       const QuantTensor again = swiglu_quantize(gpu, {gu_d, fmt, rnd, 0.0f});
       ASSERT_TRUE(same_quant(host_copy(got, gpu), again, gpu)) << w << " not deterministic";
     }
 }
 
-using Case = std::tuple<int64_t, int64_t, DType, DType>;  // rows, F, gate_up dtype, h (and dh) dtype
+using Case =
+    std::tuple<int64_t, int64_t, DType, DType>;  // rows, F, gate_up dtype, h (and dh) dtype
 
 class SwigluGpu : public ::testing::TestWithParam<Case> {};
 
@@ -90,15 +99,18 @@ TEST_P(SwigluGpu, MatchesCpuBitwise) {
   OCTET_REQUIRE_GPU();
   const auto& [rows, f, in_dt, out_dt] = GetParam();
   for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
-    const Tensor gu = random_tensor({rows, 2 * f}, in_dt, 1000 + rows * 7 + f + static_cast<int>(dist), dist);
-    check_all(gu, out_dt, "rows " + std::to_string(rows) + " F " + std::to_string(f) + " " +
-                              std::string(dtype_name(in_dt)) + "->" + std::string(dtype_name(out_dt)) + " dist " +
-                              std::to_string(static_cast<int>(dist)));
+    const Tensor gu =
+        random_tensor({rows, 2 * f}, in_dt, 1000 + rows * 7 + f + static_cast<int>(dist), dist);
+    check_all(gu, out_dt,
+              "rows " + std::to_string(rows) + " F " + std::to_string(f) + " " +
+                  std::string(dtype_name(in_dt)) + "->" + std::string(dtype_name(out_dt)) +
+                  " dist " + std::to_string(static_cast<int>(dist)));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, SwigluGpu,
-                         ::testing::Combine(::testing::Values(1, 127, 129, 1481), ::testing::Values(7, 129, 1000, 2048),
+                         ::testing::Combine(::testing::Values(1, 127, 129, 1481),
+                                            ::testing::Values(7, 129, 1000, 2048),
                                             ::testing::Values(DType::kBF16, DType::kF32),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
@@ -106,12 +118,14 @@ TEST(SwigluGpuSpecial, NonFiniteZerosAndExtremes) {
   OCTET_REQUIRE_GPU();
   Tensor gu = random_tensor({9, 2 * 300}, DType::kF32, 1100, Dist::kWide);
   float* p = gu.data_as<float>();
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const float special[] = {0.0f, -0.0f, inf, -inf, nan, 1e30f, -1e30f, 1e-40f, -88.0f, 88.0f, 103.5f, -103.5f};
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
+  const float special[] = {0.0f,   -0.0f,  inf,    -inf,  nan,    1e30f,
+                           -1e30f, 1e-40f, -88.0f, 88.0f, 103.5f, -103.5f};
   for (int i = 0; i < 12; ++i) {
-    p[3 * 600 + i] = special[i];          // gate of row 3
-    p[4 * 600 + 300 + i] = special[i];    // up of row 4
-    p[5 * 600 + 129 + i] = special[i];    // gate, second group
+    p[3 * 600 + i] = special[i];        // gate of row 3
+    p[4 * 600 + 300 + i] = special[i];  // up of row 4
+    p[5 * 600 + 129 + i] = special[i];  // gate, second group
     p[5 * 600 + 300 + 129 + i] = 2.5f;
   }
   for (int64_t j = 0; j < 600; ++j) p[6 * 600 + j] = 0.0f;  // an all-zero row: scale 1
@@ -125,7 +139,8 @@ TEST(SwigluGpuSpecial, ZeroRowsAndExpertSizedInput) {
   const QuantTensor q = swiglu_quantize(gpu, {Tensor::empty(gpu, {0, 512}, DType::kBF16)});
   EXPECT_EQ(q.amax.to_host(gpu).data_as<float>()[0], 0.0f);
   // DeepSeek-V3's moe_intermediate_size (2048) over a few thousand routed tokens.
-  check_all(random_tensor({3001, 2 * 2048}, DType::kBF16, 1200, Dist::kOutliers), DType::kBF16, "expert sized");
+  check_all(random_tensor({3001, 2 * 2048}, DType::kBF16, 1200, Dist::kOutliers), DType::kBF16,
+            "expert sized");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // SwiGLU on the CPU: the portable exp against FP64 exp, the forward against the formula and the
-// gate/up convention, the backward against FP64 central differences, and swiglu_quantize bit for bit
-// against quantize() of the FP32 output.
+// gate/up convention, the backward against FP64 central differences, and swiglu_quantize bit for
+// bit against quantize() of the FP32 output.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,7 +27,8 @@ Tensor run_forward(Context& ctx, const Tensor& gu, DType out) {
 // Distance in units in the last place of the FP32 nearest to `want`.
 double ulps(float got, double want) {
   const float w = static_cast<float>(want);
-  const double ulp = std::nextafter(std::fabs(w), std::numeric_limits<float>::infinity()) - std::fabs(w);
+  const double ulp =
+      std::nextafter(std::fabs(w), std::numeric_limits<float>::infinity()) - std::fabs(w);
   return std::fabs(got - want) / ulp;
 }
 
@@ -51,7 +52,8 @@ TEST(SwigluMath, ExpWithinTwoUlp) {
   EXPECT_TRUE(std::isinf(swiglu_math::exp_fp32(89.0f)));
   EXPECT_TRUE(std::isnan(swiglu_math::exp_fp32(std::numeric_limits<float>::quiet_NaN())));
   EXPECT_EQ(swiglu_math::exp_fp32(-std::numeric_limits<float>::infinity()), 0.0f);
-  // NaN results are canonical: silu(-inf) = -inf * 0 is an invalid operation (x86 makes 0xFFC00000).
+  // NaN results are canonical: silu(-inf) = -inf * 0 is an invalid operation (x86 makes
+  // 0xFFC00000).
   const float ninf = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(float_bits(swiglu_math::swiglu(ninf, 1.0f)), 0x7FC00000u);
   EXPECT_EQ(float_bits(swiglu_math::swiglu_grad(ninf, 1.0f, 1.0f).dg), 0x7FC00000u);
@@ -93,7 +95,7 @@ TEST(Swiglu, BackwardMatchesFiniteDifferences) {
   Context cpu = make_context(Device::kCpu);
   const int64_t rows = 4, f = 5;
   Tensor gu = random_tensor({rows, 2 * f}, DType::kF32, 22);
-  gu.data_as<float>()[3] = 6.0f;   // the saturating side of sigmoid
+  gu.data_as<float>()[3] = 6.0f;  // the saturating side of sigmoid
   gu.data_as<float>()[12] = -7.0f;
   const Tensor r = random_tensor({rows, f}, DType::kF32, 23);
   auto loss = [&] { return test::weighted_sum(run_forward(cpu, gu, DType::kF32), r); };
@@ -120,7 +122,8 @@ TEST(Swiglu, BackwardBf16IsTheF32GradientRounded) {
   swiglu_backward(cpu, {dh32, gu, d32});
   swiglu_backward(cpu, {dh16, gu, d16});
   for (int64_t i = 0; i < d32.numel(); ++i)
-    ASSERT_EQ(float_to_bf16(d32.data_as<float>()[i]), d16.data_as<uint16_t>()[i]) << "element " << i;
+    ASSERT_EQ(float_to_bf16(d32.data_as<float>()[i]), d16.data_as<uint16_t>()[i])
+        << "element " << i;
 }
 
 TEST(Swiglu, QuantizeEqualsQuantizeOfF32Output) {
@@ -134,11 +137,13 @@ TEST(Swiglu, QuantizeEqualsQuantizeOfF32Output) {
             const float eps = rnd == ScaleRounding::kPow2 ? 0.0f : 1e-4f;
             const QuantTensor got = swiglu_quantize(cpu, {gu, fmt, rnd, eps});
             QuantizeArgs qa{run_forward(cpu, gu, DType::kF32), fmt, Granularity::k1x128, rnd, eps,
-                            QuantizeOutput::kRowwise, {}};
+                            QuantizeOutput::kRowwise,          {}};
             const QuantTensor want = quantize(cpu, qa);
-            const std::string where = shape_str(shape) + " " + std::string(dtype_name(dt)) + " " + format_name(fmt);
+            const std::string where =
+                shape_str(shape) + " " + std::string(dtype_name(dt)) + " " + format_name(fmt);
             ASSERT_TRUE(test::bitwise_equal(want.data, got.data)) << where << " data";
-            ASSERT_TRUE(test::bitwise_equal(want.scale_inv, got.scale_inv)) << where << " scale_inv";
+            ASSERT_TRUE(test::bitwise_equal(want.scale_inv, got.scale_inv))
+                << where << " scale_inv";
             ASSERT_TRUE(test::bitwise_equal(want.amax, got.amax)) << where << " amax";
             ASSERT_EQ(got.granularity, Granularity::k1x128);
             ASSERT_EQ(got.rounding, rnd);
@@ -160,16 +165,33 @@ TEST(Swiglu, ZeroRows) {
 TEST(Swiglu, RejectsBadArguments) {
   Context cpu = make_context(Device::kCpu);
   const Tensor gu = random_tensor({4, 10}, DType::kBF16, 27);
-  test::expect_error([&] { swiglu_forward(cpu, {random_tensor({4, 9}, DType::kBF16, 1), Tensor::empty({4, 4}, DType::kBF16)}); },
-                     {"swiglu gate_up", "2F", "[4, 9]"});
-  test::expect_error([&] { swiglu_forward(cpu, {gu, Tensor::empty({4, 10}, DType::kBF16)}); },
-                     {"swiglu h", "expected shape [4, 5]", "got [4, 10]"});
-  test::expect_error([&] { swiglu_forward(cpu, {gu, Tensor::empty({4, 5}, DType::kE4M3)}); },
-                     {"swiglu h", "BF16|F32", "F8_E4M3"});
+  test::expect_error(
+      [&] {
+        swiglu_forward(
+            cpu, {random_tensor({4, 9}, DType::kBF16, 1), Tensor::empty({4, 4}, DType::kBF16)});
+      },
+      {"swiglu gate_up", "2F", "[4, 9]"});
+  test::expect_error(
+      [&] {
+        swiglu_forward(cpu, {gu, Tensor::empty({4, 10}, DType::kBF16)});
+      },
+      {"swiglu h", "expected shape [4, 5]", "got [4, 10]"});
+  test::expect_error(
+      [&] {
+        swiglu_forward(cpu, {gu, Tensor::empty({4, 5}, DType::kE4M3)});
+      },
+      {"swiglu h", "BF16|F32", "F8_E4M3"});
   const Tensor dh = random_tensor({4, 5}, DType::kF32, 28);
-  test::expect_error([&] { swiglu_backward(cpu, {dh, gu, Tensor::empty({4, 10}, DType::kBF16)}); },
-                     {"swiglu d_gate_up", "F32", "BF16"});
-  test::expect_error([&] { swiglu_quantize(cpu, {gu, Fp8Format::kE4M3, ScaleRounding::kPow2, -1.0f}); }, {"epsilon"});
+  test::expect_error(
+      [&] {
+        swiglu_backward(cpu, {dh, gu, Tensor::empty({4, 10}, DType::kBF16)});
+      },
+      {"swiglu d_gate_up", "F32", "BF16"});
+  test::expect_error(
+      [&] {
+        swiglu_quantize(cpu, {gu, Fp8Format::kE4M3, ScaleRounding::kPow2, -1.0f});
+      },
+      {"epsilon"});
 }
 
 }  // namespace

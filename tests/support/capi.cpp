@@ -1,12 +1,12 @@
 // A C ABI over octet's public conversions, for the Python tests that compare octet with independent
 // implementations (tests/numerics/fp8_exhaustive.py loads this library through ctypes).
 //
-// The FP8 conversions go through the real ops (quantize / dequantize with a per-tensor scale of 1, so
-// q = cvt_rn_satfinite(x * 1) = cvt_rn_satfinite(x) and x = q * 1), which makes the test cover what the
-// kernels actually do on each device rather than a helper that nothing else calls.
+// The FP8 conversions go through the real ops (quantize / dequantize with a per-tensor scale of 1,
+// so q = cvt_rn_satfinite(x * 1) = cvt_rn_satfinite(x) and x = q * 1), which makes the test cover
+// what the kernels actually do on each device rather than a helper that nothing else calls.
 //
-// Every function returns 0 on success, 77 when a GPU was asked for and none is visible (ctest's skip
-// code in tests/CMakeLists.txt), and 1 on any other error, whose message goes to stderr.
+// Every function returns 0 on success, 77 when a GPU was asked for and none is visible (ctest's
+// skip code in tests/CMakeLists.txt), and 1 on any other error, whose message goes to stderr.
 // Arguments: device 0 = cpu, 1 = cuda; format 0 = e4m3, 1 = e5m2; n = element count (int64_t).
 #include <cstdint>
 #include <cstdio>
@@ -27,11 +27,14 @@ constexpr int kOk = 0;
 constexpr int kError = 1;
 constexpr int kSkipNoGpu = 77;
 
-bool gpu_visible() { return cuda_built() && cuda_device_count() > 0; }
+bool gpu_visible() {
+  return cuda_built() && cuda_device_count() > 0;
+}
 
-// One context per device for the life of the process: a CUDA context costs far more than a call, and
-// the Python test calls in a loop. A static is acceptable here because this is test support, not the
-// library (which never keeps globals). The mutex makes first use safe if a caller uses threads.
+// One context per device for the life of the process: a CUDA context costs far more than a call,
+// and the Python test calls in a loop. A static is acceptable here because this is test support,
+// not the library (which never keeps globals). The mutex makes first use safe if a caller uses
+// threads.
 Context& context(Device d) {
   static std::mutex mu;
   static Context* contexts[2] = {nullptr, nullptr};
@@ -65,8 +68,8 @@ Fp8Format to_format(int format) {
   return format == 0 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
 }
 
-// A per-tensor conversion does not depend on the shape; a 2-D shape with rows of 1024 looks like the
-// activations the kernels are written for, where n allows it.
+// A per-tensor conversion does not depend on the shape; a 2-D shape with rows of 1024 looks like
+// the activations the kernels are written for, where n allows it.
 Shape matrix_shape(int64_t n) {
   OCTET_CHECK(n >= 0, "n must be >= 0, got ", n);
   constexpr int64_t kCols = 1024;
@@ -96,7 +99,9 @@ void copy_to_caller(Context& ctx, const Tensor& t, void* dst) {
 
 extern "C" {
 
-int octet_capi_has_gpu() { return gpu_visible() ? 1 : 0; }
+int octet_capi_has_gpu() {
+  return gpu_visible() ? 1 : 0;
+}
 
 // out[i] = cvt_rn_satfinite(in[i]) through quantize(granularity tensor, given scale 1).
 int octet_capi_cast_to_fp8(int device, int format, const float* in, uint8_t* out, int64_t n) {
@@ -136,7 +141,8 @@ int octet_capi_float_to_bf16(const float* in, uint16_t* out, int64_t n) {
 
 // Host emulation of an ExMy storage format: out[i] = round_to_exmy(in[i]). kind 0 = IEEE (all-ones
 // exponent reserved, like E5M2 and E5M6), 1 = finite-only (like E4M3fn).
-int octet_capi_round_exmy(const float* in, float* out, int64_t n, int exp_bits, int man_bits, int kind) {
+int octet_capi_round_exmy(const float* in, float* out, int64_t n, int exp_bits, int man_bits,
+                          int kind) {
   return guarded(__func__, 0, [&](Context&) {
     OCTET_CHECK(n >= 0, "n must be >= 0, got ", n);
     // fp8.h's ExMy code is exact for formats whose values are all FP32 values.

@@ -10,7 +10,9 @@
 
 namespace octet::test {
 
-bool has_gpu() { return cuda_built() && cuda_device_count() > 0; }
+bool has_gpu() {
+  return cuda_built() && cuda_device_count() > 0;
+}
 
 Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, Dist dist) {
   Tensor t = Tensor::empty(shape, dtype);
@@ -20,29 +22,35 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, Dist dist) 
   const int64_t cols = t.cols();
   float row_scale = 1.0f;
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (cols && i % cols == 0) row_scale = (dist == Dist::kOutliers && uni(rng) < 0.05f) ? 0x1p-20f : 1.0f;
+    if (cols && i % cols == 0)
+      row_scale = (dist == Dist::kOutliers && uni(rng) < 0.05f) ? 0x1p-20f : 1.0f;
     float v = normal(rng);
     if (dist == Dist::kOutliers) {
       v *= row_scale;
       if (uni(rng) < 0.01f) v *= std::ldexp(1.0f, static_cast<int>(uni(rng) * 12));
     } else if (dist == Dist::kWide) {
-      v = (uni(rng) < 0.5f ? -1.0f : 1.0f) * std::ldexp(1.0f + uni(rng), static_cast<int>(uni(rng) * 80) - 40);
+      v = (uni(rng) < 0.5f ? -1.0f : 1.0f) *
+          std::ldexp(1.0f + uni(rng), static_cast<int>(uni(rng) * 80) - 40);
     }
-    if (dtype == DType::kF32) t.data_as<float>()[i] = v;
-    else t.data_as<uint16_t>()[i] = float_to_bf16(v);
+    if (dtype == DType::kF32)
+      t.data_as<float>()[i] = v;
+    else
+      t.data_as<uint16_t>()[i] = float_to_bf16(v);
   }
   return t;
 }
 
-void poison(Tensor& t, uint8_t byte) { std::memset(t.data(), byte, static_cast<size_t>(t.nbytes())); }
+void poison(Tensor& t, uint8_t byte) {
+  std::memset(t.data(), byte, static_cast<size_t>(t.nbytes()));
+}
 
 ::testing::AssertionResult bitwise_equal(const Tensor& expected, const Tensor& actual) {
   if (expected.dtype() != actual.dtype())
-    return ::testing::AssertionFailure() << "dtype " << dtype_name(expected.dtype()) << " vs "
-                                         << dtype_name(actual.dtype());
+    return ::testing::AssertionFailure()
+           << "dtype " << dtype_name(expected.dtype()) << " vs " << dtype_name(actual.dtype());
   if (expected.shape() != actual.shape())
-    return ::testing::AssertionFailure() << "shape " << shape_str(expected.shape()) << " vs "
-                                         << shape_str(actual.shape());
+    return ::testing::AssertionFailure()
+           << "shape " << shape_str(expected.shape()) << " vs " << shape_str(actual.shape());
   const int64_t es = dtype_size(expected.dtype()), cols = std::max<int64_t>(expected.cols(), 1);
   const auto* a = static_cast<const uint8_t*>(expected.data());
   const auto* b = static_cast<const uint8_t*>(actual.data());
@@ -60,10 +68,10 @@ void poison(Tensor& t, uint8_t byte) { std::memset(t.data(), byte, static_cast<s
     for (int64_t k = es - 1; k >= 0; --k) os << (p[k] < 16 ? "0" : "") << static_cast<int>(p[k]);
     return os.str();
   };
-  return ::testing::AssertionFailure() << mismatches << " of " << expected.numel()
-                                       << " elements differ; first at (row " << first / cols << ", col "
-                                       << first % cols << "): expected " << hex(a + first * es) << ", got "
-                                       << hex(b + first * es);
+  return ::testing::AssertionFailure()
+         << mismatches << " of " << expected.numel() << " elements differ; first at (row "
+         << first / cols << ", col " << first % cols << "): expected " << hex(a + first * es)
+         << ", got " << hex(b + first * es);
 }
 
 }  // namespace octet::test

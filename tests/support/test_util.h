@@ -1,5 +1,5 @@
-// Shared test helpers: GPU detection with explicit skips, seeded random data (never zeros or constants),
-// and bitwise comparisons that report the first mismatching coordinate.
+// Shared test helpers: GPU detection with explicit skips, seeded random data (never zeros or
+// constants), and bitwise comparisons that report the first mismatching coordinate.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@ namespace octet::test {
 
 bool has_gpu();
 
-#define OCTET_REQUIRE_GPU()                                           \
-  do {                                                                \
+#define OCTET_REQUIRE_GPU()                                               \
+  do {                                                                    \
     if (!::octet::test::has_gpu()) GTEST_SKIP() << "no CUDA GPU visible"; \
   } while (0)
 
@@ -30,8 +30,8 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, Dist dist =
 // Fills a host tensor with a poison byte pattern, so unwritten outputs show up.
 void poison(Tensor& t, uint8_t byte = 0xA5);
 
-// Bitwise equality of two host tensors of the same dtype and shape; on mismatch the failure names the
-// first differing (row, col) of the matrix view and both values in hex.
+// Bitwise equality of two host tensors of the same dtype and shape; on mismatch the failure names
+// the first differing (row, col) of the matrix view and both values in hex.
 ::testing::AssertionResult bitwise_equal(const Tensor& expected, const Tensor& actual);
 
 }  // namespace octet::test

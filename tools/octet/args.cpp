@@ -35,7 +35,9 @@ Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& va
   }
 }
 
-bool Args::has(const std::string& flag) const { return switches_.count(flag) || values_.count(flag); }
+bool Args::has(const std::string& flag) const {
+  return switches_.count(flag) || values_.count(flag);
+}
 
 std::optional<std::string> Args::get(const std::string& flag) const {
   auto it = values_.find(flag);
@@ -63,7 +65,8 @@ int64_t Args::get_int(const std::string& flag, int64_t fallback) const {
   if (!v) return fallback;
   char* end = nullptr;
   const long long x = std::strtoll(v->c_str(), &end, 10);
-  OCTET_CHECK(!v->empty() && end && *end == '\0', "bad value '", *v, "' for --", flag, ": expected an integer");
+  OCTET_CHECK(!v->empty() && end && *end == '\0', "bad value '", *v, "' for --", flag,
+              ": expected an integer");
   return x;
 }
 

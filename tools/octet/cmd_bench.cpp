@@ -6,8 +6,12 @@
 namespace octet::cli {
 
 static std::string bench_help() {
-  std::string h = "usage: octet bench <suite> [flags]   (octet bench <suite> --help for its flags)\n\nsuites:\n";
-  for (const auto& s : bench::suites()) h += "  " + s.name + std::string(12 - std::min<size_t>(11, s.name.size()), ' ') + s.summary + "\n";
+  std::string h =
+      "usage: octet bench <suite> [flags]   (octet bench <suite> --help for its "
+      "flags)\n\nsuites:\n";
+  for (const auto& s : bench::suites())
+    h += "  " + s.name + std::string(12 - std::min<size_t>(11, s.name.size()), ' ') + s.summary +
+         "\n";
   return h;
 }
 
@@ -28,7 +32,8 @@ static int run_bench(const std::vector<std::string>& argv) {
 }
 
 Command bench_command() {
-  return {"bench", "GPU benchmarks (quantize, ...): throughput and ratios to baselines", bench_help(), run_bench};
+  return {"bench", "GPU benchmarks (quantize, ...): throughput and ratios to baselines",
+          bench_help(), run_bench};
 }
 
 }  // namespace octet::cli

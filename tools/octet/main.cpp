@@ -13,7 +13,8 @@ namespace {
 void print_usage() {
   std::printf("octet %s: FP8 mixed-precision training for MoE transformers\n\n", OCTET_VERSION);
   std::printf("usage: octet <command> [args] [--help]\n\ncommands:\n");
-  for (const auto& c : octet::cli::commands()) std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
+  for (const auto& c : octet::cli::commands())
+    std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
 }
 
 }  // namespace
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
     if (c.name != args[0]) continue;
     const std::vector<std::string> rest(args.begin() + 1, args.end());
     // Commands with sub-suites (bench) answer --help of a suite themselves.
-    const bool own_help = c.name == "bench" && !rest.empty() && rest[0] != "--help" && rest[0] != "-h";
+    const bool own_help =
+        c.name == "bench" && !rest.empty() && rest[0] != "--help" && rest[0] != "-h";
     for (const auto& a : own_help ? std::vector<std::string>{} : rest) {
       if (a == "--help" || a == "-h") {
         std::printf("%s\n", c.help.c_str());

@@ -8,19 +8,22 @@
 namespace octet {
 namespace {
 
-void check_tensor(Context& ctx, const Tensor& t, const char* name, std::initializer_list<DType> dtypes,
-                  const Shape& want) {
+void check_tensor(Context& ctx, const Tensor& t, const char* name,
+                  std::initializer_list<DType> dtypes, const Shape& want) {
   OCTET_CHECK(t.data() != nullptr || t.numel() == 0, name, ": tensor has no storage");
   check_dtype(t, name, dtypes);
   check_device(t, name, ctx.device);
-  OCTET_CHECK(t.shape() == want, name, ": expected shape ", shape_str(want), ", got ", shape_str(t.shape()));
+  OCTET_CHECK(t.shape() == want, name, ": expected shape ", shape_str(want), ", got ",
+              shape_str(t.shape()));
 }
 
 // logits and targets, shared by both directions; returns rows.
 int64_t check_inputs(Context& ctx, const Tensor& logits, const Tensor& targets) {
-  OCTET_CHECK(logits.rank() >= 1 && logits.cols() >= 1, "cross_entropy logits: expected shape (rows, V) with V >= 1, got ",
+  OCTET_CHECK(logits.rank() >= 1 && logits.cols() >= 1,
+              "cross_entropy logits: expected shape (rows, V) with V >= 1, got ",
               shape_str(logits.shape()));
-  OCTET_CHECK(logits.cols() < (int64_t{1} << 31), "cross_entropy logits: V = ", logits.cols(), " exceeds int32 targets");
+  OCTET_CHECK(logits.cols() < (int64_t{1} << 31), "cross_entropy logits: V = ", logits.cols(),
+              " exceeds int32 targets");
   check_tensor(ctx, logits, "cross_entropy logits", {DType::kBF16, DType::kF32}, logits.shape());
   check_tensor(ctx, targets, "cross_entropy targets", {DType::kI32}, {logits.rows()});
   return logits.rows();
@@ -47,7 +50,8 @@ void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args) 
   check_tensor(ctx, args.lse, "cross_entropy lse", {DType::kF32}, {rows});
   check_tensor(ctx, args.count, "cross_entropy count", {DType::kI32}, {1});
   check_tensor(ctx, args.dloss, "cross_entropy dloss", {DType::kF32}, {1});
-  check_tensor(ctx, args.dlogits, "cross_entropy dlogits", {args.logits.dtype()}, args.logits.shape());
+  check_tensor(ctx, args.dlogits, "cross_entropy dlogits", {args.logits.dtype()},
+               args.logits.shape());
   if (rows == 0) return;
   OCTET_DISPATCH(ctx, cross_entropy_backward, ctx, args);
 }

@@ -1,21 +1,23 @@
-// Fused softmax cross-entropy over a vocabulary, the loss of the output head (and of each MTP depth):
-// FP32 math on BF16 or F32 logits, nothing but per-row statistics kept between forward and backward.
+// Fused softmax cross-entropy over a vocabulary, the loss of the output head (and of each MTP
+// depth): FP32 math on BF16 or F32 logits, nothing but per-row statistics kept between forward and
+// backward.
 //
 // Forward, per row r with target t = targets[r] (kIgnoreIndex: the row does not count):
-//   m[r]      = max_v logits[r, v]                                 (subtracted: stable for any scale)
-//   lse[r]    = m[r] + log(sum_v exp(logits[r, v] - m[r]))        saved for backward (=)
+//   m[r]      = max_v logits[r, v]                                 (subtracted: stable for any
+//   scale) lse[r]    = m[r] + log(sum_v exp(logits[r, v] - m[r]))        saved for backward (=)
 //   losses[r] = lse[r] - logits[r, t],  0 for an ignored row      (=)
 //   count     = number of rows not ignored                        saved for backward (=)
 //   loss      = sum_r losses[r] / count,  0 when count == 0       (=)  (PyTorch's mean reduction)
-// Backward, given dloss = d(objective)/d(loss) (1 for the main loss, the MTP weight for an MTP depth):
-//   dlogits[r, v] = (exp(logits[r, v] - lse[r]) - [v == t]) * dloss / count     (=), in logits' dtype
-//   and 0 for ignored rows (and everywhere when count == 0).
+// Backward, given dloss = d(objective)/d(loss) (1 for the main loss, the MTP weight for an MTP
+// depth):
+//   dlogits[r, v] = (exp(logits[r, v] - lse[r]) - [v == t]) * dloss / count     (=), in logits'
+//   dtype and 0 for ignored rows (and everywhere when count == 0).
 // dlogits may be the logits tensor itself (computed in place: each element is read before it is
 // written), so the head needs one buffer of logits in all.
 //
 // Scalars (loss, count, dloss) are device tensors so that a training step never waits for the host.
-// Targets must be kIgnoreIndex or in [0, V): the CPU backend throws, naming the row; the CUDA backend
-// gives such a row a NaN loss (counted), so the mean loss is NaN.
+// Targets must be kIgnoreIndex or in [0, V): the CPU backend throws, naming the row; the CUDA
+// backend gives such a row a NaN loss (counted), so the mean loss is NaN.
 //
 // CPU (FP64 sums) and CUDA (FP32 sums in a fixed tree, deterministic run to run) differ only by
 // summation order: see tests/ops/cross_entropy_gpu_test.cpp for the stated tolerances.

@@ -6,8 +6,8 @@
 
 namespace octet {
 
-#define OCTET_CROSS_ENTROPY_BACKEND_DECLS                                            \
-  void cross_entropy_forward(Context& ctx, const CrossEntropyForwardArgs& args);     \
+#define OCTET_CROSS_ENTROPY_BACKEND_DECLS                                        \
+  void cross_entropy_forward(Context& ctx, const CrossEntropyForwardArgs& args); \
   void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args);
 
 namespace cpu {

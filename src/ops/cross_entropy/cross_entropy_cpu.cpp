@@ -14,16 +14,18 @@ double load(const Tensor& t, int64_t i) {
 }
 
 void store(const Tensor& t, int64_t i, double v) {
-  if (t.dtype() == DType::kF32) t.data_as<float>()[i] = static_cast<float>(v);
-  else t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = static_cast<float>(v);
+  else
+    t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
 }
 
 // The row's target, or -1 for an ignored row; throws for one outside [0, V).
 int64_t checked_target(const Tensor& targets, int64_t r, int64_t vocab) {
   const int32_t t = targets.data_as<const int32_t>()[r];
   if (t == kIgnoreIndex) return -1;
-  OCTET_CHECK(t >= 0 && t < vocab, "cross_entropy targets: row ", r, " holds ", t, ", outside [0, ", vocab,
-              ") and not the ignore index ", kIgnoreIndex);
+  OCTET_CHECK(t >= 0 && t < vocab, "cross_entropy targets: row ", r, " holds ", t, ", outside [0, ",
+              vocab, ") and not the ignore index ", kIgnoreIndex);
   return t;
 }
 
@@ -52,13 +54,15 @@ void cross_entropy_forward(Context&, const CrossEntropyForwardArgs& a) {
 void cross_entropy_backward(Context&, const CrossEntropyBackwardArgs& a) {
   const int64_t rows = a.logits.rows(), vocab = a.logits.cols();
   const int32_t count = a.count.data_as<const int32_t>()[0];
-  const double scale = count > 0 ? static_cast<double>(a.dloss.data_as<const float>()[0]) / count : 0.0;
+  const double scale =
+      count > 0 ? static_cast<double>(a.dloss.data_as<const float>()[0]) / count : 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = checked_target(a.targets, r, vocab);
     const double lse = a.lse.data_as<const float>()[r];
     for (int64_t v = 0; v < vocab; ++v) {
       const int64_t i = r * vocab + v;
-      const double g = t < 0 ? 0.0 : (std::exp(load(a.logits, i) - lse) - (v == t ? 1.0 : 0.0)) * scale;
+      const double g =
+          t < 0 ? 0.0 : (std::exp(load(a.logits, i) - lse) - (v == t ? 1.0 : 0.0)) * scale;
       store(a.dlogits, i, g);  // after the read of the same element: in place is safe
     }
   }

@@ -19,8 +19,8 @@ void check_ids(Context& ctx, const Tensor& ids) {
 
 // `t` must view as (rows, d).
 void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t d) {
-  OCTET_CHECK(t.rank() >= 1 && t.rows() == rows && t.cols() == d, name, ": expected shape (", rows, ", ", d,
-              ") (leading dimensions flattened), got ", shape_str(t.shape()));
+  OCTET_CHECK(t.rank() >= 1 && t.rows() == rows && t.cols() == d, name, ": expected shape (", rows,
+              ", ", d, ") (leading dimensions flattened), got ", shape_str(t.shape()));
 }
 
 }  // namespace
@@ -31,7 +31,8 @@ void embedding_forward(Context& ctx, const EmbeddingForwardArgs& args) {
   check_dtype(args.table, "embedding table", {DType::kF32, DType::kBF16});
   check_device(args.table, "embedding table", ctx.device);
   OCTET_CHECK(args.table.rank() == 2 && args.table.size(0) >= 1 && args.table.size(1) >= 1,
-              "embedding table: expected shape (V, D) with V, D >= 1, got ", shape_str(args.table.shape()));
+              "embedding table: expected shape (V, D) with V, D >= 1, got ",
+              shape_str(args.table.shape()));
   check_storage(args.out, "embedding out");
   check_dtype(args.out, "embedding out", {DType::kF32, DType::kBF16});
   check_device(args.out, "embedding out", ctx.device);
@@ -46,9 +47,10 @@ void embedding_backward(Context& ctx, const EmbeddingBackwardArgs& args) {
   check_dtype(args.dtable, "embedding dtable", {DType::kF32});
   check_device(args.dtable, "embedding dtable", ctx.device);
   OCTET_CHECK(args.dtable.rank() == 2 && args.dtable.size(0) >= 1 && args.dtable.size(1) >= 1,
-              "embedding dtable: expected shape (V, D) with V, D >= 1, got ", shape_str(args.dtable.shape()));
-  OCTET_CHECK(args.dtable.size(0) < (int64_t{1} << 30), "embedding dtable: V = ", args.dtable.size(0),
-              " exceeds 2^30 (ids are int32)");
+              "embedding dtable: expected shape (V, D) with V, D >= 1, got ",
+              shape_str(args.dtable.shape()));
+  OCTET_CHECK(args.dtable.size(0) < (int64_t{1} << 30),
+              "embedding dtable: V = ", args.dtable.size(0), " exceeds 2^30 (ids are int32)");
   check_storage(args.dout, "embedding dout");
   check_dtype(args.dout, "embedding dout", {DType::kF32, DType::kBF16});
   check_device(args.dout, "embedding dout", ctx.device);

@@ -4,14 +4,14 @@
 //   out[t, :]     = table[ids[t], :]                   converted to out's dtype (=)
 //   dtable[v, :] += S_v,   S_v = sum of dout[t, :] over the positions t with ids[t] == v
 //
-// S_v is summed in FP32 starting from 0, over t in increasing order, and added to dtable once; every
-// backend follows that order exactly, so CPU and CUDA agree bit for bit and the CUDA backward is
-// deterministic (it sorts positions by id with a stable radix sort, then reduces each run in order;
-// no atomics). Rows of dtable whose id does not occur are left untouched.
+// S_v is summed in FP32 starting from 0, over t in increasing order, and added to dtable once;
+// every backend follows that order exactly, so CPU and CUDA agree bit for bit and the CUDA backward
+// is deterministic (it sorts positions by id with a stable radix sort, then reduces each run in
+// order; no atomics). Rows of dtable whose id does not occur are left untouched.
 //
-// Ids must lie in [0, V). The CPU backend throws, naming the position, for one that does not; the CUDA
-// backend cannot throw from the device without a synchronisation, so it writes a row of NaN to `out`
-// in the forward (the loss shows it) and skips the id in the backward.
+// Ids must lie in [0, V). The CPU backend throws, naming the position, for one that does not; the
+// CUDA backend cannot throw from the device without a synchronisation, so it writes a row of NaN to
+// `out` in the forward (the loss shows it) and skips the id in the backward.
 #pragma once
 
 #include "core/context.h"

@@ -6,8 +6,8 @@
 
 namespace octet {
 
-#define OCTET_EMBEDDING_BACKEND_DECLS                                       \
-  void embedding_forward(Context& ctx, const EmbeddingForwardArgs& args);   \
+#define OCTET_EMBEDDING_BACKEND_DECLS                                     \
+  void embedding_forward(Context& ctx, const EmbeddingForwardArgs& args); \
   void embedding_backward(Context& ctx, const EmbeddingBackwardArgs& args);
 
 namespace cpu {

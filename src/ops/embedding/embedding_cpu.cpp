@@ -14,13 +14,16 @@ float load(const Tensor& t, int64_t i) {
 }
 
 void store(const Tensor& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32) t.data_as<float>()[i] = v;
-  else t.data_as<uint16_t>()[i] = float_to_bf16(v);
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = v;
+  else
+    t.data_as<uint16_t>()[i] = float_to_bf16(v);
 }
 
 int32_t checked_id(const Tensor& ids, int64_t t, int64_t vocab) {
   const int32_t id = ids.data_as<const int32_t>()[t];
-  OCTET_CHECK(id >= 0 && id < vocab, "embedding ids: position ", t, " holds ", id, ", outside [0, ", vocab, ")");
+  OCTET_CHECK(id >= 0 && id < vocab, "embedding ids: position ", t, " holds ", id, ", outside [0, ",
+              vocab, ")");
   return id;
 }
 

@@ -1,11 +1,11 @@
 // CUDA launchers and kernels of the embedding family. Arguments were validated by embedding.cpp;
 // everything is enqueued on the context's stream, nothing synchronises with the host.
 //
-// Backward: (1) keys = ids with invalid ones mapped to the sentinel V, values = positions; (2) CUB's
-// radix sort, which is stable, orders the pairs by id keeping positions increasing within an id;
-// (3) a block per (sorted index, column slab): the block at the first index of a run of equal ids sums
-// that run's rows in order and adds the sum to dtable once. Every run has exactly one owner, so there
-// are no atomics and the result does not depend on scheduling.
+// Backward: (1) keys = ids with invalid ones mapped to the sentinel V, values = positions; (2)
+// CUB's radix sort, which is stable, orders the pairs by id keeping positions increasing within an
+// id; (3) a block per (sorted index, column slab): the block at the first index of a run of equal
+// ids sums that run's rows in order and adds the sum to dtable once. Every run has exactly one
+// owner, so there are no atomics and the result does not depend on scheduling.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -22,38 +22,45 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGridY = 65535;  // CUDA's gridDim.y limit
 
-cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+cudaStream_t stream_of(const Context& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
 
 template <typename T>
 __device__ __forceinline__ float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4) return p[i];
-  else return bf16_to_float(p[i]);
+  if constexpr (sizeof(T) == 4)
+    return p[i];
+  else
+    return bf16_to_float(p[i]);
 }
 
 template <typename T>
 __device__ __forceinline__ void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 4) p[i] = v;
-  else p[i] = float_to_bf16(v);
+  if constexpr (sizeof(T) == 4)
+    p[i] = v;
+  else
+    p[i] = float_to_bf16(v);
 }
 
 // blockIdx.x: a slab of kThreads columns; blockIdx.y strides over positions.
 template <typename TableT, typename OutT, int kBlock>
-__global__ void __launch_bounds__(kBlock) embedding_forward_kernel(const int32_t* __restrict__ ids,
-                                                                   const TableT* __restrict__ table, int64_t rows,
-                                                                   int64_t vocab, int64_t d, OutT* __restrict__ out) {
+__global__ void __launch_bounds__(kBlock)
+    embedding_forward_kernel(const int32_t* __restrict__ ids, const TableT* __restrict__ table,
+                             int64_t rows, int64_t vocab, int64_t d, OutT* __restrict__ out) {
   static_assert(kBlock % 32 == 0, "whole warps");
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
   if (j >= d) return;
   for (int64_t t = blockIdx.y; t < rows; t += gridDim.y) {
     const int32_t id = ids[t];
-    const float v = (id >= 0 && id < vocab) ? load(table, id * d + j) : bits_float(0x7FC00000u);  // NaN: bad id
+    const float v =
+        (id >= 0 && id < vocab) ? load(table, id * d + j) : bits_float(0x7FC00000u);  // NaN: bad id
     store(out, t * d + j, v);
   }
 }
 
-__global__ void __launch_bounds__(256) embedding_sort_keys_kernel(const int32_t* __restrict__ ids, int64_t rows,
-                                                                  int32_t vocab, int32_t* __restrict__ keys,
-                                                                  int32_t* __restrict__ positions) {
+__global__ void __launch_bounds__(256)
+    embedding_sort_keys_kernel(const int32_t* __restrict__ ids, int64_t rows, int32_t vocab,
+                               int32_t* __restrict__ keys, int32_t* __restrict__ positions) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < rows;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t id = ids[t];
@@ -62,12 +69,14 @@ __global__ void __launch_bounds__(256) embedding_sort_keys_kernel(const int32_t*
   }
 }
 
-// blockIdx.x: a sorted index i (grid-stride); blockIdx.y: a slab of kBlock columns. Only the block at
-// the start of a run works: it sums the run's rows in position order and adds the sum once.
+// blockIdx.x: a sorted index i (grid-stride); blockIdx.y: a slab of kBlock columns. Only the block
+// at the start of a run works: it sums the run's rows in position order and adds the sum once.
 template <typename GradT, int kBlock>
-__global__ void __launch_bounds__(kBlock) embedding_backward_runs_kernel(
-    const int32_t* __restrict__ keys, const int32_t* __restrict__ positions, const GradT* __restrict__ dout,
-    int64_t rows, int32_t vocab, int64_t d, float* __restrict__ dtable) {
+__global__ void __launch_bounds__(kBlock)
+    embedding_backward_runs_kernel(const int32_t* __restrict__ keys,
+                                   const int32_t* __restrict__ positions,
+                                   const GradT* __restrict__ dout, int64_t rows, int32_t vocab,
+                                   int64_t d, float* __restrict__ dtable) {
   static_assert(kBlock % 32 == 0, "whole warps");
   const int64_t j = static_cast<int64_t>(blockIdx.y) * kBlock + threadIdx.x;
   if (j >= d) return;
@@ -75,7 +84,8 @@ __global__ void __launch_bounds__(kBlock) embedding_backward_runs_kernel(
     const int32_t id = keys[i];
     if (id == vocab || (i > 0 && keys[i - 1] == id)) continue;
     float sum = 0.0f;
-    for (int64_t k = i; k < rows && keys[k] == id; ++k) sum += load(dout, static_cast<int64_t>(positions[k]) * d + j);
+    for (int64_t k = i; k < rows && keys[k] == id; ++k)
+      sum += load(dout, static_cast<int64_t>(positions[k]) * d + j);
     dtable[static_cast<int64_t>(id) * d + j] += sum;
   }
 }
@@ -83,9 +93,11 @@ __global__ void __launch_bounds__(kBlock) embedding_backward_runs_kernel(
 template <typename TableT, typename OutT>
 void forward_typed(Context& ctx, const EmbeddingForwardArgs& a) {
   const int64_t rows = a.ids.numel(), vocab = a.table.size(0), d = a.table.size(1);
-  const dim3 grid(static_cast<unsigned>(ceil_div(d, kThreads)), static_cast<unsigned>(std::min(rows, kMaxGridY)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(d, kThreads)),
+                  static_cast<unsigned>(std::min(rows, kMaxGridY)));
   embedding_forward_kernel<TableT, OutT, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(
-      a.ids.data_as<const int32_t>(), a.table.data_as<const TableT>(), rows, vocab, d, a.out.data_as<OutT>());
+      a.ids.data_as<const int32_t>(), a.table.data_as<const TableT>(), rows, vocab, d,
+      a.out.data_as<OutT>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -101,30 +113,37 @@ void backward_typed(Context& ctx, const EmbeddingBackwardArgs& a) {
   const int64_t rows = a.ids.numel(), d = a.dtable.size(1);
   const auto vocab = static_cast<int32_t>(a.dtable.size(0));
   const cudaStream_t st = stream_of(ctx);
-  Tensor pairs = Tensor::empty(ctx, {4, rows}, DType::kI32);  // keys, positions, sorted keys, sorted positions
+  Tensor pairs =
+      Tensor::empty(ctx, {4, rows}, DType::kI32);  // keys, positions, sorted keys, sorted positions
   int32_t* keys = pairs.data_as<int32_t>();
   int32_t* pos = keys + rows;
   int32_t* keys_sorted = pos + rows;
   int32_t* pos_sorted = keys_sorted + rows;
   int sms = 0;
   OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
-  const auto key_blocks = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(rows, 256), 1, int64_t{sms} * 8));
-  embedding_sort_keys_kernel<<<key_blocks, 256, 0, st>>>(a.ids.data_as<const int32_t>(), rows, vocab, keys, pos);
+  const auto key_blocks =
+      static_cast<unsigned>(std::clamp<int64_t>(ceil_div(rows, 256), 1, int64_t{sms} * 8));
+  embedding_sort_keys_kernel<<<key_blocks, 256, 0, st>>>(a.ids.data_as<const int32_t>(), rows,
+                                                         vocab, keys, pos);
   OCTET_CUDA_CHECK_LAUNCH();
 
   const int n = static_cast<int>(rows), end_bit = key_bits(vocab);
   size_t temp_bytes = 0;
-  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, keys_sorted, pos, pos_sorted, n, 0,
-                                                   end_bit, st));
-  Tensor temp = Tensor::empty(ctx, {static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::kU8);
-  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys, keys_sorted, pos, pos_sorted, n,
-                                                   0, end_bit, st));
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, keys_sorted, pos,
+                                                   pos_sorted, n, 0, end_bit, st));
+  Tensor temp =
+      Tensor::empty(ctx, {static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::kU8);
+  OCTET_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys, keys_sorted, pos,
+                                                   pos_sorted, n, 0, end_bit, st));
 
   const int64_t slabs = ceil_div(d, kThreads);
-  OCTET_CHECK(slabs <= kMaxGridY, "embedding backward: D = ", d, " exceeds ", kMaxGridY * kThreads, " columns");
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 30)), static_cast<unsigned>(slabs));
-  embedding_backward_runs_kernel<GradT, kThreads><<<grid, kThreads, 0, st>>>(
-      keys_sorted, pos_sorted, a.dout.data_as<const GradT>(), rows, vocab, d, a.dtable.data_as<float>());
+  OCTET_CHECK(slabs <= kMaxGridY, "embedding backward: D = ", d, " exceeds ", kMaxGridY * kThreads,
+              " columns");
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 30)),
+                  static_cast<unsigned>(slabs));
+  embedding_backward_runs_kernel<GradT, kThreads>
+      <<<grid, kThreads, 0, st>>>(keys_sorted, pos_sorted, a.dout.data_as<const GradT>(), rows,
+                                  vocab, d, a.dtable.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -132,15 +151,21 @@ void backward_typed(Context& ctx, const EmbeddingBackwardArgs& a) {
 
 void embedding_forward(Context& ctx, const EmbeddingForwardArgs& a) {
   const bool tf = a.table.dtype() == DType::kF32, of = a.out.dtype() == DType::kF32;
-  if (tf && of) forward_typed<float, float>(ctx, a);
-  else if (tf) forward_typed<float, uint16_t>(ctx, a);
-  else if (of) forward_typed<uint16_t, float>(ctx, a);
-  else forward_typed<uint16_t, uint16_t>(ctx, a);
+  if (tf && of)
+    forward_typed<float, float>(ctx, a);
+  else if (tf)
+    forward_typed<float, uint16_t>(ctx, a);
+  else if (of)
+    forward_typed<uint16_t, float>(ctx, a);
+  else
+    forward_typed<uint16_t, uint16_t>(ctx, a);
 }
 
 void embedding_backward(Context& ctx, const EmbeddingBackwardArgs& a) {
-  if (a.dout.dtype() == DType::kF32) backward_typed<float>(ctx, a);
-  else backward_typed<uint16_t>(ctx, a);
+  if (a.dout.dtype() == DType::kF32)
+    backward_typed<float>(ctx, a);
+  else
+    backward_typed<uint16_t>(ctx, a);
 }
 
 }  // namespace octet::cuda

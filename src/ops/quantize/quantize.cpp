@@ -15,8 +15,8 @@ void fill_f32(Context& ctx, Tensor& t, float value) {
   if (!t.data() || t.numel() == 0) return;
   Tensor host = Tensor::empty(t.shape(), DType::kF32);
   std::fill_n(host.data_as<float>(), host.numel(), value);
-  ctx.be().copy(t.data(), host.data(), t.nbytes(), ctx.device == Device::kCpu ? CopyKind::kHostToHost
-                                                                             : CopyKind::kHostToDevice);
+  ctx.be().copy(t.data(), host.data(), t.nbytes(),
+                ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kHostToDevice);
 }
 
 }  // namespace
@@ -25,15 +25,16 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   const Tensor& x = args.input;
   check_dtype(x, "quantize input", {DType::kF32, DType::kBF16});
   check_device(x, "quantize input", ctx.device);
-  OCTET_CHECK(args.epsilon >= 0.0f && args.epsilon < 3.4e38f, "quantize: epsilon must be finite and >= 0, got ",
-              args.epsilon);
+  OCTET_CHECK(args.epsilon >= 0.0f && args.epsilon < 3.4e38f,
+              "quantize: epsilon must be finite and >= 0, got ", args.epsilon);
   if (args.scale.defined()) {
     OCTET_CHECK(args.granularity == Granularity::kTensor,
                 "quantize: a given (delayed) scale needs granularity tensor, got ",
                 granularity_name(args.granularity));
     check_dtype(args.scale, "quantize scale", {DType::kF32});
     check_device(args.scale, "quantize scale", ctx.device);
-    OCTET_CHECK(args.scale.numel() == 1, "quantize scale: expected 1 element, got ", args.scale.numel());
+    OCTET_CHECK(args.scale.numel() == 1, "quantize scale: expected 1 element, got ",
+                args.scale.numel());
   }
   const int64_t rows = x.rows(), cols = x.cols();
   QuantTensor q;
@@ -53,7 +54,8 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   }
   if (args.output != QuantizeOutput::kRowwise) {
     q.columnwise_data = Tensor::empty(ctx, {cols, rows}, dt);
-    q.columnwise_scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, cols, rows), DType::kF32);
+    q.columnwise_scale_inv =
+        Tensor::empty(ctx, scale_shape(args.granularity, cols, rows), DType::kF32);
   }
   if (x.numel() == 0) {
     // Nothing to scale: every group that exists is an all-zero group (scale 1), and amax is 0.
@@ -73,14 +75,15 @@ Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy
   const Tensor& data = col ? q.columnwise_data : q.data;
   const Tensor& sinv = col ? q.columnwise_scale_inv : q.scale_inv;
   const Granularity g = col ? q.columnwise_granularity : q.granularity;
-  OCTET_CHECK(data.data() != nullptr || data.numel() == 0,
-              "dequantize: the ", col ? "column-wise" : "row-wise", " copy was not written");
+  OCTET_CHECK(data.data() != nullptr || data.numel() == 0, "dequantize: the ",
+              col ? "column-wise" : "row-wise", " copy was not written");
   check_dtype(data, "dequantize data", {fp8_dtype(q.format)});
   check_device(data, "dequantize data", ctx.device);
   check_dtype(sinv, "dequantize scale_inv", {DType::kF32});
   const Shape want = scale_shape(g, data.rows(), data.cols());
-  OCTET_CHECK(sinv.numel() == shape_numel(want), "dequantize scale_inv: expected shape ", shape_str(want),
-              " for granularity ", granularity_name(g), ", got ", shape_str(sinv.shape()));
+  OCTET_CHECK(sinv.numel() == shape_numel(want), "dequantize scale_inv: expected shape ",
+              shape_str(want), " for granularity ", granularity_name(g), ", got ",
+              shape_str(sinv.shape()));
   Tensor out = Tensor::empty(ctx, data.shape(), out_dtype);
   OCTET_DISPATCH(ctx, dequantize, ctx, data, sinv, g, q.format, out);
   return out;
@@ -96,9 +99,11 @@ Tensor amax(Context& ctx, const Tensor& x) {
 
 void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
   OCTET_CHECK(q.granularity == Granularity::k1x128,
-              "scaling-aware transpose: input must have 1x128 scales, got ", granularity_name(q.granularity));
-  OCTET_CHECK(q.rounding == ScaleRounding::kPow2,
-              "scaling-aware transpose: input scales must be powers of 2 (quantize with pow2 scales)");
+              "scaling-aware transpose: input must have 1x128 scales, got ",
+              granularity_name(q.granularity));
+  OCTET_CHECK(
+      q.rounding == ScaleRounding::kPow2,
+      "scaling-aware transpose: input scales must be powers of 2 (quantize with pow2 scales)");
   OCTET_CHECK(q.data.data() != nullptr || q.data.numel() == 0,
               "scaling-aware transpose: the row-wise copy was not written");
   check_device(q.data, "scaling-aware transpose input", ctx.device);
@@ -112,8 +117,8 @@ void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
 }
 
 DelayedScaling make_delayed_scaling(Context& ctx, int64_t history_len) {
-  OCTET_CHECK(history_len >= 1 && history_len <= 1 << 20, "amax history length must be in [1, 2^20], got ",
-              history_len);
+  OCTET_CHECK(history_len >= 1 && history_len <= 1 << 20,
+              "amax history length must be in [1, 2^20], got ", history_len);
   DelayedScaling s;
   Tensor hist = Tensor::empty({history_len}, DType::kF32);
   std::fill_n(hist.data_as<float>(), history_len, 0.0f);
@@ -128,13 +133,13 @@ DelayedScaling make_delayed_scaling(Context& ctx, int64_t history_len) {
 void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
                             AmaxReduce reduce, const ScaleRule& rule) {
   OCTET_CHECK(step >= 0, "delayed scaling: step must be >= 0, got ", step);
-  OCTET_CHECK(rule.margin >= 0 && rule.margin <= 64, "delayed scaling: margin must be in [0, 64], got ",
-              rule.margin);
+  OCTET_CHECK(rule.margin >= 0 && rule.margin <= 64,
+              "delayed scaling: margin must be in [0, 64], got ", rule.margin);
   check_dtype(amax, "delayed scaling amax", {DType::kF32});
   check_device(amax, "delayed scaling amax", ctx.device);
   OCTET_CHECK(amax.numel() == 1, "delayed scaling amax: expected 1 element, got ", amax.numel());
-  // quantize.h: delayed scaling has no amax floor (TransformerEngine's DelayedScaling has none), so a
-  // recipe's epsilon for current scaling does not leak into it. Done here so both backends agree.
+  // quantize.h: delayed scaling has no amax floor (TransformerEngine's DelayedScaling has none), so
+  // a recipe's epsilon for current scaling does not leak into it. Done here so both backends agree.
   const ScaleRule no_floor{rule.format, rule.rounding, 0.0f, rule.margin};
   OCTET_DISPATCH(ctx, delayed_scaling_update, ctx, state, amax, step, reduce, no_floor);
 }

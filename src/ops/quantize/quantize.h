@@ -1,6 +1,6 @@
-// Quantization ops: quantize, dequantize, amax, the scaling-aware transpose, and the delayed-scaling
-// amax-history update. Scale arithmetic is numerics/scale.h's; this header says what each op reads,
-// writes and saves.
+// Quantization ops: quantize, dequantize, amax, the scaling-aware transpose, and the
+// delayed-scaling amax-history update. Scale arithmetic is numerics/scale.h's; this header says
+// what each op reads, writes and saves.
 //
 // All ops run on the device of the context; tensors must live there. Outputs are freshly allocated
 // (`=`, never `+=`). The CPU reference (quantize_cpu.cpp) and the CUDA kernels agree bit for bit.
@@ -24,8 +24,8 @@ struct QuantizeArgs {
   ScaleRounding rounding = ScaleRounding::kExact;
   float epsilon = 0.0f;  // amax floor, >= 0
   QuantizeOutput output = QuantizeOutput::kRowwise;
-  // Delayed scaling (granularity kTensor only): use this (1) fp32 scale instead of the current amax.
-  // Undefined: current scaling.
+  // Delayed scaling (granularity kTensor only): use this (1) fp32 scale instead of the current
+  // amax. Undefined: current scaling.
   Tensor scale;
 };
 
@@ -36,24 +36,24 @@ struct QuantizeArgs {
 // amax (1): max |x| over the whole input, always written (NaN if the input holds a NaN).
 QuantTensor quantize(Context& ctx, const QuantizeArgs& args);
 
-// x = q * scale_inv (FP32 product; BF16 output rounds it to nearest even). Reads the row-wise copy, or
-// the column-wise one with Copy::kColumnwise (then the output is (cols, rows)).
+// x = q * scale_inv (FP32 product; BF16 output rounds it to nearest even). Reads the row-wise copy,
+// or the column-wise one with Copy::kColumnwise (then the output is (cols, rows)).
 enum class Copy : uint8_t { kRowwise, kColumnwise };
 Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy = Copy::kRowwise);
 
 // max |x| over all elements of an f32 or bf16 tensor, as a (1) fp32 tensor on the context's device.
 Tensor amax(Context& ctx, const Tensor& x);
 
-// Scaling-aware transpose (FP8-Flow-MoE): from a row-wise 1x128 copy with power-of-2 scales, writes the
-// column-wise copy without dequantizing: per 128x128 tile, S = max of its row scale_invs, and every
-// element moves to scale S by an exact power-of-2 shift, q' = q * s_row / S. Values that stay normal are
-// exact; values that become subnormal or underflow are rounded to nearest even (not flushed).
-// Sets q.columnwise_data (cols, rows) and q.columnwise_scale_inv [ceil(cols/128), ceil(rows/128)],
-// columnwise_granularity = k128x128.
+// Scaling-aware transpose (FP8-Flow-MoE): from a row-wise 1x128 copy with power-of-2 scales, writes
+// the column-wise copy without dequantizing: per 128x128 tile, S = max of its row scale_invs, and
+// every element moves to scale S by an exact power-of-2 shift, q' = q * s_row / S. Values that stay
+// normal are exact; values that become subnormal or underflow are rounded to nearest even (not
+// flushed). Sets q.columnwise_data (cols, rows) and q.columnwise_scale_inv [ceil(cols/128),
+// ceil(rows/128)], columnwise_granularity = k128x128.
 void scaling_aware_transpose(Context& ctx, QuantTensor& q);
 
-// Delayed scaling state of one per-tensor site (TransformerEngine's DelayedScaling). Lives on the device
-// of the context so that the training step never reads it back to the host.
+// Delayed scaling state of one per-tensor site (TransformerEngine's DelayedScaling). Lives on the
+// device of the context so that the training step never reads it back to the host.
 enum class AmaxReduce : uint8_t { kMax, kMostRecent };
 
 struct DelayedScaling {

@@ -6,14 +6,15 @@
 
 namespace octet {
 
-#define OCTET_QUANTIZE_BACKEND_DECLS                                                                \
-  void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out);                         \
-  void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g,        \
-                  Fp8Format f, Tensor& out);                                                       \
-  void amax(Context& ctx, const Tensor& x, Tensor& out);                                           \
-  void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale); \
-  void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step, \
-                              AmaxReduce reduce, const ScaleRule& rule);
+#define OCTET_QUANTIZE_BACKEND_DECLS                                                        \
+  void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out);                  \
+  void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g, \
+                  Fp8Format f, Tensor& out);                                                \
+  void amax(Context& ctx, const Tensor& x, Tensor& out);                                    \
+  void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata,          \
+                               Tensor& cscale);                                             \
+  void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax,      \
+                              int64_t step, AmaxReduce reduce, const ScaleRule& rule);
 
 namespace cpu {
 OCTET_QUANTIZE_BACKEND_DECLS

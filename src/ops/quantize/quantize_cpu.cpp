@@ -25,16 +25,22 @@ struct GroupDims {
 };
 GroupDims group_dims(Granularity g, int64_t rows, int64_t cols) {
   switch (g) {
-    case Granularity::kTensor: return {std::max<int64_t>(rows, 1), std::max<int64_t>(cols, 1)};
-    case Granularity::kRow: return {1, std::max<int64_t>(cols, 1)};
-    case Granularity::k1x128: return {1, kGroup};
-    case Granularity::k128x1: return {kGroup, 1};
-    case Granularity::k128x128: return {kGroup, kGroup};
+    case Granularity::kTensor:
+      return {std::max<int64_t>(rows, 1), std::max<int64_t>(cols, 1)};
+    case Granularity::kRow:
+      return {1, std::max<int64_t>(cols, 1)};
+    case Granularity::k1x128:
+      return {1, kGroup};
+    case Granularity::k128x1:
+      return {kGroup, 1};
+    case Granularity::k128x128:
+      return {kGroup, kGroup};
   }
   OCTET_THROW("unknown granularity");
 }
 
-// Quantizes the (rows, cols) matrix read through `at(i, j)`; `fixed_scale` > 0 overrides the groups.
+// Quantizes the (rows, cols) matrix read through `at(i, j)`; `fixed_scale` > 0 overrides the
+// groups.
 template <typename At>
 void quantize_matrix(At at, int64_t rows, int64_t cols, Granularity g, const ScaleRule& rule,
                      float fixed_scale, uint8_t* data, float* scale_inv) {
@@ -49,7 +55,8 @@ void quantize_matrix(At at, int64_t rows, int64_t cols, Granularity g, const Sca
       const float scale = fixed_scale > 0 ? fixed_scale : compute_scale(bits_float(amax), rule);
       scale_inv[(r0 / gh) * gcols + c0 / gw] = scale_inverse(scale);
       for (int64_t i = r0; i < r1; ++i)
-        for (int64_t j = c0; j < c1; ++j) data[i * cols + j] = quantize_value(at(i, j), scale, rule.format);
+        for (int64_t j = c0; j < c1; ++j)
+          data[i * cols + j] = quantize_value(at(i, j), scale, rule.format);
     }
   }
 }
@@ -73,7 +80,8 @@ void quantize(Context&, const QuantizeArgs& args, QuantTensor& out) {
   }
   if (args.output != QuantizeOutput::kRowwise) {
     auto at_t = [&](int64_t i, int64_t j) { return x[static_cast<size_t>(j * cols + i)]; };
-    quantize_matrix(at_t, cols, rows, args.granularity, rule, fixed, out.columnwise_data.data_as<uint8_t>(),
+    quantize_matrix(at_t, cols, rows, args.granularity, rule, fixed,
+                    out.columnwise_data.data_as<uint8_t>(),
                     out.columnwise_scale_inv.data_as<float>());
   }
 }
@@ -88,8 +96,10 @@ void dequantize(Context&, const Tensor& data, const Tensor& scale_inv, Granulari
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
       const float v = fp32_mul_rn(fp8_to_float(q[i * cols + j], f), s[(i / gh) * gcols + j / gw]);
-      if (out.dtype() == DType::kF32) out.data_as<float>()[i * cols + j] = v;
-      else out.data_as<uint16_t>()[i * cols + j] = float_to_bf16(v);
+      if (out.dtype() == DType::kF32)
+        out.data_as<float>()[i * cols + j] = v;
+      else
+        out.data_as<uint16_t>()[i * cols + j] = float_to_bf16(v);
     }
   }
 }
@@ -118,7 +128,8 @@ void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Ten
         // s_i / S = 2^-d exactly: the quotient of two powers of two.
         const float ratio = s[i * cblocks + cb] / smax;
         for (int64_t j = c0; j < c1; ++j)
-          qt[j * rows + i] = float_to_fp8(fp8_to_float(q[i * cols + j], in.format) * ratio, in.format);
+          qt[j * rows + i] =
+              float_to_fp8(fp8_to_float(q[i * cols + j], in.format) * ratio, in.format);
       }
     }
   }

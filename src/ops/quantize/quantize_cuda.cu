@@ -1,6 +1,6 @@
-// CUDA launchers of the quantize family (device code in quantize_kernels.cuh). Arguments were validated
-// and outputs allocated by quantize.cpp; everything is enqueued on the context's stream, nothing here
-// synchronises with the host.
+// CUDA launchers of the quantize family (device code in quantize_kernels.cuh). Arguments were
+// validated and outputs allocated by quantize.cpp; everything is enqueued on the context's stream,
+// nothing here synchronises with the host.
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -15,9 +15,13 @@ using kernels::ScaleSource;
 using kernels::TileOutput;
 using kernels::TileParams;
 
-cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+cudaStream_t stream_of(const Context& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // Blocks for a persistent grid-stride kernel: as many as the SMs hold at once (more would run as a
 // second, partial wave and leave SMs idle at the end), never more than there is work for.
@@ -33,11 +37,16 @@ int persistent_blocks(const Context& ctx, Kernel kernel, int threads, int64_t wo
 
 ScaleSource rowwise_source(Granularity g) {
   switch (g) {
-    case Granularity::kTensor: return ScaleSource::kGlobalScalar;
-    case Granularity::kRow: return ScaleSource::kGlobalPerRow;
-    case Granularity::k1x128: return ScaleSource::kRowInTile;
-    case Granularity::k128x1: return ScaleSource::kColInTile;
-    case Granularity::k128x128: return ScaleSource::kTile;
+    case Granularity::kTensor:
+      return ScaleSource::kGlobalScalar;
+    case Granularity::kRow:
+      return ScaleSource::kGlobalPerRow;
+    case Granularity::k1x128:
+      return ScaleSource::kRowInTile;
+    case Granularity::k128x1:
+      return ScaleSource::kColInTile;
+    case Granularity::k128x128:
+      return ScaleSource::kTile;
   }
   return ScaleSource::kTile;
 }
@@ -45,11 +54,16 @@ ScaleSource rowwise_source(Granularity g) {
 // The same granularity applied to the transpose: row and column roles swap.
 ScaleSource columnwise_source(Granularity g) {
   switch (g) {
-    case Granularity::kTensor: return ScaleSource::kGlobalScalar;
-    case Granularity::kRow: return ScaleSource::kGlobalPerCol;
-    case Granularity::k1x128: return ScaleSource::kColInTile;
-    case Granularity::k128x1: return ScaleSource::kRowInTile;
-    case Granularity::k128x128: return ScaleSource::kTile;
+    case Granularity::kTensor:
+      return ScaleSource::kGlobalScalar;
+    case Granularity::kRow:
+      return ScaleSource::kGlobalPerCol;
+    case Granularity::k1x128:
+      return ScaleSource::kColInTile;
+    case Granularity::k128x1:
+      return ScaleSource::kRowInTile;
+    case Granularity::k128x128:
+      return ScaleSource::kTile;
   }
   return ScaleSource::kTile;
 }
@@ -68,10 +82,13 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
     const int64_t work = ceil_div(rows * ceil_div(cols, kGroup), 16);
     auto launch = [&](auto kernel) {
       kernel<<<persistent_blocks(ctx, kernel, 256, work), 256, 0, st>>>(
-          in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
+          in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
+          amax_bits);
     };
-    if (cols % 8 == 0 && aligned16(in)) launch(kernels::quantize_1x128_kernel<InT, 8>);
-    else launch(kernels::quantize_1x128_kernel<InT, 1>);
+    if (cols % 8 == 0 && aligned16(in))
+      launch(kernels::quantize_1x128_kernel<InT, 8>);
+    else
+      launch(kernels::quantize_1x128_kernel<InT, 1>);
     OCTET_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -85,7 +102,8 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
     p.rowwise = TileOutput{out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
                            rowwise_source(args.granularity), args.granularity};
   if (args.output != QuantizeOutput::kRowwise)
-    p.columnwise = TileOutput{out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale_inv.data_as<float>(),
+    p.columnwise = TileOutput{out.columnwise_data.data_as<uint8_t>(),
+                              out.columnwise_scale_inv.data_as<float>(),
                               columnwise_source(args.granularity), args.granularity};
 
   // Scale sources that span more than a tile need a reduction pass first.
@@ -94,31 +112,37 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
     if (args.scale.defined()) {
       p.given_scale = args.scale.data_as<const float>();
     } else {
-      const int blocks = persistent_blocks(ctx, kernels::amax_kernel<InT>, 256, ceil_div(rows * cols, 256));
+      const int blocks =
+          persistent_blocks(ctx, kernels::amax_kernel<InT>, 256, ceil_div(rows * cols, 256));
       kernels::amax_kernel<InT><<<blocks, 256, 0, st>>>(in, rows * cols, amax_bits);
       OCTET_CUDA_CHECK_LAUNCH();
-      p.global_amax = amax_bits;  // final before the tile kernel: its own atomics leave it unchanged
+      p.global_amax =
+          amax_bits;  // final before the tile kernel: its own atomics leave it unchanged
     }
   } else if (args.granularity == Granularity::kRow) {
     scratch = Tensor::empty(ctx, {rows + cols}, DType::kI32);
     auto* row_amax = scratch.data_as<uint32_t>();
     auto* col_amax = row_amax + rows;
     if (p.rowwise.data) {
-      kernels::row_amax_kernel<InT><<<static_cast<unsigned>(rows), 256, 0, st>>>(in, cols, row_amax);
+      kernels::row_amax_kernel<InT>
+          <<<static_cast<unsigned>(rows), 256, 0, st>>>(in, cols, row_amax);
       OCTET_CUDA_CHECK_LAUNCH();
       p.row_amax = row_amax;
     }
     if (p.columnwise.data) {
       OCTET_CUDA_CHECK(cudaMemsetAsync(col_amax, 0, cols * sizeof(uint32_t), st));
       const int64_t rows_per_block = 256;
-      const dim3 grid(static_cast<unsigned>(ceil_div(cols, 256)), static_cast<unsigned>(ceil_div(rows, rows_per_block)));
+      const dim3 grid(static_cast<unsigned>(ceil_div(cols, 256)),
+                      static_cast<unsigned>(ceil_div(rows, rows_per_block)));
       kernels::col_amax_kernel<InT><<<grid, 256, 0, st>>>(in, rows, cols, rows_per_block, col_amax);
       OCTET_CUDA_CHECK_LAUNCH();
       p.col_amax = col_amax;
     }
   }
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)), static_cast<unsigned>(ceil_div(rows, kGroup)));
-  OCTET_CHECK(grid.y < 65536, "quantize: ", rows, " rows exceed the tile kernel's grid limit (65535 * 128)");
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)),
+                  static_cast<unsigned>(ceil_div(rows, kGroup)));
+  OCTET_CHECK(grid.y < 65536, "quantize: ", rows,
+              " rows exceed the tile kernel's grid limit (65535 * 128)");
   kernels::quantize_tile_kernel<InT><<<grid, kernels::kTileThreads, 0, st>>>(in, p);
   OCTET_CUDA_CHECK_LAUNCH();
 }
@@ -126,12 +150,14 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
 }  // namespace
 
 void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
-  if (args.input.dtype() == DType::kF32) launch_quantize<float>(ctx, args, out);
-  else launch_quantize<uint16_t>(ctx, args, out);
+  if (args.input.dtype() == DType::kF32)
+    launch_quantize<float>(ctx, args, out);
+  else
+    launch_quantize<uint16_t>(ctx, args, out);
 }
 
-void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g, Fp8Format f,
-                Tensor& out) {
+void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g,
+                Fp8Format f, Tensor& out) {
   const int64_t rows = data.rows(), cols = data.cols();
   const int64_t work = ceil_div(rows * ceil_div(cols, 8), 256);
   const int blocks = persistent_blocks(ctx, kernels::dequantize_kernel<float, true>, 256, work);
@@ -141,12 +167,17 @@ void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granu
   const bool vec = cols % 8 == 0 && aligned16(q) && aligned16(out.data());
   if (out.dtype() == DType::kF32) {
     auto* o = out.data_as<float>();
-    if (vec) kernels::dequantize_kernel<float, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
-    else kernels::dequantize_kernel<float, false><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+    if (vec)
+      kernels::dequantize_kernel<float, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+    else
+      kernels::dequantize_kernel<float, false><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
   } else {
     auto* o = out.data_as<uint16_t>();
-    if (vec) kernels::dequantize_kernel<uint16_t, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
-    else kernels::dequantize_kernel<uint16_t, false><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+    if (vec)
+      kernels::dequantize_kernel<uint16_t, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+    else
+      kernels::dequantize_kernel<uint16_t, false>
+          <<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
   }
   OCTET_CUDA_CHECK_LAUNCH();
 }
@@ -155,18 +186,22 @@ void amax(Context& ctx, const Tensor& x, Tensor& out) {
   const cudaStream_t st = stream_of(ctx);
   auto* bits = out.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(uint32_t), st));
-  const int blocks = persistent_blocks(ctx, kernels::amax_kernel<float>, 256, ceil_div(x.numel(), 256));
+  const int blocks =
+      persistent_blocks(ctx, kernels::amax_kernel<float>, 256, ceil_div(x.numel(), 256));
   if (x.dtype() == DType::kF32)
     kernels::amax_kernel<float><<<blocks, 256, 0, st>>>(x.data_as<const float>(), x.numel(), bits);
   else
-    kernels::amax_kernel<uint16_t><<<blocks, 256, 0, st>>>(x.data_as<const uint16_t>(), x.numel(), bits);
+    kernels::amax_kernel<uint16_t>
+        <<<blocks, 256, 0, st>>>(x.data_as<const uint16_t>(), x.numel(), bits);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
 void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale) {
   const int64_t rows = in.rows(), cols = in.cols();
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)), static_cast<unsigned>(ceil_div(rows, kGroup)));
-  OCTET_CHECK(grid.y < 65536, "scaling-aware transpose: ", rows, " rows exceed the grid limit (65535 * 128)");
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)),
+                  static_cast<unsigned>(ceil_div(rows, kGroup)));
+  OCTET_CHECK(grid.y < 65536, "scaling-aware transpose: ", rows,
+              " rows exceed the grid limit (65535 * 128)");
   kernels::scaling_aware_transpose_kernel<<<grid, kernels::kTileThreads, 0, stream_of(ctx)>>>(
       in.data.data_as<const uint8_t>(), in.scale_inv.data_as<const float>(), rows, cols, in.format,
       cdata.data_as<uint8_t>(), cscale.data_as<float>());
@@ -176,8 +211,9 @@ void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata,
 void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
                             AmaxReduce reduce, const ScaleRule& rule) {
   kernels::delayed_scaling_update_kernel<<<1, 256, 0, stream_of(ctx)>>>(
-      state.amax_history.data_as<float>(), state.amax_history.numel(), amax.data_as<const float>(), step,
-      reduce == AmaxReduce::kMax, rule, state.scale.data_as<float>(), state.scale_inv.data_as<float>());
+      state.amax_history.data_as<float>(), state.amax_history.numel(), amax.data_as<const float>(),
+      step, reduce == AmaxReduce::kMax, rule, state.scale.data_as<float>(),
+      state.scale_inv.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

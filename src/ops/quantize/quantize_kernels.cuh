@@ -1,7 +1,7 @@
-// Device code of the quantize family. Every scale and every element follows numerics/scale.h exactly
-// (the same OCTET_HD functions the CPU reference calls), so results are bit-identical to quantize_cpu.cpp;
-// the only hardware-specific step is the FP8 conversion, cvt.rn.satfinite, which tests prove equal to the
-// software rounding over every FP32 input.
+// Device code of the quantize family. Every scale and every element follows numerics/scale.h
+// exactly (the same OCTET_HD functions the CPU reference calls), so results are bit-identical to
+// quantize_cpu.cpp; the only hardware-specific step is the FP8 conversion, cvt.rn.satfinite, which
+// tests prove equal to the software rounding over every FP32 input.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -39,7 +39,8 @@ __device__ __forceinline__ void unpack4(const float4& f, float (&v)[4]) {
   v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
 }
 
-// Two FP32 values -> two FP8 codes with the hardware's round-to-nearest-even, saturating conversion.
+// Two FP32 values -> two FP8 codes with the hardware's round-to-nearest-even, saturating
+// conversion.
 __device__ __forceinline__ uint16_t cvt_fp8x2(float lo, float hi, Fp8Format f) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
                                   f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
@@ -64,16 +65,16 @@ __device__ __forceinline__ void block_amax_to_global(uint32_t v, uint32_t* out, 
 }
 
 // ---------------------------------------------------------------------------------------------------
-// 1x128 row-wise quantization, the hot path of activations and gradients. 16 threads own one group of
-// 128 elements (8 each: one 16-byte load for BF16), reduce its amax with shuffles and store 8 codes as
-// one 8-byte word. Persistent grid sized to the SMs' resident blocks; each iteration loads two groups
-// before using either, so two 16-byte loads per thread are in flight. Few blocks, so the global amax
-// needs few atomics. kVec = 8 needs cols % 8 == 0 (every thread's chunk aligned and either whole or
-// absent); kVec = 1 is the element-wise fallback for any shape.
+// 1x128 row-wise quantization, the hot path of activations and gradients. 16 threads own one group
+// of 128 elements (8 each: one 16-byte load for BF16), reduce its amax with shuffles and store 8
+// codes as one 8-byte word. Persistent grid sized to the SMs' resident blocks; each iteration loads
+// two groups before using either, so two 16-byte loads per thread are in flight. Few blocks, so the
+// global amax needs few atomics. kVec = 8 needs cols % 8 == 0 (every thread's chunk aligned and
+// either whole or absent); kVec = 1 is the element-wise fallback for any shape.
 template <typename InT, int kVec>
 struct Chunk1x128 {
-  // The loaded values in the input's own width until they are used (BF16: 4 registers for 8 values),
-  // so that several chunks can be in flight per thread.
+  // The loaded values in the input's own width until they are used (BF16: 4 registers for 8
+  // values), so that several chunks can be in flight per thread.
   using Raw = std::conditional_t<kVec == 8 && sizeof(InT) == 2, uint4, float[8]>;
   Raw raw;
   int64_t g, r, c;
@@ -90,22 +91,25 @@ struct Chunk1x128 {
       const float4 z = make_float4(0, 0, 0, 0);
       const float4 lo = c < cols ? *reinterpret_cast<const float4*>(in + r * cols + c) : z;
       const float4 hi = c < cols ? *reinterpret_cast<const float4*>(in + r * cols + c + 4) : z;
-      raw[0] = lo.x, raw[1] = lo.y, raw[2] = lo.z, raw[3] = lo.w, raw[4] = hi.x, raw[5] = hi.y, raw[6] = hi.z,
-      raw[7] = hi.w;
+      raw[0] = lo.x, raw[1] = lo.y, raw[2] = lo.z, raw[3] = lo.w, raw[4] = hi.x, raw[5] = hi.y,
+      raw[6] = hi.z, raw[7] = hi.w;
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) raw[i] = c + i < cols ? load_as_float(in, r * cols + c + i) : 0.0f;
+      for (int i = 0; i < 8; ++i)
+        raw[i] = c + i < cols ? load_as_float(in, r * cols + c + i) : 0.0f;
     }
   }
 
   // All 32 lanes call this (the shuffles need them); returns the group's amax bits.
   __device__ __forceinline__ uint32_t store(int64_t cols, int64_t groups, const ScaleRule& rule,
-                                            uint8_t* __restrict__ data, float* __restrict__ scale_inv) const {
+                                            uint8_t* __restrict__ data,
+                                            float* __restrict__ scale_inv) const {
     float v[8];
     if constexpr (kVec == 8 && sizeof(InT) == 2) {
       const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[2 * i] = bits_float(w[i] << 16), v[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
+      for (int i = 0; i < 4; ++i)
+        v[2 * i] = bits_float(w[i] << 16), v[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = raw[i];
@@ -124,8 +128,8 @@ struct Chunk1x128 {
       q[i] = cvt_fp8x2(fp32_mul_rn(v[2 * i], scale), fp32_mul_rn(v[2 * i + 1], scale), rule.format);
     if constexpr (kVec == 8) {
       if (c < cols)
-        *reinterpret_cast<uint2*>(data + r * cols + c) =
-            make_uint2(q[0] | (static_cast<uint32_t>(q[1]) << 16), q[2] | (static_cast<uint32_t>(q[3]) << 16));
+        *reinterpret_cast<uint2*>(data + r * cols + c) = make_uint2(
+            q[0] | (static_cast<uint32_t>(q[1]) << 16), q[2] | (static_cast<uint32_t>(q[3]) << 16));
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -136,18 +140,19 @@ struct Chunk1x128 {
 };
 
 template <typename InT, int kVec>
-__global__ void __launch_bounds__(256) quantize_1x128_kernel(const InT* __restrict__ in, int64_t rows,
-                                                            int64_t cols, ScaleRule rule,
-                                                            uint8_t* __restrict__ data,
-                                                            float* __restrict__ scale_inv, uint32_t* amax_out) {
+__global__ void __launch_bounds__(256)
+    quantize_1x128_kernel(const InT* __restrict__ in, int64_t rows, int64_t cols, ScaleRule rule,
+                          uint8_t* __restrict__ data, float* __restrict__ scale_inv,
+                          uint32_t* amax_out) {
   static_assert(kVec == 8 || kVec == 1, "8-wide vectors or scalars");
-  // Chunks in flight per thread: enough bytes outstanding per SM to cover DRAM latency at full bandwidth.
+  // Chunks in flight per thread: enough bytes outstanding per SM to cover DRAM latency at full
+  // bandwidth.
   constexpr int kInFlight = kVec == 8 && sizeof(InT) == 2 ? 4 : 2;
   __shared__ uint32_t warp_amax[8];
   const int64_t groups_per_row = ceil_div(cols, kGroup);
   const int64_t groups = rows * groups_per_row;
-  // A warp owns two adjacent groups per chunk (lanes 0-15 and 16-31); every lane of a warp runs the same
-  // number of iterations, so the shuffles always see all 32 lanes.
+  // A warp owns two adjacent groups per chunk (lanes 0-15 and 16-31); every lane of a warp runs the
+  // same number of iterations, so the shuffles always see all 32 lanes.
   const int64_t warp_group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * 2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 16;
   const int64_t mine = (threadIdx.x % 32) / 16;
@@ -155,9 +160,11 @@ __global__ void __launch_bounds__(256) quantize_1x128_kernel(const InT* __restri
   Chunk1x128<InT, kVec> chunk[kInFlight];
   for (int64_t g0 = warp_group; g0 < groups; g0 += kInFlight * stride) {
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) chunk[k].load(in, cols, groups, groups_per_row, g0 + k * stride + mine);
+    for (int k = 0; k < kInFlight; ++k)
+      chunk[k].load(in, cols, groups, groups_per_row, g0 + k * stride + mine);
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) running = max(running, chunk[k].store(cols, groups, rule, data, scale_inv));
+    for (int k = 0; k < kInFlight; ++k)
+      running = max(running, chunk[k].store(cols, groups, rule, data, scale_inv));
   }
   block_amax_to_global(running, amax_out, warp_amax);
 }
@@ -185,8 +192,8 @@ struct TileOutput {
 struct TileParams {
   int64_t rows = 0, cols = 0;
   ScaleRule rule;
-  TileOutput rowwise;     // (rows, cols)
-  TileOutput columnwise;  // (cols, rows)
+  TileOutput rowwise;                     // (rows, cols)
+  TileOutput columnwise;                  // (cols, rows)
   const uint32_t* global_amax = nullptr;  // (1) abs bits, for kGlobalScalar
   const float* given_scale = nullptr;     // (1), overrides global_amax
   const uint32_t* row_amax = nullptr;     // (rows) abs bits, for kGlobalPerRow
@@ -195,13 +202,19 @@ struct TileParams {
 };
 
 // Offset of the scale_inv entry of element (r, c) of a (rows, cols) matrix (scale.h layouts).
-__device__ __forceinline__ int64_t scale_offset(Granularity g, int64_t r, int64_t c, int64_t rows, int64_t cols) {
+__device__ __forceinline__ int64_t scale_offset(Granularity g, int64_t r, int64_t c, int64_t rows,
+                                                int64_t cols) {
   switch (g) {
-    case Granularity::kTensor: return 0;
-    case Granularity::kRow: return r;
-    case Granularity::k1x128: return r * ceil_div(cols, kGroup) + c / kGroup;
-    case Granularity::k128x1: return (r / kGroup) * cols + c;
-    case Granularity::k128x128: return (r / kGroup) * ceil_div(cols, kGroup) + c / kGroup;
+    case Granularity::kTensor:
+      return 0;
+    case Granularity::kRow:
+      return r;
+    case Granularity::k1x128:
+      return r * ceil_div(cols, kGroup) + c / kGroup;
+    case Granularity::k128x1:
+      return (r / kGroup) * cols + c;
+    case Granularity::k128x128:
+      return (r / kGroup) * ceil_div(cols, kGroup) + c / kGroup;
   }
   return 0;
 }
@@ -211,14 +224,15 @@ struct TileSmem {
   uint32_t col_part[8][kTile];     // per-warp column amax partials
   uint32_t row_amax[kTile];
   uint32_t col_amax[kTile];
-  float scale[2][kTile];           // [copy][row or col index]
+  float scale[2][kTile];  // [copy][row or col index]
   uint32_t warp_amax[8];
 };
 
-// Fills s.scale[copy][i] with the scale of tile row i (sources by row) or tile column i (by column) and
-// writes the scale_inv entries this tile owns. Called by all threads; i = threadIdx.x < 128.
-__device__ __forceinline__ void tile_scales(const TileParams& p, const TileOutput& o, int copy, int64_t r0,
-                                            int64_t c0, uint32_t tile_amax, TileSmem& s) {
+// Fills s.scale[copy][i] with the scale of tile row i (sources by row) or tile column i (by column)
+// and writes the scale_inv entries this tile owns. Called by all threads; i = threadIdx.x < 128.
+__device__ __forceinline__ void tile_scales(const TileParams& p, const TileOutput& o, int copy,
+                                            int64_t r0, int64_t c0, uint32_t tile_amax,
+                                            TileSmem& s) {
   const int i = threadIdx.x;
   if (i >= kTile) return;
   // Rows and columns of this copy's own matrix: the transpose swaps them.
@@ -228,17 +242,28 @@ __device__ __forceinline__ void tile_scales(const TileParams& p, const TileOutpu
   uint32_t amax = tile_amax;
   const bool given = o.source == ScaleSource::kGlobalScalar && p.given_scale;
   if (!given) switch (o.source) {
-    case ScaleSource::kRowInTile: amax = s.row_amax[i]; break;
-    case ScaleSource::kColInTile: amax = s.col_amax[i]; break;
-    case ScaleSource::kTile: break;
-    case ScaleSource::kGlobalScalar: amax = *p.global_amax; break;
-    case ScaleSource::kGlobalPerRow: amax = gr < p.rows ? p.row_amax[gr] : 0u; break;
-    case ScaleSource::kGlobalPerCol: amax = gc < p.cols ? p.col_amax[gc] : 0u; break;
-  }
+      case ScaleSource::kRowInTile:
+        amax = s.row_amax[i];
+        break;
+      case ScaleSource::kColInTile:
+        amax = s.col_amax[i];
+        break;
+      case ScaleSource::kTile:
+        break;
+      case ScaleSource::kGlobalScalar:
+        amax = *p.global_amax;
+        break;
+      case ScaleSource::kGlobalPerRow:
+        amax = gr < p.rows ? p.row_amax[gr] : 0u;
+        break;
+      case ScaleSource::kGlobalPerCol:
+        amax = gc < p.cols ? p.col_amax[gc] : 0u;
+        break;
+    }
   const float scale = given ? *p.given_scale : compute_scale(bits_float(amax), p.rule);
   s.scale[copy][i] = scale;
-  // The entry for tile index i: which (row, col) of this copy's matrix it belongs to. Sources by column
-  // of X index X columns; in the transpose these are rows.
+  // The entry for tile index i: which (row, col) of this copy's matrix it belongs to. Sources by
+  // column of X index X columns; in the transpose these are rows.
   const bool by_col = o.source == ScaleSource::kColInTile || o.source == ScaleSource::kGlobalPerCol;
   int64_t xr = by_col ? r0 : gr, xc = by_col ? gc : c0;  // an element of X in this group
   if (xr >= p.rows || xc >= p.cols) return;
@@ -251,15 +276,16 @@ __device__ __forceinline__ void tile_scales(const TileParams& p, const TileOutpu
   o.scale_inv[scale_offset(o.granularity, mr, mc, my_rows, my_cols)] = scale_inverse(scale);
 }
 
-__device__ __forceinline__ float tile_scale_of(const TileOutput& o, const TileSmem& s, int copy, int r, int c) {
+__device__ __forceinline__ float tile_scale_of(const TileOutput& o, const TileSmem& s, int copy,
+                                               int r, int c) {
   const bool by_col = o.source == ScaleSource::kColInTile || o.source == ScaleSource::kGlobalPerCol;
   return s.scale[copy][by_col ? c : r];
 }
 
-// Writes the transposed codes staged in s.q ([r][c]) as rows of the (cols, rows) output: 8 lanes cover
-// 128 consecutive output bytes, 16 each; the odd stride keeps the column reads conflict-free.
-__device__ __forceinline__ void store_transposed(const TileSmem& s, uint8_t* out, int64_t rows, int64_t cols,
-                                                 int64_t r0, int64_t c0) {
+// Writes the transposed codes staged in s.q ([r][c]) as rows of the (cols, rows) output: 8 lanes
+// cover 128 consecutive output bytes, 16 each; the odd stride keeps the column reads conflict-free.
+__device__ __forceinline__ void store_transposed(const TileSmem& s, uint8_t* out, int64_t rows,
+                                                 int64_t cols, int64_t r0, int64_t c0) {
   const bool vec = rows % 16 == 0;
   for (int item = threadIdx.x; item < kTile * 8; item += kTileThreads) {
     const int c = item / 8, k = item % 8;
@@ -267,23 +293,28 @@ __device__ __forceinline__ void store_transposed(const TileSmem& s, uint8_t* out
     if (oc >= cols) continue;
     uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < 16; ++j) w[j / 4] |= static_cast<uint32_t>(s.q[(16 * k + j) * kSmemStride + c]) << (8 * (j % 4));
+    for (int j = 0; j < 16; ++j)
+      w[j / 4] |= static_cast<uint32_t>(s.q[(16 * k + j) * kSmemStride + c]) << (8 * (j % 4));
     const int64_t orow = r0 + 16 * k;
     if (vec && orow < rows) {
       *reinterpret_cast<uint4*>(out + oc * rows + orow) = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
-      for (int j = 0; j < 16 && orow + j < rows; ++j) out[oc * rows + orow + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+      for (int j = 0; j < 16 && orow + j < rows; ++j)
+        out[oc * rows + orow + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
     }
   }
 }
 
-// One block per 128x128 tile. A warp covers one tile row per step (4 elements a lane), 8 rows per step,
-// 16 steps; the 64 values a thread holds stay in registers between the amax pass and the cast.
+// One block per 128x128 tile. A warp covers one tile row per step (4 elements a lane), 8 rows per
+// step, 16 steps; the 64 values a thread holds stay in registers between the amax pass and the
+// cast.
 template <typename InT>
-__global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quantize_tile_kernel(const InT* __restrict__ in, TileParams p) {
+__global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
+    quantize_tile_kernel(const InT* __restrict__ in, TileParams p) {
   __shared__ TileSmem s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
+                c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const bool vec = p.cols % 4 == 0;
   // The tile stays in registers between the amax pass and the cast, in the input's own width (BF16
   // packed two to a register): 32 registers for BF16 instead of 64, so more tiles fit on an SM.
@@ -298,7 +329,8 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quanti
     } else {
       float f[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) f[i] = (r < p.rows && c + i < p.cols) ? load_as_float(in, r * p.cols + c + i) : 0.0f;
+      for (int i = 0; i < 4; ++i)
+        f[i] = (r < p.rows && c + i < p.cols) ? load_as_float(in, r * p.cols + c + i) : 0.0f;
       if constexpr (sizeof(InT) == 2)
         held[step] = make_uint2(float_to_bf16(f[0]) | (float_bits(f[1]) & 0xFFFF0000u),
                                 float_to_bf16(f[2]) | (float_bits(f[3]) & 0xFFFF0000u));
@@ -329,7 +361,8 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quanti
   __syncthreads();
   uint32_t tile_amax = threadIdx.x < kTile ? s.row_amax[threadIdx.x] : 0u;
   block_amax_to_global(tile_amax, p.amax_out, s.warp_amax);
-  // block_amax_to_global leaves the eight warp maxima in s.warp_amax (synchronised): the tile's amax.
+  // block_amax_to_global leaves the eight warp maxima in s.warp_amax (synchronised): the tile's
+  // amax.
   tile_amax = 0;
 #pragma unroll
   for (int w = 0; w < 8; ++w) tile_amax = max(tile_amax, s.warp_amax[w]);
@@ -346,9 +379,9 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quanti
       uint8_t q[4];
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
-        const uint16_t pair = cvt_fp8x2(fp32_mul_rn(v[i], tile_scale_of(p.rowwise, s, 0, tr, tc + i)),
-                                        fp32_mul_rn(v[i + 1], tile_scale_of(p.rowwise, s, 0, tr, tc + i + 1)),
-                                        p.rule.format);
+        const uint16_t pair = cvt_fp8x2(
+            fp32_mul_rn(v[i], tile_scale_of(p.rowwise, s, 0, tr, tc + i)),
+            fp32_mul_rn(v[i + 1], tile_scale_of(p.rowwise, s, 0, tr, tc + i + 1)), p.rule.format);
         q[i] = static_cast<uint8_t>(pair), q[i + 1] = static_cast<uint8_t>(pair >> 8);
       }
       if (vec && c < p.cols) {
@@ -364,7 +397,8 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quanti
       for (int i = 0; i < 4; i += 2) {
         const uint16_t pair =
             cvt_fp8x2(fp32_mul_rn(v[i], tile_scale_of(p.columnwise, s, 1, tr, tc + i)),
-                      fp32_mul_rn(v[i + 1], tile_scale_of(p.columnwise, s, 1, tr, tc + i + 1)), p.rule.format);
+                      fp32_mul_rn(v[i + 1], tile_scale_of(p.columnwise, s, 1, tr, tc + i + 1)),
+                      p.rule.format);
         s.q[tr * kSmemStride + tc + i] = static_cast<uint8_t>(pair);
         s.q[tr * kSmemStride + tc + i + 1] = static_cast<uint8_t>(pair >> 8);
       }
@@ -378,17 +412,20 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2) quanti
 
 // ---------------------------------------------------------------------------------------------------
 // Scaling-aware transpose (FP8-Flow-MoE): one block per 128x128 tile of a 1x128, power-of-2-scaled
-// tensor. The tile's scale is the largest of its row scale_invs; each row's codes move to it by the exact
-// factor s_row / S (a power of two <= 1), decoded through a 256-entry table and re-rounded by the
-// hardware conversion, which is exact while values stay normal and round-to-nearest-even below.
-__global__ void __launch_bounds__(kTileThreads) scaling_aware_transpose_kernel(
-    const uint8_t* __restrict__ q, const float* __restrict__ scale_inv, int64_t rows, int64_t cols,
-    Fp8Format format, uint8_t* __restrict__ out, float* __restrict__ out_scale_inv) {
+// tensor. The tile's scale is the largest of its row scale_invs; each row's codes move to it by the
+// exact factor s_row / S (a power of two <= 1), decoded through a 256-entry table and re-rounded by
+// the hardware conversion, which is exact while values stay normal and round-to-nearest-even below.
+__global__ void __launch_bounds__(kTileThreads)
+    scaling_aware_transpose_kernel(const uint8_t* __restrict__ q,
+                                   const float* __restrict__ scale_inv, int64_t rows, int64_t cols,
+                                   Fp8Format format, uint8_t* __restrict__ out,
+                                   float* __restrict__ out_scale_inv) {
   __shared__ uint8_t tile[kTile * kSmemStride];
   __shared__ float lut[256];
   __shared__ float ratio[kTile];
   __shared__ uint32_t warp_max_s[8];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
+                c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   lut[threadIdx.x] = fp8_to_float(static_cast<uint8_t>(threadIdx.x), format);
@@ -397,9 +434,9 @@ __global__ void __launch_bounds__(kTileThreads) scaling_aware_transpose_kernel(
   const float si = (i < kTile && r0 + i < rows) ? scale_inv[(r0 + i) * cblocks + blockIdx.x] : 0.0f;
   uint32_t m = warp_max(float_bits(si));
   if (lane == 0) warp_max_s[warp] = m;
-  // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane; all 16 loads are issued
-  // before the first is used, then written to shared memory byte by byte (conflict-free: a warp's 128
-  // bytes are consecutive).
+  // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane; all 16 loads are
+  // issued before the first is used, then written to shared memory byte by byte (conflict-free: a
+  // warp's 128 bytes are consecutive).
   const bool vec = cols % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
   uint32_t w16[kTile / 8];
 #pragma unroll
@@ -417,7 +454,8 @@ __global__ void __launch_bounds__(kTileThreads) scaling_aware_transpose_kernel(
 #pragma unroll
   for (int k = 0; k < kTile / 8; ++k)
 #pragma unroll
-    for (int b = 0; b < 4; ++b) tile[(warp + 8 * k) * kSmemStride + lane * 4 + b] = static_cast<uint8_t>(w16[k] >> (8 * b));
+    for (int b = 0; b < 4; ++b)
+      tile[(warp + 8 * k) * kSmemStride + lane * 4 + b] = static_cast<uint8_t>(w16[k] >> (8 * b));
   __syncthreads();
   m = 0;
 #pragma unroll
@@ -442,17 +480,19 @@ __global__ void __launch_bounds__(kTileThreads) scaling_aware_transpose_kernel(
     if (ovec) {
       *reinterpret_cast<uint4*>(out + oc * rows + orow) = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
-      for (int j = 0; j < 16 && orow + j < rows; ++j) out[oc * rows + orow + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+      for (int j = 0; j < 16 && orow + j < rows; ++j)
+        out[oc * rows + orow + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Small kernels: amax reductions for the per-tensor and row-wise scale sources, dequantization and the
-// delayed-scaling history update.
+// Small kernels: amax reductions for the per-tensor and row-wise scale sources, dequantization and
+// the delayed-scaling history update.
 
 template <typename InT>
-__global__ void __launch_bounds__(256) amax_kernel(const InT* __restrict__ in, int64_t n, uint32_t* out) {
+__global__ void __launch_bounds__(256)
+    amax_kernel(const InT* __restrict__ in, int64_t n, uint32_t* out) {
   __shared__ uint32_t warp_amax[8];
   uint32_t m = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -463,11 +503,13 @@ __global__ void __launch_bounds__(256) amax_kernel(const InT* __restrict__ in, i
 
 // One block per row: out[r] = max_c |x[r, c]| as abs bits.
 template <typename InT>
-__global__ void __launch_bounds__(256) row_amax_kernel(const InT* __restrict__ in, int64_t cols, uint32_t* out) {
+__global__ void __launch_bounds__(256)
+    row_amax_kernel(const InT* __restrict__ in, int64_t cols, uint32_t* out) {
   __shared__ uint32_t warp_amax[8];
   const int64_t r = blockIdx.x;
   uint32_t m = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(load_as_float(in, r * cols + c)));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    m = max(m, abs_bits(load_as_float(in, r * cols + c)));
   m = warp_max(m);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
   __syncthreads();
@@ -477,11 +519,12 @@ __global__ void __launch_bounds__(256) row_amax_kernel(const InT* __restrict__ i
   }
 }
 
-// out[c] = max_r |x[r, c]|: a thread per column over a slab of rows, merged with atomicMax (the max of
-// unsigned words does not depend on the order). `out` must be zeroed first.
+// out[c] = max_r |x[r, c]|: a thread per column over a slab of rows, merged with atomicMax (the max
+// of unsigned words does not depend on the order). `out` must be zeroed first.
 template <typename InT>
-__global__ void __launch_bounds__(256) col_amax_kernel(const InT* __restrict__ in, int64_t rows, int64_t cols,
-                                                      int64_t rows_per_block, uint32_t* out) {
+__global__ void __launch_bounds__(256)
+    col_amax_kernel(const InT* __restrict__ in, int64_t rows, int64_t cols, int64_t rows_per_block,
+                    uint32_t* out) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const int64_t rbeg = static_cast<int64_t>(blockIdx.y) * rows_per_block;
@@ -495,12 +538,13 @@ __global__ void __launch_bounds__(256) col_amax_kernel(const InT* __restrict__ i
 // kVec, 16- or 32-byte stores (cols % 8 == 0); the scale is looked up per element unless the
 // granularity gives the 8 one group (1x128, row, tensor).
 template <typename OutT, bool kVec>
-__global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ sinv,
-                                                        int64_t rows, int64_t cols, Granularity g, Fp8Format f,
-                                                        OutT* __restrict__ out) {
+__global__ void __launch_bounds__(256)
+    dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ sinv, int64_t rows,
+                      int64_t cols, Granularity g, Fp8Format f, OutT* __restrict__ out) {
   const int64_t chunks_per_row = ceil_div(cols, 8);
   const int64_t chunks = rows * chunks_per_row;
-  const bool shared_scale = g == Granularity::k1x128 || g == Granularity::kRow || g == Granularity::kTensor;
+  const bool shared_scale =
+      g == Granularity::k1x128 || g == Granularity::kRow || g == Granularity::kTensor;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < chunks;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = k / chunks_per_row, c = (k % chunks_per_row) * 8;
@@ -509,7 +553,8 @@ __global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restri
     if constexpr (kVec) {
       const uint2 w = *reinterpret_cast<const uint2*>(q + base);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) code[i] = static_cast<uint8_t>((i < 4 ? w.x : w.y) >> (8 * (i % 4)));
+      for (int i = 0; i < 8; ++i)
+        code[i] = static_cast<uint8_t>((i < 4 ? w.x : w.y) >> (8 * (i % 4)));
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) code[i] = c + i < cols ? q[base + i] : 0;
@@ -518,7 +563,8 @@ __global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restri
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float s = (shared_scale || c + i >= cols) ? s0 : sinv[scale_offset(g, r, c + i, rows, cols)];
+      const float s =
+          (shared_scale || c + i >= cols) ? s0 : sinv[scale_offset(g, r, c + i, rows, cols)];
       v[i] = fp32_mul_rn(fp8_to_float(code[i], f), s);
     }
     if constexpr (kVec && sizeof(OutT) == 4) {
@@ -527,14 +573,17 @@ __global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restri
     } else if constexpr (kVec) {
       uint32_t w[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = float_to_bf16(v[2 * i]) | (static_cast<uint32_t>(float_to_bf16(v[2 * i + 1])) << 16);
+      for (int i = 0; i < 4; ++i)
+        w[i] = float_to_bf16(v[2 * i]) | (static_cast<uint32_t>(float_to_bf16(v[2 * i + 1])) << 16);
       *reinterpret_cast<uint4*>(out + base) = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         if (c + i >= cols) break;
-        if constexpr (sizeof(OutT) == 4) out[base + i] = v[i];
-        else out[base + i] = float_to_bf16(v[i]);
+        if constexpr (sizeof(OutT) == 4)
+          out[base + i] = v[i];
+        else
+          out[base + i] = float_to_bf16(v[i]);
       }
     }
   }
@@ -542,9 +591,9 @@ __global__ void __launch_bounds__(256) dequantize_kernel(const uint8_t* __restri
 
 // Single block: history[step % len] = amax; reduce; scale = rule(reduced) unless reduced is 0 or
 // non-finite, in which case the previous scale stays.
-__global__ void __launch_bounds__(256) delayed_scaling_update_kernel(float* history, int64_t len, const float* amax,
-                                                                    int64_t step, bool reduce_max, ScaleRule rule,
-                                                                    float* scale, float* scale_inv) {
+__global__ void __launch_bounds__(256)
+    delayed_scaling_update_kernel(float* history, int64_t len, const float* amax, int64_t step,
+                                  bool reduce_max, ScaleRule rule, float* scale, float* scale_inv) {
   __shared__ uint32_t warp_amax[8];
   const float a = *amax;
   uint32_t m = abs_bits(a);

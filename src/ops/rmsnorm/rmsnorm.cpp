@@ -10,7 +10,8 @@ namespace octet {
 namespace {
 
 void check_shape(const Tensor& t, const char* name, const Shape& want) {
-  OCTET_CHECK(t.shape() == want, name, ": expected shape ", shape_str(want), ", got ", shape_str(t.shape()));
+  OCTET_CHECK(t.shape() == want, name, ": expected shape ", shape_str(want), ", got ",
+              shape_str(t.shape()));
 }
 
 void check_defined(const Tensor& t, const char* name) {
@@ -18,7 +19,8 @@ void check_defined(const Tensor& t, const char* name) {
 }
 
 // The checks shared by forward and backward: x, the weight (D) and rstd (rows).
-void check_common(Context& ctx, const Tensor& x, const char* xname, const Tensor& w, const Tensor& rstd) {
+void check_common(Context& ctx, const Tensor& x, const char* xname, const Tensor& w,
+                  const Tensor& rstd) {
   check_defined(x, xname);
   check_dtype(x, xname, {DType::kBF16, DType::kF32});
   check_device(x, xname, ctx.device);

@@ -1,21 +1,23 @@
-// RMSNorm (Zhang & Sennrich 2019) as DeepSeek-V3 uses it: FP32 arithmetic, BF16 in and out in the model
-// (DESIGN.md section 1), F32 in and out for the all-FP32 gradient-check mode.
+// RMSNorm (Zhang & Sennrich 2019) as DeepSeek-V3 uses it: FP32 arithmetic, BF16 in and out in the
+// model (DESIGN.md section 1), F32 in and out for the all-FP32 gradient-check mode.
 //
 //   rstd[r]   = 1 / sqrt(mean_j x[r, j]^2 + epsilon)                      saved for backward
 //   y[r, j]   = x[r, j] * rstd[r] * w[j]                                  one rounding to y's dtype
 //
-// The transformers library's DeepseekV3RMSNorm rounds x * rstd to the input dtype before multiplying by
-// the weight; octet keeps the whole product in FP32 and rounds once (at most one BF16 ulp apart).
+// The transformers library's DeepseekV3RMSNorm rounds x * rstd to the input dtype before
+// multiplying by the weight; octet keeps the whole product in FP32 and rounds once (at most one
+// BF16 ulp apart).
 //
 // Backward, with xhat = x * rstd and g = dy * w:
 //   dx[r, j]  = rstd[r] * (g[r, j] - xhat[r, j] * mean_k(g[r, k] * xhat[r, k]))      written (=)
-//   dw[j]    += sum_r dy[r, j] * xhat[r, j]                                          accumulated (+=)
+//   dw[j]    += sum_r dy[r, j] * xhat[r, j]                                          accumulated
+//   (+=)
 //
 // All tensors live on the context's device; leading dimensions of x are flattened into rows.
 // Determinism: the CUDA backward sums dw over a fixed partition of the rows (a function of the row
-// count only, not of the GPU), each part in row order, and the parts in index order, so it is bitwise
-// reproducible run to run and across GPUs. The CPU reference sums in FP64; CPU and CUDA agree to FP32
-// rounding, not bit for bit (different summation order).
+// count only, not of the GPU), each part in row order, and the parts in index order, so it is
+// bitwise reproducible run to run and across GPUs. The CPU reference sums in FP64; CPU and CUDA
+// agree to FP32 rounding, not bit for bit (different summation order).
 #pragma once
 
 #include "core/context.h"

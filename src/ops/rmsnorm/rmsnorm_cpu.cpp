@@ -14,8 +14,10 @@ double load(const Tensor& t, int64_t i) {
 }
 
 void store(const Tensor& t, int64_t i, double v) {
-  if (t.dtype() == DType::kF32) t.data_as<float>()[i] = static_cast<float>(v);
-  else t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = static_cast<float>(v);
+  else
+    t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
 }
 
 }  // namespace
@@ -41,7 +43,8 @@ void rmsnorm_backward(Context&, const RmsNormBackwardArgs& a) {
   for (int64_t r = 0; r < rows; ++r) {
     const double rs = rstd[r];
     double dot = 0.0;  // sum_k g_k * xhat_k
-    for (int64_t j = 0; j < d; ++j) dot += load(a.dy, r * d + j) * w[j] * (load(a.x, r * d + j) * rs);
+    for (int64_t j = 0; j < d; ++j)
+      dot += load(a.dy, r * d + j) * w[j] * (load(a.x, r * d + j) * rs);
     const double mean = dot / static_cast<double>(d);
     for (int64_t j = 0; j < d; ++j) {
       const double xhat = load(a.x, r * d + j) * rs, dy = load(a.dy, r * d + j);
@@ -50,7 +53,8 @@ void rmsnorm_backward(Context&, const RmsNormBackwardArgs& a) {
     }
   }
   float* dweight = a.dweight.data_as<float>();
-  for (int64_t j = 0; j < d; ++j) dweight[j] = static_cast<float>(dweight[j] + dw[static_cast<size_t>(j)]);  // +=
+  for (int64_t j = 0; j < d; ++j)
+    dweight[j] = static_cast<float>(dweight[j] + dw[static_cast<size_t>(j)]);  // +=
 }
 
 }  // namespace octet::cpu

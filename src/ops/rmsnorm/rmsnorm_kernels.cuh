@@ -12,14 +12,18 @@ namespace octet::cuda::rmsnorm_kernels {
 
 template <typename T>
 __device__ __forceinline__ float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4) return p[i];
-  else return bf16_to_float(p[i]);
+  if constexpr (sizeof(T) == 4)
+    return p[i];
+  else
+    return bf16_to_float(p[i]);
 }
 
 template <typename T>
 __device__ __forceinline__ void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 4) p[i] = v;
-  else p[i] = float_to_bf16(v);
+  if constexpr (sizeof(T) == 4)
+    p[i] = v;
+  else
+    p[i] = float_to_bf16(v);
 }
 
 // Sum over the block, the same bits in every thread. `smem` holds kThreads / 32 floats.
@@ -38,10 +42,9 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
 }
 
 template <typename XT, typename YT, int kThreads>
-__global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const XT* __restrict__ x,
-                                                                   const float* __restrict__ w, int64_t rows,
-                                                                   int64_t d, float eps, YT* __restrict__ y,
-                                                                   float* __restrict__ rstd) {
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_forward_kernel(const XT* __restrict__ x, const float* __restrict__ w, int64_t rows,
+                           int64_t d, float eps, YT* __restrict__ y, float* __restrict__ rstd) {
   __shared__ float smem[kThreads / 32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const XT* xr = x + r * d;
@@ -51,21 +54,24 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const XT* __r
       ss = fmaf(v, v, ss);
     }
     ss = block_sum<kThreads>(ss, smem);
-    // IEEE division and square root (not rsqrtf's approximation), so rstd is within an ulp or two of
-    // the FP64 reference.
+    // IEEE division and square root (not rsqrtf's approximation), so rstd is within an ulp or two
+    // of the FP64 reference.
     const float rs = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
     if (threadIdx.x == 0) rstd[r] = rs;
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) store(y + r * d, j, load(xr, j) * rs * w[j]);
+    for (int64_t j = threadIdx.x; j < d; j += kThreads)
+      store(y + r * d, j, load(xr, j) * rs * w[j]);
   }
 }
 
-// Block b owns rows [b * rows_per_part, (b + 1) * rows_per_part): writes their dx and its dw partial,
-// partials[b, :] = sum over its rows, in row order, of dy * xhat. Dynamic shared memory: d floats.
+// Block b owns rows [b * rows_per_part, (b + 1) * rows_per_part): writes their dx and its dw
+// partial, partials[b, :] = sum over its rows, in row order, of dy * xhat. Dynamic shared memory: d
+// floats.
 template <typename XT, typename GT, int kThreads>
-__global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(
-    const GT* __restrict__ dy, const XT* __restrict__ x, const float* __restrict__ w,
-    const float* __restrict__ rstd, int64_t rows, int64_t d, int64_t rows_per_part, GT* __restrict__ dx,
-    float* __restrict__ partials) {
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_backward_kernel(const GT* __restrict__ dy, const XT* __restrict__ x,
+                            const float* __restrict__ w, const float* __restrict__ rstd,
+                            int64_t rows, int64_t d, int64_t rows_per_part, GT* __restrict__ dx,
+                            float* __restrict__ partials) {
   extern __shared__ float dw_part[];
   __shared__ float smem[kThreads / 32];
   for (int64_t j = threadIdx.x; j < d; j += kThreads) dw_part[j] = 0.0f;
@@ -76,7 +82,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(
     const GT* dyr = dy + r * d;
     const XT* xr = x + r * d;
     float dot = 0.0f;
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) dot = fmaf(load(dyr, j) * w[j], load(xr, j) * rs, dot);
+    for (int64_t j = threadIdx.x; j < d; j += kThreads)
+      dot = fmaf(load(dyr, j) * w[j], load(xr, j) * rs, dot);
     const float mean = block_sum<kThreads>(dot, smem) / static_cast<float>(d);
     for (int64_t j = threadIdx.x; j < d; j += kThreads) {
       const float xhat = load(xr, j) * rs, g = load(dyr, j);
@@ -88,9 +95,9 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_backward_kernel(
 }
 
 // dw[j] += sum_p partials[p, j], p in index order: a thread per column, coalesced across the warp.
-__global__ void __launch_bounds__(256) rmsnorm_dweight_reduce_kernel(const float* __restrict__ partials,
-                                                                     int64_t parts, int64_t d,
-                                                                     float* __restrict__ dw) {
+__global__ void __launch_bounds__(256)
+    rmsnorm_dweight_reduce_kernel(const float* __restrict__ partials, int64_t parts, int64_t d,
+                                  float* __restrict__ dw) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= d) return;
   float s = 0.0f;

@@ -1,4 +1,5 @@
-// Dispatcher for swiglu.h: validates once, allocates the quantized output, routes to cpu:: or cuda::.
+// Dispatcher for swiglu.h: validates once, allocates the quantized output, routes to cpu:: or
+// cuda::.
 #include "ops/swiglu/swiglu.h"
 
 #include <cmath>
@@ -14,7 +15,8 @@ void check_tensor(Context& ctx, const Tensor& t, const char* name, const Shape& 
   OCTET_CHECK(t.data() != nullptr || t.numel() == 0, name, ": tensor has no storage");
   check_dtype(t, name, {DType::kBF16, DType::kF32});
   check_device(t, name, ctx.device);
-  OCTET_CHECK(t.shape() == want, name, ": expected shape ", shape_str(want), ", got ", shape_str(t.shape()));
+  OCTET_CHECK(t.shape() == want, name, ": expected shape ", shape_str(want), ", got ",
+              shape_str(t.shape()));
 }
 
 // gate_up's (rows, F); gate_up must be (rows, 2F) with F >= 1.
@@ -22,9 +24,10 @@ struct Dims {
   int64_t rows, f;
 };
 Dims check_gate_up(Context& ctx, const Tensor& gu) {
-  OCTET_CHECK(gu.rank() == 2, "swiglu gate_up: expected shape (rows, 2F), got ", shape_str(gu.shape()));
-  OCTET_CHECK(gu.cols() >= 2 && gu.cols() % 2 == 0, "swiglu gate_up: the last dimension must be 2F >= 2, got ",
+  OCTET_CHECK(gu.rank() == 2, "swiglu gate_up: expected shape (rows, 2F), got ",
               shape_str(gu.shape()));
+  OCTET_CHECK(gu.cols() >= 2 && gu.cols() % 2 == 0,
+              "swiglu gate_up: the last dimension must be 2F >= 2, got ", shape_str(gu.shape()));
   check_tensor(ctx, gu, "swiglu gate_up", gu.shape());
   return {gu.rows(), gu.cols() / 2};
 }

@@ -1,14 +1,15 @@
-// SwiGLU, the gated activation of DeepSeek-V3's dense and expert MLPs (Shazeer 2020; the transformers
-// library's DeepseekV3MLP computes down_proj(act_fn(gate_proj(x)) * up_proj(x)) with act_fn = SiLU):
+// SwiGLU, the gated activation of DeepSeek-V3's dense and expert MLPs (Shazeer 2020; the
+// transformers library's DeepseekV3MLP computes down_proj(act_fn(gate_proj(x)) * up_proj(x)) with
+// act_fn = SiLU):
 //
 //   gate_up (rows, 2F): the output of one fused GEMM against [gate_proj; up_proj] stacked along the
 //   output dimension, so columns [0, F) are the gate g and columns [F, 2F) are the up projection u.
 //   h[r, j] = silu(g[r, j]) * u[r, j],   silu(g) = g * sigmoid(g)
 //
-// Arithmetic is FP32 (DESIGN.md section 1) with inputs widened exactly and one rounding to the output
-// dtype. The element math is swiglu_math.h's, the same correctly rounded operations on host and device,
-// so the CPU reference and the CUDA kernels agree bit for bit in every op of this header (a NaN result
-// is always the canonical quiet NaN 0x7FC00000, whatever made it).
+// Arithmetic is FP32 (DESIGN.md section 1) with inputs widened exactly and one rounding to the
+// output dtype. The element math is swiglu_math.h's, the same correctly rounded operations on host
+// and device, so the CPU reference and the CUDA kernels agree bit for bit in every op of this
+// header (a NaN result is always the canonical quiet NaN 0x7FC00000, whatever made it).
 //
 // Backward (saved: gate_up; nothing else):
 //   du = dh * silu(g),   dg = dh * u * s * (1 + g * (1 - s)),  s = sigmoid(g)       written (=)
@@ -37,8 +38,9 @@ struct SwigluBackwardArgs {
 
 void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);
 
-// Fused SwiGLU + 1x128 row-wise quantization (the FP8 path of DESIGN.md section 3): h is never stored
-// in BF16 or FP32. Defined as quantize() (ops/quantize/quantize.h) of the FP32 h, bit for bit:
+// Fused SwiGLU + 1x128 row-wise quantization (the FP8 path of DESIGN.md section 3): h is never
+// stored in BF16 or FP32. Defined as quantize() (ops/quantize/quantize.h) of the FP32 h, bit for
+// bit:
 //   QuantizeArgs{h_f32, format, Granularity::k1x128, rounding, epsilon, QuantizeOutput::kRowwise}
 // Returns data (rows, F) fp8, scale_inv (rows, ceil(F / 128)) f32, amax (1) f32 (max |h|; NaN if h
 // holds a NaN), rowwise only (scaling_aware_transpose makes the column-wise copy from it).

@@ -6,9 +6,9 @@
 
 namespace octet {
 
-#define OCTET_SWIGLU_BACKEND_DECLS                                                       \
-  void swiglu_forward(Context& ctx, const SwigluForwardArgs& args);                      \
-  void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);                    \
+#define OCTET_SWIGLU_BACKEND_DECLS                                    \
+  void swiglu_forward(Context& ctx, const SwigluForwardArgs& args);   \
+  void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args); \
   void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args, QuantTensor& out);
 
 namespace cpu {

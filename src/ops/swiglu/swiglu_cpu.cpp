@@ -15,8 +15,10 @@ float load(const Tensor& t, int64_t i) {
 }
 
 void store(const Tensor& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32) t.data_as<float>()[i] = v;
-  else t.data_as<uint16_t>()[i] = float_to_bf16(v);
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = v;
+  else
+    t.data_as<uint16_t>()[i] = float_to_bf16(v);
 }
 
 }  // namespace
@@ -25,7 +27,9 @@ void swiglu_forward(Context&, const SwigluForwardArgs& a) {
   const int64_t rows = a.h.rows(), f = a.h.cols();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < f; ++j)
-      store(a.h, r * f + j, swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j)));
+      store(
+          a.h, r * f + j,
+          swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j)));
 }
 
 void swiglu_backward(Context&, const SwigluBackwardArgs& a) {
@@ -33,7 +37,8 @@ void swiglu_backward(Context&, const SwigluBackwardArgs& a) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < f; ++j) {
       const int64_t gi = r * 2 * f + j, ui = gi + f;
-      const auto d = swiglu_math::swiglu_grad(load(a.gate_up, gi), load(a.gate_up, ui), load(a.dh, r * f + j));
+      const auto d =
+          swiglu_math::swiglu_grad(load(a.gate_up, gi), load(a.gate_up, ui), load(a.dh, r * f + j));
       store(a.d_gate_up, gi, d.dg);
       store(a.d_gate_up, ui, d.du);
     }
@@ -49,7 +54,8 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
   uint32_t amax_all = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < f; ++j)
-      h[j] = swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j));
+      h[j] =
+          swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j));
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t c0 = g * kGroup, c1 = std::min(f, c0 + kGroup);
       uint32_t amax = 0;

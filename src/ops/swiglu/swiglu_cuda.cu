@@ -1,5 +1,6 @@
-// CUDA launchers of the swiglu family (device code in swiglu_kernels.cuh). Arguments were validated by
-// swiglu.cpp; everything is enqueued on the context's stream, nothing synchronises with the host.
+// CUDA launchers of the swiglu family (device code in swiglu_kernels.cuh). Arguments were validated
+// by swiglu.cpp; everything is enqueued on the context's stream, nothing synchronises with the
+// host.
 #include <algorithm>
 #include <cstdint>
 
@@ -13,11 +14,13 @@ namespace {
 namespace k = swiglu_kernels;
 
 constexpr int kThreads = 256;
-constexpr int kPerThread = 4;            // columns per thread per row: 1024 per block
-constexpr int64_t kMaxGridY = 65535;     // CUDA's limit on gridDim.y; more rows loop inside the kernel
+constexpr int kPerThread = 4;         // columns per thread per row: 1024 per block
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y; more rows loop inside the kernel
 constexpr int kQuantThreads = 256;
 
-cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+cudaStream_t stream_of(const Context& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
 
 dim3 elementwise_grid(int64_t rows, int64_t f) {
   return dim3(static_cast<unsigned>(ceil_div(f, int64_t{kThreads} * kPerThread)),
@@ -27,16 +30,19 @@ dim3 elementwise_grid(int64_t rows, int64_t f) {
 template <typename InT, typename OutT>
 void forward_typed(Context& ctx, const SwigluForwardArgs& a) {
   const int64_t rows = a.h.rows(), f = a.h.cols();
-  k::swiglu_forward_kernel<InT, OutT, kThreads, kPerThread><<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(
-      a.gate_up.data_as<const InT>(), rows, f, a.h.data_as<OutT>());
+  k::swiglu_forward_kernel<InT, OutT, kThreads, kPerThread>
+      <<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(a.gate_up.data_as<const InT>(),
+                                                                   rows, f, a.h.data_as<OutT>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
 template <typename InT, typename GradT>
 void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
-  k::swiglu_backward_kernel<InT, GradT, kThreads, kPerThread><<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(
-      a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(), rows, f, a.d_gate_up.data_as<GradT>());
+  k::swiglu_backward_kernel<InT, GradT, kThreads, kPerThread>
+      <<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(
+          a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(), rows, f,
+          a.d_gate_up.data_as<GradT>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -47,16 +53,19 @@ void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out)
   auto* amax_bits = out.amax.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
   auto kernel = k::swiglu_quantize_1x128_kernel<InT, kQuantThreads>;
-  // A persistent grid: as many blocks as the SMs hold at once, never more than there are groups for.
+  // A persistent grid: as many blocks as the SMs hold at once, never more than there are groups
+  // for.
   int per_sm = 0, sms = 0;
-  OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, 0));
+  OCTET_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, 0));
   OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
   const int64_t groups = rows * ceil_div(f, kGroup);
-  const int64_t blocks = std::clamp<int64_t>(ceil_div(groups, kQuantThreads / 32), 1, int64_t{sms} * std::max(per_sm, 1));
+  const int64_t blocks = std::clamp<int64_t>(ceil_div(groups, kQuantThreads / 32), 1,
+                                             int64_t{sms} * std::max(per_sm, 1));
   const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
-  kernel<<<static_cast<unsigned>(blocks), kQuantThreads, 0, st>>>(a.gate_up.data_as<const InT>(), rows, f, rule,
-                                                                  out.data.data_as<uint8_t>(),
-                                                                  out.scale_inv.data_as<float>(), amax_bits);
+  kernel<<<static_cast<unsigned>(blocks), kQuantThreads, 0, st>>>(
+      a.gate_up.data_as<const InT>(), rows, f, rule, out.data.data_as<uint8_t>(),
+      out.scale_inv.data_as<float>(), amax_bits);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -64,23 +73,33 @@ void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out)
 
 void swiglu_forward(Context& ctx, const SwigluForwardArgs& a) {
   const bool in_f = a.gate_up.dtype() == DType::kF32, out_f = a.h.dtype() == DType::kF32;
-  if (in_f && out_f) forward_typed<float, float>(ctx, a);
-  else if (in_f) forward_typed<float, uint16_t>(ctx, a);
-  else if (out_f) forward_typed<uint16_t, float>(ctx, a);
-  else forward_typed<uint16_t, uint16_t>(ctx, a);
+  if (in_f && out_f)
+    forward_typed<float, float>(ctx, a);
+  else if (in_f)
+    forward_typed<float, uint16_t>(ctx, a);
+  else if (out_f)
+    forward_typed<uint16_t, float>(ctx, a);
+  else
+    forward_typed<uint16_t, uint16_t>(ctx, a);
 }
 
 void swiglu_backward(Context& ctx, const SwigluBackwardArgs& a) {
   const bool in_f = a.gate_up.dtype() == DType::kF32, grad_f = a.dh.dtype() == DType::kF32;
-  if (in_f && grad_f) backward_typed<float, float>(ctx, a);
-  else if (in_f) backward_typed<float, uint16_t>(ctx, a);
-  else if (grad_f) backward_typed<uint16_t, float>(ctx, a);
-  else backward_typed<uint16_t, uint16_t>(ctx, a);
+  if (in_f && grad_f)
+    backward_typed<float, float>(ctx, a);
+  else if (in_f)
+    backward_typed<float, uint16_t>(ctx, a);
+  else if (grad_f)
+    backward_typed<uint16_t, float>(ctx, a);
+  else
+    backward_typed<uint16_t, uint16_t>(ctx, a);
 }
 
 void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
-  if (a.gate_up.dtype() == DType::kF32) quantize_typed<float>(ctx, a, out);
-  else quantize_typed<uint16_t>(ctx, a, out);
+  if (a.gate_up.dtype() == DType::kF32)
+    quantize_typed<float>(ctx, a, out);
+  else
+    quantize_typed<uint16_t>(ctx, a, out);
 }
 
 }  // namespace octet::cuda

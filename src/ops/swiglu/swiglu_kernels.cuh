@@ -1,6 +1,7 @@
-// Device code of the swiglu family. The element math is swiglu_math.h's (bitwise the CPU's); the fused
-// quantizer applies numerics/scale.h per 1x128 group exactly as ops/quantize does, with the hardware
-// FP8 conversion (cvt.rn.satfinite, proven equal to numerics/fp8.h's rounding by tests/numerics).
+// Device code of the swiglu family. The element math is swiglu_math.h's (bitwise the CPU's); the
+// fused quantizer applies numerics/scale.h per 1x128 group exactly as ops/quantize does, with the
+// hardware FP8 conversion (cvt.rn.satfinite, proven equal to numerics/fp8.h's rounding by
+// tests/numerics).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -13,43 +14,50 @@ namespace octet::cuda::swiglu_kernels {
 
 template <typename T>
 __device__ __forceinline__ float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4) return p[i];
-  else return bf16_to_float(p[i]);
+  if constexpr (sizeof(T) == 4)
+    return p[i];
+  else
+    return bf16_to_float(p[i]);
 }
 
 template <typename T>
 __device__ __forceinline__ void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 4) p[i] = v;
-  else p[i] = float_to_bf16(v);
+  if constexpr (sizeof(T) == 4)
+    p[i] = v;
+  else
+    p[i] = float_to_bf16(v);
 }
 
-// Element-wise kernels: blockIdx.x covers kThreads * kPerThread columns of F, blockIdx.y strides over
-// rows, so no element index is ever divided.
+// Element-wise kernels: blockIdx.x covers kThreads * kPerThread columns of F, blockIdx.y strides
+// over rows, so no element index is ever divided.
 template <typename InT, typename OutT, int kThreads, int kPerThread>
-__global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const InT* __restrict__ gate_up, int64_t rows,
-                                                                  int64_t f, OutT* __restrict__ h) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+                          OutT* __restrict__ h) {
   static_assert(kThreads % 32 == 0 && kPerThread >= 1, "whole warps");
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const InT* g = gate_up + r * 2 * f;
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
-      const int64_t j = (static_cast<int64_t>(blockIdx.x) * kPerThread + k) * kThreads + threadIdx.x;
+      const int64_t j =
+          (static_cast<int64_t>(blockIdx.x) * kPerThread + k) * kThreads + threadIdx.x;
       if (j < f) store(h + r * f, j, swiglu_math::swiglu(load(g, j), load(g, f + j)));
     }
   }
 }
 
 template <typename InT, typename GradT, int kThreads, int kPerThread>
-__global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const GradT* __restrict__ dh,
-                                                                   const InT* __restrict__ gate_up, int64_t rows,
-                                                                   int64_t f, GradT* __restrict__ d_gate_up) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const GradT* __restrict__ dh, const InT* __restrict__ gate_up,
+                           int64_t rows, int64_t f, GradT* __restrict__ d_gate_up) {
   static_assert(kThreads % 32 == 0 && kPerThread >= 1, "whole warps");
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const InT* g = gate_up + r * 2 * f;
     GradT* dg = d_gate_up + r * 2 * f;
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
-      const int64_t j = (static_cast<int64_t>(blockIdx.x) * kPerThread + k) * kThreads + threadIdx.x;
+      const int64_t j =
+          (static_cast<int64_t>(blockIdx.x) * kPerThread + k) * kThreads + threadIdx.x;
       if (j >= f) continue;
       const auto d = swiglu_math::swiglu_grad(load(g, j), load(g, f + j), load(dh + r * f, j));
       store(dg, j, d.dg);
@@ -67,11 +75,10 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 // groups. The global amax is a max of |h| bit patterns (numerics/scale.h abs_bits): atomicMax of
 // unsigned words gives the same result in any order.
 template <typename InT, int kThreads>
-__global__ void __launch_bounds__(kThreads) swiglu_quantize_1x128_kernel(const InT* __restrict__ gate_up, int64_t rows,
-                                                                         int64_t f, ScaleRule rule,
-                                                                         uint8_t* __restrict__ data,
-                                                                         float* __restrict__ scale_inv,
-                                                                         uint32_t* __restrict__ amax_out) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_quantize_1x128_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+                                 ScaleRule rule, uint8_t* __restrict__ data,
+                                 float* __restrict__ scale_inv, uint32_t* __restrict__ amax_out) {
   static_assert(kGroup == 32 * 4, "a warp of 4-element lanes covers one 128-element group");
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
   constexpr int kWarps = kThreads / 32;
@@ -96,10 +103,10 @@ __global__ void __launch_bounds__(kThreads) swiglu_quantize_1x128_kernel(const I
     running = max(running, a);
     const float scale = compute_scale(bits_float(a), rule);
     if (lane == 0) scale_inv[grp] = scale_inverse(scale);
-    const uint16_t lo = __nv_cvt_float2_to_fp8x2(make_float2(fp32_mul_rn(h[0], scale), fp32_mul_rn(h[1], scale)),
-                                                 __NV_SATFINITE, kind);
-    const uint16_t hi = __nv_cvt_float2_to_fp8x2(make_float2(fp32_mul_rn(h[2], scale), fp32_mul_rn(h[3], scale)),
-                                                 __NV_SATFINITE, kind);
+    const uint16_t lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(fp32_mul_rn(h[0], scale), fp32_mul_rn(h[1], scale)), __NV_SATFINITE, kind);
+    const uint16_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(fp32_mul_rn(h[2], scale), fp32_mul_rn(h[3], scale)), __NV_SATFINITE, kind);
     const uint32_t word = lo | (static_cast<uint32_t>(hi) << 16);
     uint8_t* out = data + r * f + c;
     if (vec && c < f) {

@@ -1,8 +1,8 @@
-// SwiGLU's element math, shared by the CPU reference and the CUDA kernels so that both give the same
-// bits. Every step is one correctly rounded FP32 operation (add, mul, div, fma, rint), which IEEE 754
-// defines exactly on host and device; library expf is not used because host and device versions
-// differ in the last bit. (Host code must not be compiled with FMA contraction of a * b + c, which the
-// baseline x86-64 target cannot emit; numerics/scale.h makes the same assumption.)
+// SwiGLU's element math, shared by the CPU reference and the CUDA kernels so that both give the
+// same bits. Every step is one correctly rounded FP32 operation (add, mul, div, fma, rint), which
+// IEEE 754 defines exactly on host and device; library expf is not used because host and device
+// versions differ in the last bit. (Host code must not be compiled with FMA contraction of a * b +
+// c, which the baseline x86-64 target cannot emit; numerics/scale.h makes the same assumption.)
 #pragma once
 
 #include <cmath>
@@ -39,14 +39,14 @@ OCTET_HD float rint_fp32(float x) {
 
 // exp(x) in FP32, within 2 ulp (tests/ops/swiglu_test.cpp measures it against FP64 exp). Range
 // reduction x = n ln2 + r with ln2 split in two (Cody & Waite; fdlibm's split: the high part has 8
-// trailing zero bits, so n * ln2_hi is exact for |n| <= 2^8), exp(r) by its Taylor series to degree 7
-// (truncation below 2^-27 for |r| <= ln2 / 2), then 2^n applied in two exact halves so that a
+// trailing zero bits, so n * ln2_hi is exact for |n| <= 2^8), exp(r) by its Taylor series to degree
+// 7 (truncation below 2^-27 for |r| <= ln2 / 2), then 2^n applied in two exact halves so that a
 // subnormal result is rounded once.
 OCTET_HD float exp_fp32(float x) {
   constexpr float kLog2e = 1.44269502f, kLn2Hi = 6.93145751953125e-1f, kLn2Lo = 1.4286067653e-6f;
   if (x != x) return x;
   if (x > 88.7228394f) return bits_float(0x7F800000u);  // beyond FLT_MAX
-  if (x < -103.972084f) return 0.0f;                     // below half the smallest subnormal
+  if (x < -103.972084f) return 0.0f;                    // below half the smallest subnormal
   const float n = rint_fp32(fp32_mul_rn(x, kLog2e));
   float r = fma_rn(-n, kLn2Hi, x);
   r = fma_rn(-n, kLn2Lo, r);
@@ -67,13 +67,19 @@ OCTET_HD float exp_fp32(float x) {
 // NaN results leave as the canonical quiet NaN: the payload and sign of a NaN made by an invalid
 // operation (0 * inf) differ between x86 (0xFFC00000) and the GPU (0x7FFFFFFF), and BF16 and FP8
 // conversions keep the sign.
-OCTET_HD float canonical_nan(float x) { return x != x ? bits_float(0x7FC00000u) : x; }
+OCTET_HD float canonical_nan(float x) {
+  return x != x ? bits_float(0x7FC00000u) : x;
+}
 
 // sigmoid(g) = 1 / (1 + exp(-g)); exact 0 and 1 in the tails, NaN for NaN.
-OCTET_HD float sigmoid(float g) { return fp32_div_rn(1.0f, add_rn(1.0f, exp_fp32(-g))); }
+OCTET_HD float sigmoid(float g) {
+  return fp32_div_rn(1.0f, add_rn(1.0f, exp_fp32(-g)));
+}
 
 // h = silu(g) * u = (g * sigmoid(g)) * u.
-OCTET_HD float swiglu(float g, float u) { return canonical_nan(fp32_mul_rn(fp32_mul_rn(g, sigmoid(g)), u)); }
+OCTET_HD float swiglu(float g, float u) {
+  return canonical_nan(fp32_mul_rn(fp32_mul_rn(g, sigmoid(g)), u));
+}
 
 // Gradients of h = silu(g) * u given dh:
 //   du = dh * silu(g)
