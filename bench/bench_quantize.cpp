@@ -62,10 +62,13 @@ int run(const std::vector<std::string>& argv) {
   for (auto [rows, cols] : shapes) {
     const Tensor x = random_bf16(ctx, rows, cols);
     const double n = static_cast<double>(rows) * static_cast<double>(cols);
-    const double s1x128 = static_cast<double>(rows) * static_cast<double>((cols + 127) / 128) * 4;
-    const double s128x1 = static_cast<double>((rows + 127) / 128) * static_cast<double>(cols) * 4;
-    const double s128 =
-        static_cast<double>((rows + 127) / 128) * static_cast<double>((cols + 127) / 128) * 4;
+    // Bytes of FP32 scales per layout (scale.h).
+    auto scale_bytes = [](Granularity g, int64_t r, int64_t c) {
+      return 4.0 * static_cast<double>(shape_numel(scale_shape(g, r, c)));
+    };
+    const double s1x128 = scale_bytes(Granularity::k1x128, rows, cols);
+    const double s128x1 = scale_bytes(Granularity::k128x1, rows, cols);
+    const double s128 = scale_bytes(Granularity::k128x128, rows, cols);
     auto quant = [&](Granularity g, QuantizeOutput o, ScaleRounding r) {
       return [&ctx, &x, g, o, r] { quantize(ctx, {x, Fp8Format::kE4M3, g, r, 0.0f, o, {}}); };
     };

@@ -51,7 +51,7 @@ std::string Args::get_or(const std::string& flag, const std::string& fallback) c
 
 std::string Args::choice(const std::string& flag, const std::vector<std::string>& choices,
                          const std::string& fallback) const {
-  const std::string v = get_or(flag, fallback);
+  std::string v = get_or(flag, fallback);
   std::string list;
   for (const auto& c : choices) {
     if (c == v) return v;
