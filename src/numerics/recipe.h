@@ -1,0 +1,116 @@
+// Precision recipes: the per-site precision map of DESIGN.md section 1, as data.
+//
+// A site is a place where the model runs a GEMM or stores a tensor for backward. A recipe assigns
+// every site its precision; the model reads the recipe, it never branches on a recipe's name.
+// Presets:
+//
+//   bf16                every GEMM in BF16: the baseline
+//   fp8-tensor-delayed  per-tensor scales from an amax history; E4M3 forward, E5M2 gradients
+//   ("HYBRID",
+//                       TransformerEngine's DelayedScaling)
+//   fp8-tensor-current  per-tensor scales from this step's amax; E4M3 forward, E5M2 gradients
+//   deepseek            DeepSeek-V3's fine-grained recipe: E4M3 everywhere, activations and
+//   gradients in
+//                       1x128 tiles, weights in 128x128 blocks, FP32-promoted accumulation; the
+//                       o_proj input cached in E5M6; FP8 MoE dispatch; power-of-2 scales where the
+//                       report requires them (reference/fp8-facts.md section 4)
+//   fp8-flow            deepseek plus FP8-Flow-MoE's casting-free MoE dataflow (section 5)
+//
+// In every preset the embedding, the output head, the router and the MTP projection stay BF16,
+// norms, softmax and accumulation FP32, master weights and gradients FP32, AdamW moments BF16. Any
+// site can be overridden with `key=value` (see apply_recipe_override).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "numerics/scale.h"
+
+namespace octet {
+
+// The Linear layers of a DeepSeek-V3-style model.
+enum class GemmSite : uint8_t {
+  kAttnQDown,     // q_a_proj (or q_proj without q_lora)
+  kAttnQUp,       // q_b_proj
+  kAttnKvDown,    // kv_a_proj_with_mqa
+  kAttnKvUp,      // kv_b_proj
+  kAttnOut,       // o_proj
+  kDenseGateUp,   // gate_proj + up_proj of the first dense layers
+  kDenseDown,     // down_proj of the first dense layers
+  kExpertGateUp,  // routed experts' gate_proj + up_proj (grouped)
+  kExpertDown,    // routed experts' down_proj (grouped)
+  kSharedGateUp,  // shared experts
+  kSharedDown,
+  kRouter,   // mlp.gate: BF16 input, FP32 scores
+  kMtpProj,  // MTP eh_proj
+  kHead,     // lm_head / shared_head.head
+  kCount,
+};
+inline constexpr int kGemmSiteCount = static_cast<int>(GemmSite::kCount);
+
+enum class GemmPrecision : uint8_t {
+  kBf16,       // BF16 operands, FP32 accumulation
+  kFp8Tensor,  // one scale per tensor
+  kFp8Block,   // 1x128 activations and gradients, 128x128 weights, FP32 promotion every 128 of K
+};
+
+enum class ScalingMode : uint8_t { kCurrent, kDelayed };  // per-tensor FP8 only
+enum class AmaxReduction : uint8_t { kMax, kMostRecent };
+
+// How a tensor kept for the backward pass is stored.
+enum class Storage : uint8_t {
+  kBf16,
+  kFp8,   // as the FP8 GEMM that consumes it quantized it
+  kE5M6,  // DeepSeek-V3's emulated 5-exponent, 6-mantissa storage with power-of-2 scales
+};
+
+struct GemmRecipe {
+  GemmPrecision precision = GemmPrecision::kBf16;
+  ScalingMode scaling = ScalingMode::kCurrent;   // kFp8Tensor only
+  Fp8Format forward_format = Fp8Format::kE4M3;   // activations and weights
+  Fp8Format backward_format = Fp8Format::kE4M3;  // gradients (E5M2 in the HYBRID recipes)
+  ScaleRounding activation_rounding = ScaleRounding::kExact;  // kPow2 where DeepSeek requires it
+  ScaleRounding gradient_rounding = ScaleRounding::kExact;
+
+  bool is_fp8() const { return precision != GemmPrecision::kBf16; }
+};
+
+struct Recipe {
+  std::string name;
+  std::array<GemmRecipe, kGemmSiteCount> gemm{};
+  Storage attn_out_input = Storage::kBf16;  // input of o_proj, cached for its Wgrad
+  Storage moe_dispatch = Storage::kBf16;  // MoE permute payload (and what the experts' Wgrad keeps)
+  bool fp8_flow = false;                  // casting-free MoE dataflow between dispatch and combine
+  // Delayed scaling (TransformerEngine's defaults).
+  int64_t amax_history_len = 1024;
+  AmaxReduction amax_reduction = AmaxReduction::kMax;
+  int margin = 0;
+
+  const GemmRecipe& at(GemmSite s) const { return gemm[static_cast<size_t>(s)]; }
+  GemmRecipe& at(GemmSite s) { return gemm[static_cast<size_t>(s)]; }
+  void validate() const;
+};
+
+const char* gemm_site_name(GemmSite s);  // "attn.q_down", ... (the override keys)
+const char* gemm_precision_name(GemmPrecision p);
+const char* storage_name(Storage s);
+std::vector<std::string> recipe_names();
+
+// A preset by name; throws listing the known names.
+Recipe recipe_preset(std::string_view name);
+
+// One override, `key=value`:
+//   gemm.<site>=bf16|fp8-tensor|fp8-block   e.g. gemm.attn.out=bf16, or gemm.*=bf16 for every site
+//   attn_out_input=bf16|fp8|e5m6   moe_dispatch=bf16|fp8   fp8_flow=true|false
+//   amax_history_len=N   amax_reduction=max|most_recent   margin=N
+// A site switched to FP8 takes the recipe's FP8 settings (block for deepseek / fp8-flow, per-tensor
+// otherwise). Throws naming the key or the value on anything else; the result is validated.
+void apply_recipe_override(Recipe& r, std::string_view assignment);
+
+// The per-site table `octet describe` prints.
+std::string recipe_table(const Recipe& r);
+
+}  // namespace octet
