@@ -52,5 +52,7 @@ Command dequantize_command();
 Command quant_report_command();
 Command bench_command();
 Command gemm_command();
+Command init_command();
+Command describe_command();
 
 }  // namespace octet::cli

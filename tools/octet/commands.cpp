@@ -3,9 +3,10 @@
 namespace octet::cli {
 
 const std::vector<Command>& commands() {
+  // In the order `octet --help` lists them.
   static const std::vector<Command> table = {
-      info_command(),         quantize_command(), dequantize_command(),
-      quant_report_command(), bench_command(),    gemm_command(),
+      info_command(),       describe_command(),     init_command(), quantize_command(),
+      dequantize_command(), quant_report_command(), gemm_command(), bench_command(),
   };
   return table;
 }

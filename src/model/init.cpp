@@ -1,0 +1,132 @@
+#include "model/init.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "core/rng.h"
+#include "io/checkpoint.h"
+#include "numerics/fp8.h"
+
+namespace octet {
+namespace {
+
+using io::TensorKind;
+using io::TensorSpec;
+
+const char* const kEmbedName = "model.embed_tokens.weight";
+const char* const kHeadName = "lm_head.weight";
+
+// The parameter whose values `s` holds: itself, or for an MTP module's copy of the shared
+// embedding or head, the main model's tensor.
+std::string source_name(const TensorSpec& s, const ModelConfig& c) {
+  if (s.mtp_depth < 0) return s.name;
+  if (s.kind == TensorKind::kEmbedding) return kEmbedName;
+  if (s.kind == TensorKind::kHead) return c.tie_word_embeddings ? kEmbedName : kHeadName;
+  return s.name;
+}
+
+// nn.Embedding's padding_idx, as transformers' DeepseekV3Model passes config.pad_token_id (a
+// negative index counts from the end, as PyTorch allows).
+std::optional<int64_t> padding_row(const ModelConfig& c) {
+  const auto it = c.extra.find("pad_token_id");
+  if (it == c.extra.end() || it->is_null()) return std::nullopt;
+  OCTET_CHECK(it->is_number_integer(), "config: pad_token_id must be an integer or null, got ",
+              it->dump());
+  const int64_t id = it->get<int64_t>();
+  const int64_t V = c.vocab_size;
+  OCTET_CHECK(id >= -V && id < V, "config: pad_token_id must be in [", -V, ", ", V,
+              ") for vocab_size ", V, ", got ", id);
+  return id < 0 ? id + V : id;
+}
+
+// Element k of the tensor is std * z_k with z_k index k of the tensor's stream.
+void fill_normal(Tensor& t, const Rng& rng, double std) {
+  float* out = t.data_as<float>();
+  const int64_t n = t.numel();
+  double z[4];
+  for (int64_t base = 0; base < n; base += 4) {
+    rng.normal4(static_cast<uint64_t>(base) / 4, z);
+    const int64_t m = std::min<int64_t>(4, n - base);
+    for (int64_t j = 0; j < m; ++j) out[base + j] = static_cast<float>(std * z[j]);
+  }
+}
+
+Tensor filled(const Shape& shape, float value) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  std::fill_n(t.data_as<float>(), t.numel(), value);
+  return t;
+}
+
+Tensor init_one(const TensorSpec& s, const ModelConfig& c, uint64_t seed) {
+  switch (s.kind) {
+    case TensorKind::kNorm:
+      return filled(s.shape, 1.0f);
+    case TensorKind::kRouterBias:
+      return filled(s.shape, 0.0f);
+    case TensorKind::kLinear:
+    case TensorKind::kEmbedding:
+    case TensorKind::kHead:
+    case TensorKind::kRouterGate:
+    case TensorKind::kMtpProjection:
+      break;
+  }
+  Tensor t = Tensor::empty(s.shape, DType::kF32);
+  fill_normal(t, Rng(seed, init_stream(s.name)), c.initializer_range);
+  if (s.kind == TensorKind::kEmbedding) {
+    if (const auto row = padding_row(c)) {
+      const int64_t D = t.cols();
+      std::fill_n(t.data_as<float>() + *row * D, D, 0.0f);
+    }
+  }
+  return t;
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype());
+  if (t.nbytes() > 0) std::memcpy(out.data(), t.data(), t.nbytes());
+  return out;
+}
+
+Tensor to_bf16(const Tensor& f32) {
+  Tensor out = Tensor::empty(f32.shape(), DType::kBF16);
+  const float* in = f32.data_as<float>();
+  uint16_t* o = out.data_as<uint16_t>();
+  for (int64_t i = 0; i < f32.numel(); ++i) o[i] = float_to_bf16(in[i]);
+  return out;
+}
+
+}  // namespace
+
+uint64_t init_stream(const std::string& name) {
+  return stream_id(name);
+}
+
+io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed, DType dtype) {
+  OCTET_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+              "init_parameters: dtype must be F32 or BF16, got ", dtype_name(dtype));
+  const std::vector<TensorSpec> specs = io::expected_tensors(config);  // validates the config
+  // The main model's embedding and head, for the MTP modules' copies; they come first in specs.
+  std::map<std::string, Tensor> shared;
+  io::NamedTensors out;
+  out.reserve(specs.size());
+  for (const TensorSpec& s : specs) {
+    const std::string source = source_name(s, config);
+    Tensor t;
+    if (source != s.name) {
+      const auto it = shared.find(source);
+      OCTET_CHECK(it != shared.end(), "init_parameters: '", s.name, "' copies '", source,
+                  "', which expected_tensors did not list before it");
+      t = copy_of(it->second);
+    } else {
+      t = init_one(s, config, seed);
+      if (s.name == kEmbedName || s.name == kHeadName) shared.emplace(s.name, t);
+    }
+    if (dtype == DType::kBF16 && s.kind != TensorKind::kRouterBias) t = to_bf16(t);
+    out.emplace_back(s.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace octet

@@ -1,0 +1,38 @@
+// Fresh parameters for a model, as the transformers library's DeepseekV3PreTrainedModel
+// ._init_weights makes them:
+//   Linear weights (attention, MLPs, experts, eh_proj), the router gate weight, the token
+//   embedding and the output head    ~ N(0, initializer_range^2)
+//   RMSNorm weights                  = 1
+//   e_score_correction_bias          = 0, F32 whatever `dtype` (a buffer created as zeros, and
+//                                      zeroed explicitly by recent versions)
+//   the embedding row pad_token_id   = 0 when config.json sets pad_token_id (nn.Embedding's
+//                                      padding_idx; DeepSeek-V3's release sets none)
+// The MTP modules' embed_tokens and shared_head.head are copies of the main model's embedding and
+// output head (lm_head, or the embedding when tie_word_embeddings): DeepSeek-V3 shares them and
+// stores a copy per MTP layer (see io/checkpoint.h).
+//
+// Determinism: tensor `name` draws from the Philox stream (seed, stream_id(name)) (core/rng.h),
+// element k (row-major) from index k of that stream, as std * z in FP64 rounded once to FP32. A
+// tensor's values therefore depend on the seed, its name and its shape only: adding layers, MTP
+// depth or experts leaves every other tensor bit-for-bit the same, and a device implementation
+// can fill any element independently. Nothing is parallelised here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace octet {
+
+// Every tensor of io::expected_tensors(config), in that order, as host tensors of `dtype` (kF32 or
+// kBF16: FP32 values rounded to nearest even), except e_score_correction_bias in F32 always.
+io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed,
+                                 DType dtype = DType::kF32);
+
+// The stream id tensor `name` draws from (FNV-1a of the name).
+uint64_t init_stream(const std::string& name);
+
+}  // namespace octet

@@ -1,0 +1,253 @@
+// `octet init` end to end: the checkpoint it writes reads back equal to init_parameters bit for bit
+// (F32, BF16, sharded), the FP8 form reads in both ways, the summary line, and one-line errors that
+// leave OUT_DIR as it was.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "io/checkpoint.h"
+#include "model/init.h"
+#include "test_util.h"
+
+namespace octet {
+namespace {
+
+namespace fs = std::filesystem;
+using test::bitwise_equal;
+
+struct RunResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// hidden 64, 3 layers (the first dense), 8 experts, one MTP layer: Linear shapes with partial
+// 128-blocks for the FP8 form.
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 160;
+  c.hidden_size = 64;
+  c.intermediate_size = 200;
+  c.moe_intermediate_size = 32;
+  c.num_hidden_layers = 3;
+  c.first_k_dense_replace = 1;
+  c.num_attention_heads = 4;
+  c.max_position_embeddings = 128;
+  c.q_lora_rank = 48;
+  c.kv_lora_rank = 32;
+  c.qk_nope_head_dim = 32;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 32;
+  c.n_routed_experts = 8;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 2;
+  c.n_group = 2;
+  c.topk_group = 1;
+  c.num_nextn_predict_layers = 1;
+  return c;
+}
+
+class InitCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("octet_init_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    write_model_config(path("config.json"), tiny_config());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  RunResult run(const std::string& args) const {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = std::string("'") + OCTET_CLI_PATH + "' init " + args + " >'" +
+                            out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    fs::remove(out);
+    fs::remove(err);
+    return r;
+  }
+
+  // Exit code 1, one line "octet init: error: ...<fragment>...", nothing staged left behind.
+  void expect_failure(const std::string& args, const std::string& fragment) const {
+    SCOPED_TRACE(args);
+    const RunResult r = run(args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("octet init: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos)
+        << "missing '" << fragment << "' in " << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    for (const auto& e : fs::directory_iterator(dir_))
+      EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  }
+
+  fs::path dir_;
+};
+
+void expect_equal_params(const io::NamedTensors& expected, const io::NamedTensors& actual) {
+  ASSERT_EQ(expected.size(), actual.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(expected[i].first);
+    EXPECT_EQ(actual[i].first, expected[i].first);
+    EXPECT_TRUE(bitwise_equal(expected[i].second, actual[i].second));
+  }
+}
+
+TEST_F(InitCli, F32CheckpointEqualsInitParameters) {
+  const RunResult r = run(path("config.json") + " " + path("ckpt") + " --seed 1234");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::NamedTensors expected = init_parameters(tiny_config(), 1234);
+  int64_t numel = 0;
+  for (const auto& [name, t] : expected) numel += t.numel();
+  EXPECT_EQ(
+      r.out.rfind("initialised " + std::to_string(numel) + " parameters in " +
+                      std::to_string(expected.size()) + " tensors (seed 1234, f32): 2 files, ",
+                  0),
+      0u)
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_TRUE(fs::is_regular_file(path("ckpt/model.safetensors")));
+
+  const io::LoadedCheckpoint ck = io::read_checkpoint(path("ckpt"));
+  EXPECT_FALSE(ck.stored_fp8);
+  EXPECT_TRUE(ck.warnings.empty());
+  EXPECT_EQ(ck.config.hidden_size, 64);
+  EXPECT_EQ(ck.config.num_nextn_predict_layers, 1);
+  expect_equal_params(expected, ck.tensors);
+
+  // The default seed is 0, and --seed=S is the same flag.
+  ASSERT_EQ(run(path("config.json") + " " + path("zero")).code, 0);
+  expect_equal_params(init_parameters(tiny_config(), 0), io::read_checkpoint(path("zero")).tensors);
+  ASSERT_EQ(run(path("config.json") + " " + path("big") + " --seed=18446744073709551615").code, 0);
+  expect_equal_params(init_parameters(tiny_config(), ~uint64_t{0}),
+                      io::read_checkpoint(path("big")).tensors);
+}
+
+TEST_F(InitCli, Bf16AndShardedCheckpoints) {
+  const RunResult r =
+      run(path("config.json") + " " + path("ckpt") + " --seed 5 --format bf16 --shard-bytes 20000");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(seed 5, bf16)"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_regular_file(path("ckpt/model.safetensors.index.json")));
+  EXPECT_FALSE(fs::exists(path("ckpt/model.safetensors")));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(path("ckpt")))
+    shards += e.path().filename().string().rfind("model-", 0) == 0;
+  EXPECT_GT(shards, 3);
+  EXPECT_NE(r.out.find(std::to_string(shards + 2) + " files"), std::string::npos) << r.out;
+  expect_equal_params(init_parameters(tiny_config(), 5, DType::kBF16),
+                      io::read_checkpoint(path("ckpt")).tensors);
+}
+
+TEST_F(InitCli, Fp8CheckpointReads) {
+  const RunResult r = run(path("config.json") + " " + path("ckpt") + " --format fp8 --seed 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const ModelConfig c = tiny_config();
+  const std::vector<io::TensorSpec> specs = io::expected_tensors(c);
+  const io::NamedTensors f32 = init_parameters(c, 8);
+
+  io::CheckpointReadOptions keep;
+  keep.fp8_weights = io::Fp8Weights::kKeep;
+  const io::LoadedCheckpoint q = io::read_checkpoint(path("ckpt"), keep);
+  EXPECT_TRUE(q.stored_fp8);
+  size_t linear = 0;
+  for (const io::TensorSpec& s : specs) {
+    if (s.kind != io::TensorKind::kLinear) continue;
+    ++linear;
+    ASSERT_TRUE(q.quantized.count(s.name)) << s.name;
+    EXPECT_EQ(q.quantized.at(s.name).data.dtype(), DType::kE4M3);
+    EXPECT_EQ(q.quantized.at(s.name).scale_inv.shape(), io::fp8_scale_shape(s.shape));
+  }
+  EXPECT_EQ(q.quantized.size(), linear);
+  EXPECT_GT(linear, 20u);
+
+  // Dequantized: every weight within E4M3's half ulp (2^-4 relative) of the F32 initial value,
+  // or, below E4M3's normal range, half its smallest subnormal (2^-10) times the block's scale.
+  io::CheckpointReadOptions f32_read;
+  f32_read.cast = io::ReadCast::kToF32;
+  const io::LoadedCheckpoint d = io::read_checkpoint(path("ckpt"), f32_read);
+  ASSERT_EQ(d.tensors.size(), f32.size());
+  for (size_t i = 0; i < f32.size(); ++i) {
+    SCOPED_TRACE(f32[i].first);
+    const Tensor &want = f32[i].second, &got = d.tensors[i].second;
+    ASSERT_EQ(got.dtype(), DType::kF32);
+    ASSERT_EQ(got.shape(), want.shape());
+    float amax = 0;
+    for (int64_t k = 0; k < want.numel(); ++k)
+      amax = std::max(amax, std::fabs(want.data_as<float>()[k]));
+    const bool fp8 = specs[i].kind == io::TensorKind::kLinear;
+    for (int64_t k = 0; k < want.numel(); ++k) {
+      const double w = want.data_as<float>()[k], g = got.data_as<float>()[k];
+      // Non-FP8 tensors went through BF16 (2^-8 relative); amax / 448 bounds every block's scale.
+      const double bound =
+          fp8 ? 0x1p-4 * std::fabs(w) + 0x1p-10 * amax / 448 : 0x1p-8 * std::fabs(w);
+      ASSERT_LE(std::fabs(w - g), bound * (1 + 1e-6)) << k;
+    }
+  }
+}
+
+TEST_F(InitCli, ErrorsAreOneLineAndLeaveOutDirUntouched) {
+  const std::string cfg = path("config.json"), out = path("out");
+  nlohmann::json bad = model_config_to_json(tiny_config());
+  bad["n_group"] = 3;  // 8 experts do not split into 3 groups
+  std::ofstream(path("bad.json")) << bad.dump();
+  std::ofstream(path("garbage.json")) << "{ not json";
+  std::ofstream(path("afile")) << "x";
+
+  expect_failure(path("missing.json") + " " + out, "cannot open the model config");
+  expect_failure(path("garbage.json") + " " + out, "not valid JSON");
+  expect_failure(path("bad.json") + " " + out, "must be a multiple of n_group (3)");
+  expect_failure(cfg + " " + out + " --format f16", "bad value 'f16' for --format");
+  expect_failure(cfg + " " + out + " --seed -1", "bad value '-1' for --seed");
+  expect_failure(cfg + " " + out + " --seed 12x", "bad value '12x' for --seed");
+  expect_failure(cfg + " " + out + " --seed 18446744073709551616", "for --seed");
+  expect_failure(cfg + " " + out + " --shard-bytes 0", "bad value '0' for --shard-bytes");
+  expect_failure(cfg + " " + out + " --frobnicate", "unknown flag --frobnicate");
+  expect_failure(cfg, "expected 2 arguments");
+  EXPECT_FALSE(fs::exists(out));
+  expect_failure(cfg + " " + path("afile/out"), "is not a directory");
+  expect_failure(cfg + " " + path("afile"), "exists and is not a directory");
+  EXPECT_EQ(slurp(path("afile")), "x");
+
+  // An existing checkpoint is kept, unless --force; other files in OUT_DIR survive either way.
+  ASSERT_EQ(run(cfg + " " + out + " --seed 1").code, 0);
+  std::ofstream(path("out/README.md")) << "notes";
+  const std::string before = slurp(path("out/model.safetensors"));
+  expect_failure(cfg + " " + out + " --seed 2", "already holds a checkpoint (config.json)");
+  expect_failure(path("bad.json") + " " + out + " --force", "multiple of n_group");
+  EXPECT_EQ(slurp(path("out/model.safetensors")), before);
+  const RunResult r = run(cfg + " " + out + "/ --seed 2 --force");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(path("out/README.md")), "notes");
+  expect_equal_params(init_parameters(tiny_config(), 2), io::read_checkpoint(out).tensors);
+}
+
+TEST_F(InitCli, HelpDescribesFlagsAndDefaults) {
+  const RunResult r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s :
+       {"usage: octet init CONFIG_JSON OUT_DIR", "--seed", "(default 0)", "--format", "f32", "bf16",
+        "fp8", "--shard-bytes", "--force", "initializer_range"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " in:\n" << r.out;
+}
+
+}  // namespace
+}  // namespace octet
