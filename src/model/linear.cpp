@@ -1,0 +1,223 @@
+// Linear layer: weight preparation, forward, and backward under it (linear.h states the math, the
+// per-recipe operand copies, the delayed-scaling order and the CUDA shape rules).
+#include "model/linear.h"
+
+#include "ops/cast/cast.h"
+#include "ops/gemm/gemm.h"
+
+namespace octet {
+namespace {
+
+bool delayed(const GemmRecipe& r) {
+  return r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed;
+}
+
+// The FP8 GEMMs on CUDA read rows of K in 16-byte vectors (gemm.h); each of In, Out and T is the K
+// of one of the three GEMMs.
+void check_cuda_dim(Context& ctx, GemmSite site, const GemmRecipe& r, const char* dim, int64_t v,
+                    const char* gemm) {
+  if (ctx.device != Device::kCuda || !r.is_fp8()) return;
+  OCTET_CHECK(v % 16 == 0, "linear ", gemm_site_name(site), " on CUDA (",
+              gemm_precision_name(r.precision), "): ", dim, " = ", v,
+              " must be a multiple of 16; it is the K of the ", gemm,
+              " GEMM and cuBLASLt reads FP8 rows in 16-byte vectors");
+}
+
+void check_state(GemmSite site, const GemmRecipe& r, const LinearScalingState* state) {
+  OCTET_CHECK(!delayed(r) || state != nullptr, "linear ", gemm_site_name(site),
+              ": the fp8-tensor recipe with delayed scaling needs a LinearScalingState "
+              "(make_linear_scaling_state), got none");
+}
+
+void check_bf16_matrix(Context& ctx, GemmSite site, const Tensor& t, const char* name) {
+  OCTET_CHECK(t.data() != nullptr || t.numel() == 0, "linear ", gemm_site_name(site), " ", name,
+              ": tensor has no storage");
+  OCTET_CHECK(t.rank() >= 2, "linear ", gemm_site_name(site), " ", name,
+              ": expected shape (T, features), got ", shape_str(t.shape()));
+  check_dtype(t, name, {DType::kBF16});
+  check_device(t, name, ctx.device);
+}
+
+// x's shape with the last dimension replaced: y keeps x's leading (batch, sequence) dimensions.
+Shape with_cols(const Shape& s, int64_t cols) {
+  Shape out = s;
+  out.back() = cols;
+  return out;
+}
+
+// x or dy in one pass: row-wise for the GEMM of this pass, column-wise for Wgrad. Delayed scaling
+// reads the state's scale (computed from earlier steps' amaxes).
+QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, Fp8Format format,
+                          ScaleRounding rounding, const DelayedScaling* ds) {
+  QuantizeArgs qa;
+  qa.input = t;
+  qa.format = format;
+  qa.granularity =
+      r.precision == GemmPrecision::kFp8Block ? Granularity::k1x128 : Granularity::kTensor;
+  qa.rounding = rounding;
+  qa.output = QuantizeOutput::kBoth;
+  if (ds != nullptr) qa.scale = ds->scale;
+  return quantize(ctx, qa);
+}
+
+// After the quantized tensor was consumed: this step's amax enters the history and sets the scale
+// the next step uses (TransformerEngine's order).
+void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds, int64_t& steps,
+                 const Tensor& amax, Fp8Format format, ScaleRounding rounding) {
+  delayed_scaling_update(ctx, ds, amax, steps, st.reduce, {format, rounding, 0.0f, st.margin});
+  ++steps;
+}
+
+AmaxReduce amax_reduce(AmaxReduction r) {
+  return r == AmaxReduction::kMax ? AmaxReduce::kMax : AmaxReduce::kMostRecent;
+}
+
+void check_prepared(GemmSite site, const PreparedWeight& w, const GemmRecipe& r, int64_t in,
+                    const char* dim_name) {
+  OCTET_CHECK(w.precision == r.precision, "linear ", gemm_site_name(site),
+              ": the prepared weight is ", gemm_precision_name(w.precision), " but the recipe is ",
+              gemm_precision_name(r.precision), " (prepare_weight with the same recipe)");
+  OCTET_CHECK(w.in_features == in, "linear ", gemm_site_name(site), ": ", dim_name, " has ", in,
+              " features (In), the weight expects ", w.in_features);
+}
+
+}  // namespace
+
+LinearScalingState make_linear_scaling_state(Context& ctx, const Recipe& recipe) {
+  LinearScalingState s;
+  s.x = make_delayed_scaling(ctx, recipe.amax_history_len);
+  s.w = make_delayed_scaling(ctx, recipe.amax_history_len);
+  s.dy = make_delayed_scaling(ctx, recipe.amax_history_len);
+  s.reduce = amax_reduce(recipe.amax_reduction);
+  s.margin = recipe.margin;
+  return s;
+}
+
+PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& a) {
+  const Tensor& w = a.weight;
+  const GemmRecipe& r = a.recipe;
+  OCTET_CHECK(w.data() != nullptr || w.numel() == 0, "linear ", gemm_site_name(a.site),
+              " weight: tensor has no storage");
+  OCTET_CHECK(w.rank() == 2, "linear ", gemm_site_name(a.site),
+              " weight: expected shape (Out, In), got ", shape_str(w.shape()));
+  check_dtype(w, "linear weight", {DType::kF32});
+  check_device(w, "linear weight", ctx.device);
+  check_state(a.site, r, a.state);
+  check_cuda_dim(ctx, a.site, r, "In", w.cols(), "Fprop");
+  check_cuda_dim(ctx, a.site, r, "Out", w.rows(), "Dgrad");
+
+  PreparedWeight p;
+  p.precision = r.precision;
+  p.out_features = w.rows();
+  p.in_features = w.cols();
+  if (!r.is_fp8()) {
+    p.bf16 = cast(ctx, w, DType::kBF16);
+    p.bf16_t = transpose(ctx, p.bf16);  // Dgrad's K-major B: W^T (In, Out)
+    return p;
+  }
+  QuantizeArgs qa;
+  qa.input = w;
+  qa.format = r.forward_format;
+  // DeepSeek-V3: 128x128 weight blocks, so W^T (the column-wise copy) has the same blocks.
+  qa.granularity =
+      r.precision == GemmPrecision::kFp8Block ? Granularity::k128x128 : Granularity::kTensor;
+  qa.output = QuantizeOutput::kBoth;
+  if (delayed(r)) qa.scale = a.state->w.scale;
+  p.fp8 = quantize(ctx, qa);
+  // Delayed scaling: W's amax of this optimizer step sets the scale of the next preparation.
+  if (delayed(r))
+    record_amax(ctx, *a.state, a.state->w, a.state->w_steps, p.fp8.amax, r.forward_format,
+                ScaleRounding::kExact);
+  return p;
+}
+
+Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
+  const GemmRecipe& r = a.recipe;
+  const PreparedWeight& w = a.weight;
+  check_bf16_matrix(ctx, a.site, a.x, "linear x");
+  check_prepared(a.site, w, r, a.x.cols(), "x");
+  check_state(a.site, r, a.state);
+  check_cuda_dim(ctx, a.site, r, "In", a.x.cols(), "Fprop");
+  check_cuda_dim(ctx, a.site, r, "T (tokens)", a.x.rows(), "Wgrad");
+
+  const int64_t t = a.x.rows();
+  Tensor y = Tensor::empty(ctx, with_cols(a.x.shape(), w.out_features), DType::kBF16);
+  Tensor y2 = y.reshape({t, w.out_features});
+  saved = LinearSaved{};
+  saved.precision = r.precision;
+  if (!r.is_fp8()) {
+    gemm_bf16(ctx, {a.x.reshape({t, w.in_features}), w.bf16, y2, Accumulate::kOverwrite});
+    saved.x = a.x;
+    return y;
+  }
+  DelayedScaling* ds = delayed(r) ? &a.state->x : nullptr;
+  QuantTensor qx = quantize_both(ctx, a.x, r, r.forward_format, r.activation_rounding, ds);
+  GemmFp8Args g;
+  g.a = rowwise_operand(qx);     // (T, In)
+  g.b = rowwise_operand(w.fp8);  // (Out, In)
+  g.d = y2;                      // (T, Out) bf16
+  gemm_fp8(ctx, g);
+  if (ds != nullptr)
+    record_amax(ctx, *a.state, *ds, a.state->x_steps, qx.amax, r.forward_format,
+                r.activation_rounding);
+  // Wgrad reads only the column-wise copy: release the row-wise one, keep the logical shape.
+  qx.data = Tensor::wrap(nullptr, {t, w.in_features}, qx.data.dtype(), ctx.device);
+  qx.scale_inv = Tensor();
+  saved.qx = qx;
+  return y;
+}
+
+Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& grads) {
+  const GemmRecipe& r = a.recipe;
+  const PreparedWeight& w = a.weight;
+  const LinearSaved& s = a.saved;
+  check_bf16_matrix(ctx, a.site, a.dy, "linear dy");
+  OCTET_CHECK(s.precision == r.precision, "linear ", gemm_site_name(a.site), ": saved for ",
+              gemm_precision_name(s.precision), " but the recipe is ",
+              gemm_precision_name(r.precision));
+  check_prepared(a.site, w, r, r.is_fp8() ? s.qx.cols() : s.x.cols(), "the saved x");
+  OCTET_CHECK(a.dy.cols() == w.out_features, "linear ", gemm_site_name(a.site), " dy: expected ",
+              w.out_features, " (Out) columns, got ", a.dy.cols());
+  const int64_t t = a.dy.rows(), saved_t = r.is_fp8() ? s.qx.rows() : s.x.rows();
+  OCTET_CHECK(t == saved_t, "linear ", gemm_site_name(a.site), " dy: expected ", saved_t,
+              " tokens (the forward's T), got ", t);
+  check_dtype(grads.weight, "linear grads.weight", {DType::kF32});
+  check_device(grads.weight, "linear grads.weight", ctx.device);
+  OCTET_CHECK(grads.weight.shape() == (Shape{w.out_features, w.in_features}), "linear ",
+              gemm_site_name(a.site), " grads.weight: expected shape ",
+              shape_str({w.out_features, w.in_features}), ", got ",
+              shape_str(grads.weight.shape()));
+  check_state(a.site, r, a.state);
+  check_cuda_dim(ctx, a.site, r, "Out", a.dy.cols(), "Dgrad");
+  check_cuda_dim(ctx, a.site, r, "T (tokens)", t, "Wgrad");
+
+  Tensor dx = Tensor::empty(ctx, with_cols(a.dy.shape(), w.in_features), DType::kBF16);
+  Tensor dx2 = dx.reshape({t, w.in_features});
+  if (!r.is_fp8()) {
+    const Tensor dy2 = a.dy.reshape({t, w.out_features});
+    gemm_bf16(ctx, {dy2, w.bf16_t, dx2, Accumulate::kOverwrite});  // dx = dy W
+    // Wgrad's K is T: both operands K-major means dy^T (Out, T) and x^T (In, T).
+    const Tensor dy_t = transpose(ctx, dy2), x_t = transpose(ctx, s.x);
+    gemm_bf16(ctx, {dy_t, x_t, grads.weight, Accumulate::kAdd});  // dW += dy^T x
+    return dx;
+  }
+  DelayedScaling* ds = delayed(r) ? &a.state->dy : nullptr;
+  QuantTensor qdy = quantize_both(ctx, a.dy, r, r.backward_format, r.gradient_rounding, ds);
+  GemmFp8Args dgrad;
+  dgrad.a = rowwise_operand(qdy);       // (T, Out)
+  dgrad.b = columnwise_operand(w.fp8);  // W^T (In, Out)
+  dgrad.d = dx2;                        // (T, In) bf16
+  gemm_fp8(ctx, dgrad);                 // dx = dy W
+  GemmFp8Args wgrad;
+  wgrad.a = columnwise_operand(qdy);   // dy^T (Out, T), groups along T
+  wgrad.b = columnwise_operand(s.qx);  // x^T (In, T), groups along T
+  wgrad.d = grads.weight;              // (Out, In) f32
+  wgrad.accumulate = Accumulate::kAdd;
+  gemm_fp8(ctx, wgrad);  // dW += dy^T x
+  if (ds != nullptr)
+    record_amax(ctx, *a.state, *ds, a.state->dy_steps, qdy.amax, r.backward_format,
+                r.gradient_rounding);
+  return dx;
+}
+
+}  // namespace octet

@@ -1,0 +1,31 @@
+// Elementwise dtype casts, the matrix transpose and y += x for F32 and BF16 tensors: the glue a
+// Linear layer needs around its GEMMs (the BF16 recipe's transposed operands, BF16 copies of FP32
+// master weights, accumulation of partial results).
+//
+//   cast       out[i] = round(x[i])          F32 -> BF16 rounds to nearest even (numerics/fp8.h
+//                                           float_to_bf16: NaN stays NaN, overflow goes to inf);
+//                                           BF16 -> F32 is exact; a same-dtype cast copies bytes
+//   transpose  out[j, i] = x[i, j]           of the (rows, cols) matrix view; out is (cols, rows)
+//   add_into   y[i] = round(y[i] + x[i])     the sum in FP32 (one correctly rounded add), then one
+//                                           rounding to y's dtype when y is BF16  (+=); a NaN
+//                                           sum is the canonical NaN 0x7FFFFFFF (0x7FFF in BF16)
+//
+// cast and transpose return freshly allocated tensors (=); add_into accumulates into y (+=). All
+// tensors live on the context's device. The CPU and CUDA backends agree bit for bit: every output
+// element is the result of the same one or two correctly rounded operations.
+#pragma once
+
+#include "core/context.h"
+
+namespace octet {
+
+// x (any shape) f32 or bf16 -> a tensor of x's shape in `to` (f32 or bf16), written (=).
+Tensor cast(Context& ctx, const Tensor& x, DType to);
+
+// x (rows, cols) f32 or bf16, leading dimensions flattened into rows -> (cols, rows), x's dtype.
+Tensor transpose(Context& ctx, const Tensor& x);
+
+// y (any shape) f32 or bf16 += x (y's shape) f32 or bf16, elementwise; y and x must not overlap.
+void add_into(Context& ctx, Tensor& y, const Tensor& x);
+
+}  // namespace octet

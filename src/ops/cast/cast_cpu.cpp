@@ -1,0 +1,47 @@
+// CPU reference for cast.h: plain loops over the elements, the same FP32 operations as the kernels.
+#include <cstdint>
+#include <cstring>
+
+#include "numerics/fp8.h"
+#include "ops/cast/cast_backends.h"
+
+namespace octet::cpu {
+namespace {
+
+float load(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
+  return bf16_to_float(t.data_as<const uint16_t>()[i]);
+}
+
+void store(const Tensor& t, int64_t i, float v) {
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = v;
+  else
+    t.data_as<uint16_t>()[i] = float_to_bf16(v);
+}
+
+}  // namespace
+
+void cast(Context&, const Tensor& x, const Tensor& out) {
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) store(out, i, load(x, i));
+}
+
+void transpose(Context&, const Tensor& x, const Tensor& out) {
+  // Element bytes are moved as they are: a transpose never rounds (NaN payloads included).
+  const int64_t rows = x.rows(), cols = x.cols();
+  const auto es = static_cast<size_t>(dtype_size(x.dtype()));
+  const auto* src = static_cast<const unsigned char*>(x.data());
+  auto* dst = static_cast<unsigned char*>(out.data());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      std::memcpy(dst + static_cast<size_t>(j * rows + i) * es,
+                  src + static_cast<size_t>(i * cols + j) * es, es);
+}
+
+void add_into(Context&, const Tensor& y, const Tensor& x) {
+  const int64_t n = y.numel();
+  for (int64_t i = 0; i < n; ++i) store(y, i, add_element(load(y, i), load(x, i)));  // +=
+}
+
+}  // namespace octet::cpu

@@ -1,0 +1,92 @@
+// CUDA launchers of the cast family (device code in cast_kernels.cuh). Arguments were validated by
+// cast.cpp; everything is enqueued on the context's stream, nothing synchronises with the host.
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda_check.h"
+#include "numerics/scale.h"
+#include "ops/cast/cast_backends.h"
+#include "ops/cast/cast_kernels.cuh"
+
+namespace octet::cuda {
+namespace {
+
+namespace k = cast_kernels;
+
+constexpr int kThreads = 256;
+// Elementwise grids beyond this many blocks become grid-stride loops (bandwidth is saturated long
+// before, and grid.x stays far below its limit).
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+constexpr int kTile = 32;
+constexpr int kRowsPerPass = 8;  // 256 threads per tile: 4 elements each
+constexpr int64_t kMaxGridY = 65535;
+
+cudaStream_t stream_of(const Context& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
+
+unsigned elementwise_grid(int64_t n) {
+  return static_cast<unsigned>(std::min(ceil_div(n, kThreads), kMaxBlocks));
+}
+
+template <typename XT, typename OT>
+void launch_cast(Context& ctx, const Tensor& x, const Tensor& out) {
+  const int64_t n = x.numel();
+  k::cast_elementwise_kernel<XT, OT><<<elementwise_grid(n), kThreads, 0, stream_of(ctx)>>>(
+      x.data_as<const XT>(), n, out.data_as<OT>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+template <typename YT, typename XT>
+void launch_add(Context& ctx, const Tensor& y, const Tensor& x) {
+  const int64_t n = y.numel();
+  k::add_into_elementwise_kernel<YT, XT><<<elementwise_grid(n), kThreads, 0, stream_of(ctx)>>>(
+      y.data_as<YT>(), x.data_as<const XT>(), n);
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_transpose(Context& ctx, const Tensor& x, const Tensor& out) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)),
+                  static_cast<unsigned>(std::min(ceil_div(rows, kTile), kMaxGridY)));
+  const dim3 block(kTile, kRowsPerPass);
+  k::transpose_tiled_kernel<T, kTile, kRowsPerPass>
+      <<<grid, block, 0, stream_of(ctx)>>>(x.data_as<const T>(), rows, cols, out.data_as<T>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void cast(Context& ctx, const Tensor& x, const Tensor& out) {
+  const bool xf = x.dtype() == DType::kF32, of = out.dtype() == DType::kF32;
+  if (xf && !of)
+    launch_cast<float, uint16_t>(ctx, x, out);
+  else if (!xf && of)
+    launch_cast<uint16_t, float>(ctx, x, out);
+  else if (xf)
+    launch_cast<float, float>(ctx, x, out);
+  else
+    launch_cast<uint16_t, uint16_t>(ctx, x, out);
+}
+
+void transpose(Context& ctx, const Tensor& x, const Tensor& out) {
+  if (dtype_size(x.dtype()) == 4)
+    launch_transpose<uint32_t>(ctx, x, out);
+  else
+    launch_transpose<uint16_t>(ctx, x, out);
+}
+
+void add_into(Context& ctx, const Tensor& y, const Tensor& x) {
+  const bool yf = y.dtype() == DType::kF32, xf = x.dtype() == DType::kF32;
+  if (yf && xf)
+    launch_add<float, float>(ctx, y, x);
+  else if (yf)
+    launch_add<float, uint16_t>(ctx, y, x);
+  else if (xf)
+    launch_add<uint16_t, float>(ctx, y, x);
+  else
+    launch_add<uint16_t, uint16_t>(ctx, y, x);
+}
+
+}  // namespace octet::cuda

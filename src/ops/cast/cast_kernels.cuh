@@ -1,0 +1,75 @@
+// Device code of the cast family. Elementwise kernels are grid-stride loops over the flat index;
+// the transpose stages 32 x 32 tiles through shared memory so that both the read of x and the
+// write of out are coalesced along rows (a warp touches 32 consecutive elements either way).
+#pragma once
+
+#include <cstdint>
+
+#include "numerics/fp8.h"
+#include "ops/cast/cast_backends.h"
+
+namespace octet::cuda::cast_kernels {
+
+template <typename T>
+__device__ __forceinline__ float load(const T* p, int64_t i) {
+  if constexpr (sizeof(T) == 4)
+    return p[i];
+  else
+    return bf16_to_float(p[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store(T* p, int64_t i, float v) {
+  if constexpr (sizeof(T) == 4)
+    p[i] = v;
+  else
+    p[i] = float_to_bf16(v);
+}
+
+template <typename XT, typename OT>
+__global__ void cast_elementwise_kernel(const XT* __restrict__ x, int64_t n, OT* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    store(out, i, load(x, i));
+}
+
+// y[i] = round(y[i] + x[i]), the element function shared with the CPU (cast_backends.h).
+template <typename YT, typename XT>
+__global__ void add_into_elementwise_kernel(YT* __restrict__ y, const XT* __restrict__ x,
+                                            int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    store(y, i, add_element(load(y, i), load(x, i)));
+}
+
+// A block of (kTile, kRowsPerPass) threads moves one kTile x kTile tile per iteration: each thread
+// reads kTile / kRowsPerPass elements of x along a row and writes as many of out along a row. The
+// tile row is padded by one element so that the column-wise reads from shared memory fall into
+// different banks. Tiles are visited with a grid stride in y (gridDim.y is limited to 65535).
+// T is the raw element type (uint32_t or uint16_t): a transpose moves bits, it never rounds.
+template <typename T, int kTile, int kRowsPerPass>
+__global__ void __launch_bounds__(kTile* kRowsPerPass)
+    transpose_tiled_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                           T* __restrict__ out) {
+  static_assert(kTile % kRowsPerPass == 0, "whole passes per tile");
+  static_assert(kTile == 32, "one warp per tile row: coalesced 32-element segments");
+  __shared__ T tile[kTile][kTile + 1];
+  const int64_t tiles_r = (rows + kTile - 1) / kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int64_t tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+    const int64_t r0 = tr * kTile;
+    for (int k = threadIdx.y; k < kTile; k += kRowsPerPass) {
+      const int64_t r = r0 + k, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[k][threadIdx.x] = x[r * cols + c];
+    }
+    __syncthreads();
+    // out row = a column c of x, out column = a row r of x.
+    for (int k = threadIdx.y; k < kTile; k += kRowsPerPass) {
+      const int64_t c = c0 + k, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][k];
+    }
+    __syncthreads();  // the tile is refilled by the next iteration
+  }
+}
+
+}  // namespace octet::cuda::cast_kernels

@@ -1,0 +1,140 @@
+// The cast family on the CPU: BF16 rounding (ties to even, NaN, inf, overflow, subnormals), the
+// transpose of odd shapes and of 3-D inputs (matrix view), y += x with one FP32 add in every dtype
+// pairing, and argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "norm_act_test_util.h"
+#include "ops/cast/cast.h"
+
+namespace octet {
+namespace {
+
+using test::random_tensor;
+
+Context& cpu() {
+  static Context c = make_context(Device::kCpu);
+  return c;
+}
+
+Tensor f32_tensor(const std::vector<float>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kF32);
+  std::memcpy(t.data(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+uint16_t bf16_at(const Tensor& t, int64_t i) {
+  return t.data_as<const uint16_t>()[i];
+}
+
+TEST(Cast, F32ToBf16RoundsToNearestEven) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 1 + 2^-8 is halfway between BF16 1.0 and 1 + 2^-7: ties go to the even code (1.0); 1 + 3*2^-8
+  // is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: goes up. Just above a tie rounds up.
+  const Tensor x = f32_tensor({1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f,
+                               -2.5f, inf, -inf, std::nanf(""), 3.4e38f, 0x1p-130f, 0.0f, -0.0f});
+  const Tensor y = cast(cpu(), x, DType::kBF16);
+  ASSERT_EQ(y.dtype(), DType::kBF16);
+  ASSERT_EQ(y.shape(), x.shape());
+  const uint16_t want[] = {0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020, 0x7F80,
+                           0xFF80, 0,      0x7F80, 0x0008, 0x0000, 0x8000};
+  for (int64_t i = 0; i < 12; ++i) {
+    if (i == 7) {
+      EXPECT_EQ(bf16_at(y, i) & 0x7FFF, 0x7FFF) << "NaN stays NaN";
+      continue;
+    }
+    EXPECT_EQ(bf16_at(y, i), want[i]) << "element " << i << " (" << x.data_as<float>()[i] << ")";
+  }
+}
+
+TEST(Cast, RoundTripsAndSameDtypeCopies) {
+  const Tensor b = random_tensor({3, 5, 41}, DType::kBF16, 11);
+  const Tensor f = cast(cpu(), b, DType::kF32);
+  ASSERT_EQ(f.shape(), b.shape());
+  for (int64_t i = 0; i < b.numel(); ++i)
+    ASSERT_EQ(f.data_as<float>()[i], bf16_to_float(bf16_at(b, i))) << "element " << i;
+  EXPECT_TRUE(test::bitwise_equal(b, cast(cpu(), f, DType::kBF16)));
+  const Tensor same = cast(cpu(), b, DType::kBF16);
+  EXPECT_NE(same.data(), b.data()) << "a cast returns a new tensor";
+  EXPECT_TRUE(test::bitwise_equal(b, same));
+  const Tensor x = random_tensor({129}, DType::kF32, 12, test::Dist::kWide);
+  EXPECT_TRUE(test::bitwise_equal(x, cast(cpu(), x, DType::kF32)));
+}
+
+TEST(Cast, TransposeOfTheMatrixView) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (const Shape& s : {Shape{1, 7}, Shape{127, 1}, Shape{33, 65}, Shape{2, 3, 17}}) {
+      const Tensor x = random_tensor(s, dt, 21);
+      const Tensor t = transpose(cpu(), x);
+      const int64_t rows = x.rows(), cols = x.cols();
+      ASSERT_EQ(t.shape(), (Shape{cols, rows}));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          ASSERT_EQ(test::value_at(t, j * rows + i), test::value_at(x, i * cols + j))
+              << shape_str(s) << " at (" << i << ", " << j << ")";
+      EXPECT_TRUE(test::bitwise_equal(x.reshape({rows, cols}), transpose(cpu(), t)));
+    }
+  }
+}
+
+TEST(Cast, AddIntoIsOneFp32AddAndOneRounding) {
+  for (DType ydt : {DType::kF32, DType::kBF16}) {
+    for (DType xdt : {DType::kF32, DType::kBF16}) {
+      Tensor y = random_tensor({13, 129}, ydt, 31);
+      const Tensor y0 = cast(cpu(), y, ydt);
+      const Tensor x = random_tensor({13, 129}, xdt, 32);
+      add_into(cpu(), y, x);  // +=
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        const float sum =
+            static_cast<float>(test::value_at(y0, i)) + static_cast<float>(test::value_at(x, i));
+        const double want = ydt == DType::kF32 ? sum : bf16_to_float(float_to_bf16(sum));
+        ASSERT_EQ(test::value_at(y, i), want) << "element " << i;
+      }
+      add_into(cpu(), y, x);  // accumulates again, never overwrites
+      const float twice = static_cast<float>(test::value_at(y0, 0)) +
+                          static_cast<float>(test::value_at(x, 0)) +
+                          static_cast<float>(test::value_at(x, 0));
+      EXPECT_NEAR(test::value_at(y, 0), twice, 1e-2 * std::fabs(twice) + 1e-6);
+    }
+  }
+}
+
+TEST(Cast, AddIntoMakesNaNSumsCanonical) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor y = f32_tensor({inf, -std::nanf(""), 1.0f});
+  add_into(cpu(), y, f32_tensor({-inf, 2.0f, 2.0f}));
+  uint32_t bits[3];
+  std::memcpy(bits, y.data(), sizeof(bits));
+  EXPECT_EQ(bits[0], 0x7FFFFFFFu) << "inf - inf";
+  EXPECT_EQ(bits[1], 0x7FFFFFFFu) << "-NaN + 2";
+  EXPECT_EQ(bits[2], 0x40400000u);
+  Tensor yb = cast(cpu(), f32_tensor({inf}), DType::kBF16);
+  add_into(cpu(), yb, f32_tensor({-inf}));
+  EXPECT_EQ(bf16_at(yb, 0), 0x7FFF);
+}
+
+TEST(Cast, EmptyTensors) {
+  const Tensor x = Tensor::empty({0, 5}, DType::kF32);
+  EXPECT_EQ(cast(cpu(), x, DType::kBF16).numel(), 0);
+  EXPECT_EQ(transpose(cpu(), x).shape(), (Shape{5, 0}));
+  Tensor y = Tensor::empty({0, 5}, DType::kBF16);
+  add_into(cpu(), y, x);
+}
+
+TEST(Cast, RejectsBadArguments) {
+  const Tensor x = random_tensor({4, 8}, DType::kF32, 41);
+  test::expect_error([&] { cast(cpu(), x, DType::kE4M3); }, {"cast", "F32 or BF16", "F8_E4M3"});
+  const Tensor i32 = Tensor::empty({4}, DType::kI32);
+  test::expect_error([&] { cast(cpu(), i32, DType::kF32); }, {"cast input"});
+  test::expect_error([&] { transpose(cpu(), i32); }, {"transpose input"});
+  Tensor y = random_tensor({4, 7}, DType::kF32, 42);
+  test::expect_error([&] { add_into(cpu(), y, x); }, {"add_into x", "[4, 7]", "[4, 8]"});
+  Tensor same = x;
+  test::expect_error([&] { add_into(cpu(), same, x); }, {"overlap"});
+}
+
+}  // namespace
+}  // namespace octet
