@@ -152,6 +152,23 @@ OCTET_HD float bf16_to_float(uint16_t b) {
   return bits_float(static_cast<uint32_t>(b) << 16);
 }
 
+// Element i of an F32 (float) or BF16 (uint16_t bits) buffer as FP32, and back (BF16 rounds to
+// nearest even): the loads and stores the ops' kernels and references share.
+template <typename T>
+OCTET_HD float load_float(const T* p, int64_t i) {
+  if constexpr (sizeof(T) == 4)
+    return p[i];
+  else
+    return bf16_to_float(p[i]);
+}
+template <typename T>
+OCTET_HD void store_float(T* p, int64_t i, float v) {
+  if constexpr (sizeof(T) == 4)
+    p[i] = v;
+  else
+    p[i] = float_to_bf16(v);
+}
+
 // E8M0 (unsigned, bias 127, 0xFF is NaN): the OCP MX scale format. Decoding code c gives 2^(c-127).
 OCTET_HD float e8m0_to_float(uint8_t c) {
   if (c == 0xFF) return bits_float(0x7FC00000u);

@@ -10,27 +10,11 @@
 
 namespace octet::cuda::cast_kernels {
 
-template <typename T>
-__device__ __forceinline__ float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4)
-    return p[i];
-  else
-    return bf16_to_float(p[i]);
-}
-
-template <typename T>
-__device__ __forceinline__ void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 4)
-    p[i] = v;
-  else
-    p[i] = float_to_bf16(v);
-}
-
 template <typename XT, typename OT>
 __global__ void cast_elementwise_kernel(const XT* __restrict__ x, int64_t n, OT* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    store(out, i, load(x, i));
+    store_float(out, i, load_float(x, i));
 }
 
 // y[i] = round(y[i] + x[i]), the element function shared with the CPU (cast_backends.h).
@@ -39,7 +23,7 @@ __global__ void add_into_elementwise_kernel(YT* __restrict__ y, const XT* __rest
                                             int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    store(y, i, add_element(load(y, i), load(x, i)));
+    store_float(y, i, add_element(load_float(y, i), load_float(x, i)));
 }
 
 // A block of (kTile, kRowsPerPass) threads moves one kTile x kTile tile per iteration: each thread

@@ -16,14 +16,6 @@ namespace octet::cuda::cross_entropy_kernels {
 inline constexpr int kChunk = 8;
 inline constexpr int32_t kIgnore = -100;  // cross_entropy.h kIgnoreIndex (that header is host-only)
 
-template <typename T>
-__device__ __forceinline__ float load_one(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4)
-    return p[i];
-  else
-    return bf16_to_float(p[i]);
-}
-
 // Eight logits starting at column v of a row; columns past V read as -inf (they add exp(-inf) = 0).
 template <typename T, bool kVec>
 __device__ __forceinline__ void load_chunk(const T* __restrict__ row, int64_t v, int64_t vocab,
@@ -42,7 +34,7 @@ __device__ __forceinline__ void load_chunk(const T* __restrict__ row, int64_t v,
   } else {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      x[i] = v + i < vocab ? load_one(row, v + i) : -INFINITY;
+      x[i] = v + i < vocab ? load_float(row, v + i) : -INFINITY;
     }
   }
 }
@@ -118,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
       const int32_t t = targets[r];
       float loss = 0.0f;
       if (t != kIgnore)
-        loss = (t >= 0 && t < vocab) ? lse - load_one(row, t) : __int_as_float(0x7FC00000);
+        loss = (t >= 0 && t < vocab) ? lse - load_float(row, t) : __int_as_float(0x7FC00000);
       lse_out[r] = lse;
       losses[r] = loss;
     }

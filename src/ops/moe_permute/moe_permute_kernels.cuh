@@ -85,22 +85,6 @@ __global__ void gather_rows_kernel(const V* __restrict__ src, const int32_t* __r
   }
 }
 
-template <typename T>
-__device__ __forceinline__ float load_f(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4)
-    return p[i];
-  else
-    return bf16_to_float(p[i]);
-}
-
-template <typename T>
-__device__ __forceinline__ void store_f(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 4)
-    p[i] = v;
-  else
-    p[i] = float_to_bf16(v);
-}
-
 // out[t, d] = sum_j w[t, j] * src[row_of[t, j], d] (w = 1 when weight is null), FP32 in slot order.
 // One block per token, kCols consecutive columns per thread. InT/OutT: float or uint16_t (BF16
 // bits).
@@ -122,13 +106,13 @@ __global__ void weighted_gather_kernel(const InT* __restrict__ src,
 #pragma unroll
         for (int v = 0; v < kCols; ++v) {
           if (c0 + v >= cols) break;
-          const float x = load_f(s, v);
+          const float x = load_float(s, v);
           acc[v] = rn::add(acc[v], weight ? rn::mul(w, x) : x);
         }
       }
 #pragma unroll
       for (int v = 0; v < kCols; ++v)
-        if (c0 + v < cols) store_f(out, t * cols + c0 + v, acc[v]);
+        if (c0 + v < cols) store_float(out, t * cols + c0 + v, acc[v]);
     }
   }
 }
@@ -155,8 +139,8 @@ __global__ void combine_backward_rows_kernel(const DyT* __restrict__ d_out,
       }
     }
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      store_f(d_expert, r * cols + c,
-              owned ? rn::mul(w, load_f(d_out, int64_t{t} * cols + c)) : 0.0f);
+      store_float(d_expert, r * cols + c,
+                  owned ? rn::mul(w, load_float(d_out, int64_t{t} * cols + c)) : 0.0f);
   }
 }
 
@@ -176,8 +160,8 @@ __global__ void combine_backward_weight_kernel(const DyT* __restrict__ d_out,
   float partial = 0.0f;
   if (row >= 0) {
     for (int64_t c = lane; c < cols; c += 32)
-      partial = rn::add(partial, rn::mul(load_f(d_out, t * cols + c),
-                                         load_f(expert_out, int64_t{row} * cols + c)));
+      partial = rn::add(partial, rn::mul(load_float(d_out, t * cols + c),
+                                         load_float(expert_out, int64_t{row} * cols + c)));
   }
   for (int h = 16; h > 0; h >>= 1)
     partial = rn::add(partial, __shfl_xor_sync(0xFFFFFFFFu, partial, h));

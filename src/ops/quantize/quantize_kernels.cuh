@@ -19,17 +19,6 @@ inline constexpr int kSmemStride = 129;   // odd byte stride: conflict-free tran
 static_assert(kTile == kGroup, "tiles must coincide with the 128-element scale groups");
 static_assert(kTileThreads == 8 * 32, "the tile kernels assume 8 warps");
 
-template <typename InT>
-__device__ __forceinline__ float load_as_float(const InT* p, int64_t i);
-template <>
-__device__ __forceinline__ float load_as_float<float>(const float* p, int64_t i) {
-  return p[i];
-}
-template <>
-__device__ __forceinline__ float load_as_float<uint16_t>(const uint16_t* p, int64_t i) {
-  return bf16_to_float(p[i]);
-}
-
 // Four held input values -> FP32 (BF16 widened exactly).
 __device__ __forceinline__ void unpack4(const uint2& w, float (&v)[4]) {
   v[0] = bits_float(w.x << 16), v[1] = bits_float(w.x & 0xFFFF0000u);
@@ -95,8 +84,7 @@ struct Chunk1x128 {
       raw[6] = hi.z, raw[7] = hi.w;
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        raw[i] = c + i < cols ? load_as_float(in, r * cols + c + i) : 0.0f;
+      for (int i = 0; i < 8; ++i) raw[i] = c + i < cols ? load_float(in, r * cols + c + i) : 0.0f;
     }
   }
 
@@ -330,7 +318,7 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
       float f[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        f[i] = (r < p.rows && c + i < p.cols) ? load_as_float(in, r * p.cols + c + i) : 0.0f;
+        f[i] = (r < p.rows && c + i < p.cols) ? load_float(in, r * p.cols + c + i) : 0.0f;
       if constexpr (sizeof(InT) == 2)
         held[step] = make_uint2(float_to_bf16(f[0]) | (float_bits(f[1]) & 0xFFFF0000u),
                                 float_to_bf16(f[2]) | (float_bits(f[3]) & 0xFFFF0000u));
@@ -497,7 +485,7 @@ __global__ void __launch_bounds__(256)
   uint32_t m = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    m = max(m, abs_bits(load_as_float(in, i)));
+    m = max(m, abs_bits(load_float(in, i)));
   block_amax_to_global(m, out, warp_amax);
 }
 
@@ -509,7 +497,7 @@ __global__ void __launch_bounds__(256)
   const int64_t r = blockIdx.x;
   uint32_t m = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    m = max(m, abs_bits(load_as_float(in, r * cols + c)));
+    m = max(m, abs_bits(load_float(in, r * cols + c)));
   m = warp_max(m);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
   __syncthreads();
@@ -530,7 +518,7 @@ __global__ void __launch_bounds__(256)
   const int64_t rbeg = static_cast<int64_t>(blockIdx.y) * rows_per_block;
   const int64_t rend = min(rows, rbeg + rows_per_block);
   uint32_t m = 0;
-  for (int64_t r = rbeg; r < rend; ++r) m = max(m, abs_bits(load_as_float(in, r * cols + c)));
+  for (int64_t r = rbeg; r < rend; ++r) m = max(m, abs_bits(load_float(in, r * cols + c)));
   if (m) atomicMax(out + c, m);
 }
 

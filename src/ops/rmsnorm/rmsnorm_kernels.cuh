@@ -10,22 +10,6 @@
 
 namespace octet::cuda::rmsnorm_kernels {
 
-template <typename T>
-__device__ __forceinline__ float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 4)
-    return p[i];
-  else
-    return bf16_to_float(p[i]);
-}
-
-template <typename T>
-__device__ __forceinline__ void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 4)
-    p[i] = v;
-  else
-    p[i] = float_to_bf16(v);
-}
-
 // Sum over the block, the same bits in every thread. `smem` holds kThreads / 32 floats.
 template <int kThreads>
 __device__ __forceinline__ float block_sum(float v, float* smem) {
@@ -50,7 +34,7 @@ __global__ void __launch_bounds__(kThreads)
     const XT* xr = x + r * d;
     float ss = 0.0f;
     for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      const float v = load(xr, j);
+      const float v = load_float(xr, j);
       ss = fmaf(v, v, ss);
     }
     ss = block_sum<kThreads>(ss, smem);
@@ -59,7 +43,7 @@ __global__ void __launch_bounds__(kThreads)
     const float rs = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
     if (threadIdx.x == 0) rstd[r] = rs;
     for (int64_t j = threadIdx.x; j < d; j += kThreads)
-      store(y + r * d, j, load(xr, j) * rs * w[j]);
+      store_float(y + r * d, j, load_float(xr, j) * rs * w[j]);
   }
 }
 
@@ -83,11 +67,11 @@ __global__ void __launch_bounds__(kThreads)
     const XT* xr = x + r * d;
     float dot = 0.0f;
     for (int64_t j = threadIdx.x; j < d; j += kThreads)
-      dot = fmaf(load(dyr, j) * w[j], load(xr, j) * rs, dot);
+      dot = fmaf(load_float(dyr, j) * w[j], load_float(xr, j) * rs, dot);
     const float mean = block_sum<kThreads>(dot, smem) / static_cast<float>(d);
     for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      const float xhat = load(xr, j) * rs, g = load(dyr, j);
-      store(dx + r * d, j, rs * (g * w[j] - xhat * mean));
+      const float xhat = load_float(xr, j) * rs, g = load_float(dyr, j);
+      store_float(dx + r * d, j, rs * (g * w[j] - xhat * mean));
       dw_part[j] = fmaf(g, xhat, dw_part[j]);  // this thread's own column: no race
     }
   }
