@@ -14,6 +14,7 @@
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace octet::io {
 namespace {
@@ -24,28 +25,9 @@ using test::bitwise_equal;
 enum class QLora : uint8_t { kLowRank, kNone };
 enum class Tie : uint8_t { kSeparateHead, kTied };
 
-// hidden 64, 3 layers (the first dense), 8 experts in 2 groups, top-2; Linear shapes span one to
-// two 128-blocks with partial blocks, so FP8 scales have several entries.
 ModelConfig tiny_config(QLora q = QLora::kLowRank, int64_t mtp = 1, Tie tie = Tie::kSeparateHead) {
-  ModelConfig c;
-  c.vocab_size = 160;
-  c.hidden_size = 64;
-  c.intermediate_size = 200;
-  c.moe_intermediate_size = 32;
-  c.num_hidden_layers = 3;
-  c.first_k_dense_replace = 1;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 128;
-  c.q_lora_rank = q == QLora::kLowRank ? std::optional<int64_t>(48) : std::nullopt;
-  c.kv_lora_rank = 32;
-  c.qk_nope_head_dim = 32;
-  c.qk_rope_head_dim = 16;
-  c.v_head_dim = 32;
-  c.n_routed_experts = 8;
-  c.n_shared_experts = 1;
-  c.num_experts_per_tok = 2;
-  c.n_group = 2;
-  c.topk_group = 1;
+  ModelConfig c = test::tiny_model_config();
+  if (q != QLora::kLowRank) c.q_lora_rank.reset();
   c.tie_word_embeddings = tie == Tie::kTied;
   c.num_nextn_predict_layers = mtp;
   return c;

@@ -14,6 +14,7 @@
 #include "io/checkpoint.h"
 #include "numerics/fp8.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace octet {
 namespace {
@@ -21,30 +22,8 @@ namespace {
 using io::TensorKind;
 using test::bitwise_equal;
 
-// hidden 64, 3 layers (the first dense), 8 experts in 2 groups, one MTP layer.
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 160;
-  c.hidden_size = 64;
-  c.intermediate_size = 200;
-  c.moe_intermediate_size = 32;
-  c.num_hidden_layers = 3;
-  c.first_k_dense_replace = 1;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 128;
-  c.q_lora_rank = 48;
-  c.kv_lora_rank = 32;
-  c.qk_nope_head_dim = 32;
-  c.qk_rope_head_dim = 16;
-  c.v_head_dim = 32;
-  c.n_routed_experts = 8;
-  c.n_shared_experts = 1;
-  c.num_experts_per_tok = 2;
-  c.n_group = 2;
-  c.topk_group = 1;
-  c.num_nextn_predict_layers = 1;
-  c.initializer_range = 0.02;
-  return c;
+  return test::tiny_model_config();
 }
 
 std::map<std::string, Tensor> by_name(const io::NamedTensors& ts) {
