@@ -29,12 +29,16 @@ void check_state(GemmSite site, const GemmRecipe& r, const LinearScalingState* s
               "(make_linear_scaling_state), got none");
 }
 
-void check_bf16_matrix(Context& ctx, GemmSite site, const Tensor& t, const char* name) {
+void check_bf16_matrix(Context& ctx, GemmSite site, const Tensor& t, const char* name,
+                       const GemmRecipe& r) {
   OCTET_CHECK(t.data() != nullptr || t.numel() == 0, "linear ", gemm_site_name(site), " ", name,
               ": tensor has no storage");
   OCTET_CHECK(t.rank() >= 2, "linear ", gemm_site_name(site), " ", name,
               ": expected shape (T, features), got ", shape_str(t.shape()));
-  check_dtype(t, name, {DType::kBF16});
+  if (ctx.device == Device::kCpu && !r.is_fp8())
+    check_dtype(t, name, {DType::kBF16, DType::kF32});  // F32: the FP32 checking mode
+  else
+    check_dtype(t, name, {DType::kBF16});
   check_device(t, name, ctx.device);
 }
 
@@ -48,14 +52,15 @@ Shape with_cols(const Shape& s, int64_t cols) {
 // x or dy in one pass: row-wise for the GEMM of this pass, column-wise for Wgrad. Delayed scaling
 // reads the state's scale (computed from earlier steps' amaxes).
 QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, Fp8Format format,
-                          ScaleRounding rounding, const DelayedScaling* ds) {
+                          ScaleRounding rounding, const DelayedScaling* ds,
+                          QuantizeOutput output = QuantizeOutput::kBoth) {
   QuantizeArgs qa;
   qa.input = t;
   qa.format = format;
   qa.granularity =
       r.precision == GemmPrecision::kFp8Block ? Granularity::k1x128 : Granularity::kTensor;
   qa.rounding = rounding;
-  qa.output = QuantizeOutput::kBoth;
+  qa.output = output;
   if (ds != nullptr) qa.scale = ds->scale;
   return quantize(ctx, qa);
 }
@@ -111,7 +116,11 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& a) {
   p.out_features = w.rows();
   p.in_features = w.cols();
   if (!r.is_fp8()) {
-    p.bf16 = cast(ctx, w, DType::kBF16);
+    OCTET_CHECK(a.activation_dtype == DType::kBF16 ||
+                    (a.activation_dtype == DType::kF32 && ctx.device == Device::kCpu),
+                "linear ", gemm_site_name(a.site),
+                ": activations must be BF16 (F32 only in the CPU's FP32 checking mode)");
+    p.bf16 = cast(ctx, w, a.activation_dtype);
     p.bf16_t = transpose(ctx, p.bf16);  // Dgrad's K-major B: W^T (In, Out)
     return p;
   }
@@ -134,14 +143,14 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& a) {
 Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   const GemmRecipe& r = a.recipe;
   const PreparedWeight& w = a.weight;
-  check_bf16_matrix(ctx, a.site, a.x, "linear x");
+  check_bf16_matrix(ctx, a.site, a.x, "linear x", r);
   check_prepared(a.site, w, r, a.x.cols(), "x");
   check_state(a.site, r, a.state);
   check_cuda_dim(ctx, a.site, r, "In", a.x.cols(), "Fprop");
   check_cuda_dim(ctx, a.site, r, "T (tokens)", a.x.rows(), "Wgrad");
 
   const int64_t t = a.x.rows();
-  Tensor y = Tensor::empty(ctx, with_cols(a.x.shape(), w.out_features), DType::kBF16);
+  Tensor y = Tensor::empty(ctx, with_cols(a.x.shape(), w.out_features), a.x.dtype());
   Tensor y2 = y.reshape({t, w.out_features});
   saved = LinearSaved{};
   saved.precision = r.precision;
@@ -151,7 +160,9 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
     return y;
   }
   DelayedScaling* ds = delayed(r) ? &a.state->x : nullptr;
-  QuantTensor qx = quantize_both(ctx, a.x, r, r.forward_format, r.activation_rounding, ds);
+  const bool keep_fp8 = a.saved_storage == Storage::kFp8;
+  QuantTensor qx = quantize_both(ctx, a.x, r, r.forward_format, r.activation_rounding, ds,
+                                 keep_fp8 ? QuantizeOutput::kBoth : QuantizeOutput::kRowwise);
   GemmFp8Args g;
   g.a = rowwise_operand(qx);     // (T, In)
   g.b = rowwise_operand(w.fp8);  // (Out, In)
@@ -160,6 +171,12 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   if (ds != nullptr)
     record_amax(ctx, *a.state, *ds, a.state->x_steps, qx.amax, r.forward_format,
                 r.activation_rounding);
+  if (!keep_fp8) {
+    // The site keeps x in a wider storage (DeepSeek-V3's E5M6 o_proj input); backward quantizes
+    // it for Wgrad.
+    saved.x = a.saved_storage == Storage::kE5M6 ? round_to_storage(ctx, a.x, kE5M6Format) : a.x;
+    return y;
+  }
   // Wgrad reads only the column-wise copy: release the row-wise one, keep the logical shape.
   qx.data = Tensor::wrap(nullptr, {t, w.in_features}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();
@@ -171,14 +188,15 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   const GemmRecipe& r = a.recipe;
   const PreparedWeight& w = a.weight;
   const LinearSaved& s = a.saved;
-  check_bf16_matrix(ctx, a.site, a.dy, "linear dy");
+  check_bf16_matrix(ctx, a.site, a.dy, "linear dy", r);
   OCTET_CHECK(s.precision == r.precision, "linear ", gemm_site_name(a.site), ": saved for ",
               gemm_precision_name(s.precision), " but the recipe is ",
               gemm_precision_name(r.precision));
-  check_prepared(a.site, w, r, r.is_fp8() ? s.qx.cols() : s.x.cols(), "the saved x");
+  const bool saved_fp8 = r.is_fp8() && !s.x.defined();
+  check_prepared(a.site, w, r, saved_fp8 ? s.qx.cols() : s.x.cols(), "the saved x");
   OCTET_CHECK(a.dy.cols() == w.out_features, "linear ", gemm_site_name(a.site), " dy: expected ",
               w.out_features, " (Out) columns, got ", a.dy.cols());
-  const int64_t t = a.dy.rows(), saved_t = r.is_fp8() ? s.qx.rows() : s.x.rows();
+  const int64_t t = a.dy.rows(), saved_t = saved_fp8 ? s.qx.rows() : s.x.rows();
   OCTET_CHECK(t == saved_t, "linear ", gemm_site_name(a.site), " dy: expected ", saved_t,
               " tokens (the forward's T), got ", t);
   check_dtype(grads.weight, "linear grads.weight", {DType::kF32});
@@ -191,7 +209,7 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   check_cuda_dim(ctx, a.site, r, "Out", a.dy.cols(), "Dgrad");
   check_cuda_dim(ctx, a.site, r, "T (tokens)", t, "Wgrad");
 
-  Tensor dx = Tensor::empty(ctx, with_cols(a.dy.shape(), w.in_features), DType::kBF16);
+  Tensor dx = Tensor::empty(ctx, with_cols(a.dy.shape(), w.in_features), a.dy.dtype());
   Tensor dx2 = dx.reshape({t, w.in_features});
   if (!r.is_fp8()) {
     const Tensor dy2 = a.dy.reshape({t, w.out_features});
@@ -209,9 +227,14 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   dgrad.d = dx2;                        // (T, In) bf16
   gemm_fp8(ctx, dgrad);                 // dx = dy W
   GemmFp8Args wgrad;
-  wgrad.a = columnwise_operand(qdy);   // dy^T (Out, T), groups along T
-  wgrad.b = columnwise_operand(s.qx);  // x^T (In, T), groups along T
-  wgrad.d = grads.weight;              // (Out, In) f32
+  wgrad.a = columnwise_operand(qdy);  // dy^T (Out, T), groups along T
+  // x^T (In, T), groups along T: the saved FP8 copy, or quantized now from the wider storage.
+  const QuantTensor qx =
+      saved_fp8 ? s.qx
+                : quantize_both(ctx, s.x, r, r.forward_format, r.activation_rounding,
+                                delayed(r) ? &a.state->x : nullptr, QuantizeOutput::kColumnwise);
+  wgrad.b = columnwise_operand(qx);
+  wgrad.d = grads.weight;  // (Out, In) f32
   wgrad.accumulate = Accumulate::kAdd;
   gemm_fp8(ctx, wgrad);  // dW += dy^T x
   if (ds != nullptr)

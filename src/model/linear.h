@@ -48,8 +48,9 @@
 //   bf16 recipe: no rule beyond gemm_bf16's.
 // The CPU backend takes any shape.
 //
-// Not covered here: the E5M6 storage of the o_proj input (Recipe::attn_out_input) and the FP8 MoE
-// dispatch payload are the calling block's business; a Linear saves x as its own GEMM quantized it.
+// FP32 checking mode (CPU, bf16 recipe only): x, dy and the prepared weight in F32, every GEMM in
+// FP32; the model's finite-difference tests run in it.
+// The FP8 MoE dispatch payload is the MoE block's business (model/grouped_linear.h).
 #pragma once
 
 #include <cstdint>
@@ -97,6 +98,9 @@ struct PrepareWeightArgs {
   Tensor weight;                         // (Out, In) f32 master
   GemmRecipe recipe;
   LinearScalingState* state = nullptr;  // required for delayed scaling (W's history advances)
+  // bf16 recipe: the dtype of the activations the GEMMs will read (kF32: the CPU's FP32 checking
+  // mode, where the copy is the FP32 master itself). FP8 recipes ignore it.
+  DType activation_dtype = DType::kBF16;
 };
 
 // Once per optimizer step: W in the recipe's GEMM precision (=).
@@ -105,7 +109,8 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& args);
 // What the forward keeps for the backward, in the site's storage precision.
 struct LinearSaved {
   GemmPrecision precision = GemmPrecision::kBf16;
-  Tensor x;        // (T, In) bf16: bf16 recipe
+  Tensor x;        // (T, In) bf16 (f32 in the FP32 checking mode): bf16 recipe, or an FP8 recipe
+                   // whose saved_storage is kE5M6 / kBf16
   QuantTensor qx;  // FP8 recipes: columnwise_data (In, T) with its scales; `data` keeps only the
                    // logical shape (T, In), the row-wise copy is released after Fprop
 };
@@ -116,6 +121,12 @@ struct LinearArgs {
   PreparedWeight weight;                 // from prepare_weight, for this optimizer step
   GemmRecipe recipe;                     // the one prepare_weight used
   LinearScalingState* state = nullptr;   // delayed scaling only (x's history advances)
+  // FP8 recipes: how x is kept for Wgrad. kFp8: the column-wise copy the forward's quantization
+  // made (one read, one byte per element). kE5M6: x rounded to DeepSeek-V3's E5M6 with power-of-2
+  // 1x128 scales (ops/cast round_to_storage, held in BF16), quantized column-wise in backward.
+  // kBf16: x itself, quantized in backward. Delayed scaling uses x's current scale for that second
+  // quantization and records no amax for it. The bf16 recipe always keeps x.
+  Storage saved_storage = Storage::kFp8;
 };
 
 // y (x's leading dims, Out) bf16 = x W^T, written (=); fills `saved` (=).

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "core/context.h"
+#include "numerics/fp8.h"
 
 namespace octet {
 
@@ -27,5 +28,14 @@ Tensor transpose(Context& ctx, const Tensor& x);
 
 // y (any shape) f32 or bf16 += x (y's shape) f32 or bf16, elementwise; y and x must not overlap.
 void add_into(Context& ctx, Tensor& y, const Tensor& x);
+
+// Emulated low-precision storage (DeepSeek-V3 keeps the input of the attention output projection in
+// "E5M6" for its Wgrad, reference/fp8-facts.md section 4): per 1x128 tile of each row, a power-of-2
+// scale s = 2^floor(log2(format_max / amax)) (1 for a zero or non-finite amax, at most 2^100), then
+//   out[i] = decode(encode_rn(x[i] * s)) / s        (numerics/fp8.h ExMy, saturating)
+// Both multiplications by powers of 2 are exact, so out holds exactly the values the format with
+// that scale can represent; for formats with at most 7 mantissa bits (E5M6) they are BF16 values.
+// x (rows, cols) f32 | bf16 -> x's shape and dtype (=). CPU and CUDA agree bit for bit.
+Tensor round_to_storage(Context& ctx, const Tensor& x, ExMyFormat format);
 
 }  // namespace octet

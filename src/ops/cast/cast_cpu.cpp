@@ -1,4 +1,6 @@
 // CPU reference for cast.h: plain loops over the elements, the same FP32 operations as the kernels.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -42,6 +44,24 @@ void transpose(Context&, const Tensor& x, const Tensor& out) {
 void add_into(Context&, const Tensor& y, const Tensor& x) {
   const int64_t n = y.numel();
   for (int64_t i = 0; i < n; ++i) store(y, i, add_element(load(y, i), load(x, i)));  // +=
+}
+
+void round_to_storage(Context&, const Tensor& x, ExMyFormat f, const Tensor& out) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kGroup) {
+      const int64_t c1 = std::min(cols, c0 + kGroup);
+      float amax = 0.0f;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = std::fabs(load(x, r * cols + c));
+        amax = v != v ? v : std::max(amax, v);  // a NaN poisons the tile (scale 1)
+        if (amax != amax) break;
+      }
+      const float s = storage_tile_scale(amax, f);
+      for (int64_t c = c0; c < c1; ++c)
+        store(out, r * cols + c, storage_round(load(x, r * cols + c), s, f));
+    }
+  }
 }
 
 }  // namespace octet::cpu

@@ -89,4 +89,16 @@ void add_into(Context& ctx, const Tensor& y, const Tensor& x) {
     launch_add<uint16_t, uint16_t>(ctx, y, x);
 }
 
+void round_to_storage(Context& ctx, const Tensor& x, ExMyFormat f, const Tensor& out) {
+  const int64_t warps = x.rows() * ceil_div(x.cols(), kGroup);
+  const auto blocks = static_cast<unsigned>(std::min(ceil_div(warps, kThreads / 32), kMaxBlocks));
+  if (x.dtype() == DType::kF32)
+    k::round_to_storage_kernel<float><<<blocks, kThreads, 0, stream_of(ctx)>>>(
+        x.data_as<const float>(), x.rows(), x.cols(), f, out.data_as<float>());
+  else
+    k::round_to_storage_kernel<uint16_t><<<blocks, kThreads, 0, stream_of(ctx)>>>(
+        x.data_as<const uint16_t>(), x.rows(), x.cols(), f, out.data_as<uint16_t>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace octet::cuda

@@ -56,4 +56,34 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
   }
 }
 
+// round_to_storage: one warp per 1x128 tile (4 elements per lane). The tile's amax is a max (order
+// free, exact) and a NaN anywhere gives scale 1, as in the CPU reference.
+template <typename T>
+__global__ void round_to_storage_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                        ExMyFormat f, T* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t tiles_per_row = (cols + 127) / 128;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t w = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+       w < rows * tiles_per_row; w += warps) {
+    const int64_t r = w / tiles_per_row, c0 = (w % tiles_per_row) * 128;
+    float v[4];
+    float amax = 0.0f;
+    bool nan = false;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t c = c0 + lane + 32 * i;
+      v[i] = c < cols ? load_float(x, r * cols + c) : 0.0f;
+      nan |= v[i] != v[i];
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    nan = __any_sync(0xFFFFFFFFu, nan);
+    const float s = storage_tile_scale(nan ? __int_as_float(0x7FC00000) : amax, f);
+    for (int i = 0; i < 4; ++i) {
+      const int64_t c = c0 + lane + 32 * i;
+      if (c < cols) store_float(out, r * cols + c, storage_round(v[i], s, f));
+    }
+  }
+}
+
 }  // namespace octet::cuda::cast_kernels

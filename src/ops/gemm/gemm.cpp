@@ -11,6 +11,15 @@ bool block_scaled(Granularity g) {
   return g == Granularity::k1x128 || g == Granularity::k128x128;
 }
 
+// BF16 operands; F32 on the CPU too, the FP32 checking mode the model's finite-difference tests
+// run in (the CPU reference decodes both to FP32 anyway).
+void check_high_precision_operand(const Context& ctx, const Tensor& t, const char* name) {
+  if (ctx.device == Device::kCpu)
+    check_dtype(t, name, {DType::kBF16, DType::kF32});
+  else
+    check_dtype(t, name, {DType::kBF16});
+}
+
 }  // namespace
 
 void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
@@ -113,8 +122,10 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
 }
 
 void gemm_bf16(Context& ctx, const GemmBf16Args& args) {
-  check_dtype(args.a, "gemm A", {DType::kBF16});
-  check_dtype(args.b, "gemm B", {DType::kBF16});
+  check_high_precision_operand(ctx, args.a, "gemm A");
+  check_high_precision_operand(ctx, args.b, "gemm B");
+  OCTET_CHECK(args.a.dtype() == args.b.dtype(), "gemm: A is ", dtype_name(args.a.dtype()),
+              " but B is ", dtype_name(args.b.dtype()), "; both must be BF16 (or both F32)");
   check_device(args.a, "gemm A", ctx.device);
   check_device(args.b, "gemm B", ctx.device);
   OCTET_CHECK(args.a.cols() == args.b.cols(), "gemm: A is ", args.a.rows(), " x ", args.a.cols(),

@@ -107,8 +107,8 @@ struct GemmFp8Args {
 void gemm_fp8(Context& ctx, const GemmFp8Args& args);
 
 struct GemmBf16Args {
-  Tensor a;  // (M, K) bf16
-  Tensor b;  // (N, K) bf16
+  Tensor a;  // (M, K) bf16; f32 on the CPU (the model's FP32 checking mode)
+  Tensor b;  // (N, K) bf16; f32 on the CPU, with A
   Tensor d;  // (M, N) bf16 or f32 (kAdd: f32)
   Accumulate accumulate = Accumulate::kOverwrite;
 };

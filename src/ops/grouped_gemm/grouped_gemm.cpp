@@ -72,8 +72,12 @@ void check_wgrad_offsets(const GroupLayout& l) {
                 "1x128 scale groups along tokens must not straddle two experts)");
 }
 
+// BF16; F32 on the CPU too (the model's FP32 checking mode).
 void check_bf16(const Tensor& t, const char* name, Device device) {
-  check_dtype(t, name, {DType::kBF16});
+  if (device == Device::kCpu)
+    check_dtype(t, name, {DType::kBF16, DType::kF32});
+  else
+    check_dtype(t, name, {DType::kBF16});
   check_device(t, name, device);
 }
 

@@ -1,0 +1,49 @@
+// Decoder layer: forward, then backward in reverse order (block.h has the math).
+#include "model/block.h"
+
+#include "ops/cast/cast.h"
+
+namespace octet {
+
+void DecoderLayer::init_state(Context& ctx, const Recipe& recipe) {
+  for (LinearLayer* l : {&attn.q_a, &attn.q_b, &attn.q, &attn.kv_a, &attn.kv_b, &attn.o})
+    if (l->param != nullptr) l->init_state(ctx, recipe);
+  if (mlp) {
+    mlp->gate_up.init_state(ctx, recipe);
+    mlp->down.init_state(ctx, recipe);
+  }
+  if (moe) moe->init_state(ctx, recipe);
+}
+
+void DecoderLayer::prepare(Context& ctx, const Precision& p) {
+  for (LinearLayer* l : {&attn.q_a, &attn.q_b, &attn.q, &attn.kv_a, &attn.kv_b, &attn.o})
+    if (l->param != nullptr) l->prepare(ctx, p);
+  if (mlp) {
+    mlp->gate_up.prepare(ctx, p);
+    mlp->down.prepare(ctx, p);
+  }
+  if (moe) moe->prepare(ctx, p);
+}
+
+Tensor DecoderLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope,
+                             const Tensor& x, int64_t B, int64_t T, Saved& s) {
+  Tensor h = attn.forward(ctx, p, rope, input_norm.forward(ctx, x, s.input_norm), B, T, s.attn);
+  add_into(ctx, h, x);  // residual
+  const Tensor hn = post_norm.forward(ctx, h, s.post_norm);
+  Tensor y = mlp ? mlp->forward(ctx, p, hn, s.mlp) : moe->forward(ctx, p, hn, B, s.moe);
+  add_into(ctx, y, h);  // residual
+  return y;
+}
+
+Tensor DecoderLayer::backward(Context& ctx, const Precision& p, const RopeTable& rope,
+                              const Tensor& dy, const Saved& s) {
+  const Tensor dhn = mlp ? mlp->backward(ctx, p, dy, s.mlp) : moe->backward(ctx, p, dy, s.moe);
+  Tensor dh = post_norm.backward(ctx, dhn, s.post_norm);
+  add_into(ctx, dh, dy);  // residual
+  const Tensor dxn = attn.backward(ctx, p, rope, dh, s.attn);
+  Tensor dx = input_norm.backward(ctx, dxn, s.input_norm);
+  add_into(ctx, dx, dh);  // residual
+  return dx;
+}
+
+}  // namespace octet

@@ -1,0 +1,176 @@
+// Grouped Linear: weight preparation, forward and backward (grouped_linear.h has the math).
+#include "model/grouped_linear.h"
+
+#include "backend/backend.h"
+#include "ops/cast/cast.h"
+#include "ops/grouped_gemm/grouped_gemm.h"
+#include "ops/quantize/quantize.h"
+
+namespace octet {
+namespace {
+
+CopyKind same_device(const Context& ctx) {
+  return ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
+}
+
+// Rows [row0, row0 + rows) of a (R, C) tensor as a tensor sharing its storage.
+Tensor row_slice(const Tensor& t, int64_t row0, int64_t rows) {
+  const int64_t c = t.cols();
+  auto* base = static_cast<char*>(t.data()) + row0 * c * dtype_size(t.dtype());
+  return Tensor::wrap(base, {rows, c}, t.dtype(), t.device());
+}
+
+void copy_into(Context& ctx, const Tensor& dst, int64_t offset_elems, const Tensor& src) {
+  auto* d = static_cast<char*>(dst.data()) + offset_elems * dtype_size(dst.dtype());
+  ctx.be().copy(d, src.data(), src.nbytes(), same_device(ctx));
+}
+
+QuantTensor quantize_1x128(Context& ctx, const Tensor& x, Fp8Format f, ScaleRounding r,
+                           QuantizeOutput out) {
+  QuantizeArgs qa;
+  qa.input = x;
+  qa.format = f;
+  qa.granularity = Granularity::k1x128;
+  qa.rounding = r;
+  qa.output = out;
+  return quantize(ctx, qa);
+}
+
+}  // namespace
+
+void GroupedLinearLayer::init_state(Context& ctx, const Recipe& recipe) {
+  views_.clear();
+  per_expert_.clear();
+  if (recipe.at(site).precision != GemmPrecision::kFp8Tensor) return;
+  const int64_t E = experts();
+  views_.resize(E);
+  per_expert_.resize(E);
+  for (int64_t e = 0; e < E; ++e) {
+    views_[e].name = param->name + "[" + std::to_string(e) + "]";
+    views_[e].value = row_slice(param->value.reshape({E * out(), in()}), e * out(), out());
+    views_[e].grad = row_slice(param->grad.reshape({E * out(), in()}), e * out(), out());
+    per_expert_[e].site = site;
+    per_expert_[e].param = &views_[e];
+    per_expert_[e].init_state(ctx, recipe);
+  }
+}
+
+void GroupedLinearLayer::prepare(Context& ctx, const Precision& p) {
+  const GemmRecipe& r = p.recipe.at(site);
+  const int64_t E = experts(), O = out(), I = in();
+  if (r.precision == GemmPrecision::kFp8Tensor) {
+    OCTET_CHECK(static_cast<int64_t>(per_expert_.size()) == E, "grouped linear ",
+                gemm_site_name(site), ": init_state was not called for the fp8-tensor recipe");
+    for (auto& l : per_expert_) l.prepare(ctx, p);
+    return;
+  }
+  if (r.precision == GemmPrecision::kBf16) {
+    w_ = cast(ctx, param->value, p.act);
+    w_t_ = Tensor::empty(ctx, {E, I, O}, p.act);
+    for (int64_t e = 0; e < E; ++e)
+      copy_into(ctx, w_t_, e * I * O, transpose(ctx, row_slice(w_.reshape({E * O, I}), e * O, O)));
+    return;
+  }
+  // fp8-block: each expert's 128x128 blocks on their own (both copies), stacked.
+  const int64_t so = ceil_div(O, kGroup), si = ceil_div(I, kGroup);
+  const DType d8 = fp8_dtype(r.forward_format);
+  fp8_ = {Tensor::empty(ctx, {E * O, I}, d8), Tensor::empty(ctx, {E, so, si}, DType::kF32),
+          Granularity::k128x128, r.forward_format};
+  fp8_t_ = {Tensor::empty(ctx, {E * I, O}, d8), Tensor::empty(ctx, {E, si, so}, DType::kF32),
+            Granularity::k128x128, r.forward_format};
+  for (int64_t e = 0; e < E; ++e) {
+    QuantizeArgs qa;
+    qa.input = row_slice(param->value.reshape({E * O, I}), e * O, O);
+    qa.format = r.forward_format;
+    qa.granularity = Granularity::k128x128;
+    qa.output = QuantizeOutput::kBoth;
+    const QuantTensor q = quantize(ctx, qa);
+    copy_into(ctx, fp8_.data, e * O * I, q.data);
+    copy_into(ctx, fp8_.scale_inv, e * so * si, q.scale_inv);
+    copy_into(ctx, fp8_t_.data, e * I * O, q.columnwise_data);
+    copy_into(ctx, fp8_t_.scale_inv, e * si * so, q.columnwise_scale_inv);
+  }
+}
+
+Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const GroupedInput& in_,
+                                   const GroupLayoutRef& layout, Saved& s) {
+  const GemmRecipe& r = p.recipe.at(site);
+  const int64_t R = in_.x.defined() ? in_.x.rows() : in_.qx.rows();
+  s = Saved{};
+  if (r.precision == GemmPrecision::kBf16) {
+    Tensor y = Tensor::empty(ctx, {R, out()}, in_.x.dtype());
+    grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite});
+    s.x = in_.x;
+    return y;
+  }
+  if (r.precision == GemmPrecision::kFp8Tensor) {
+    Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
+    s.per_expert.resize(per_expert_.size());
+    int64_t row = 0;
+    for (size_t e = 0; e < per_expert_.size(); ++e) {
+      const int64_t m = layout.host_sizes.at(e);
+      if (m > 0) {
+        const Tensor ye = per_expert_[e].forward(ctx, p, row_slice(in_.x, row, m), s.per_expert[e]);
+        copy_into(ctx, y, row * out(), ye);
+      }
+      row += m;
+    }
+    return y;
+  }
+  // fp8-block.
+  QuantTensor qx;
+  if (in_.x.defined()) {
+    qx = quantize_1x128(ctx, in_.x, r.forward_format, r.activation_rounding, QuantizeOutput::kBoth);
+  } else {
+    qx = in_.qx;
+    OCTET_CHECK(qx.rounding == ScaleRounding::kPow2 && qx.granularity == Granularity::k1x128,
+                "grouped linear ", gemm_site_name(site),
+                ": a pre-quantized input must be 1x128 with power-of-2 scales (the scaling-aware "
+                "transpose makes its Wgrad copy)");
+    scaling_aware_transpose(ctx, qx);
+  }
+  Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
+  grouped_gemm_fp8(ctx, {rowwise_operand(qx), fp8_, layout.sizes, y, Accumulate::kOverwrite});
+  // Wgrad reads only the column-wise copy.
+  qx.data = Tensor::wrap(nullptr, {R, in()}, qx.data.dtype(), ctx.device);
+  qx.scale_inv = Tensor();
+  s.qx = qx;
+  return y;
+}
+
+Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
+                                    const GroupLayoutRef& layout, const Saved& s) {
+  const GemmRecipe& r = p.recipe.at(site);
+  const int64_t R = dy.rows(), E = experts();
+  const Tensor grad3 = param->grad;  // (E, Out, In) f32
+  if (r.precision == GemmPrecision::kBf16) {
+    Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
+    grouped_gemm_bf16(ctx, {dy, w_t_, layout.sizes, dx, Accumulate::kOverwrite});  // dX = dY W
+    grouped_wgrad_bf16(ctx, {transpose(ctx, dy), transpose(ctx, s.x), layout.sizes, grad3,
+                             Accumulate::kAdd});  // dW += dY^T X
+    return dx;
+  }
+  if (r.precision == GemmPrecision::kFp8Tensor) {
+    Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
+    int64_t row = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t m = layout.host_sizes.at(e);
+      if (m > 0) {
+        const Tensor dxe =
+            per_expert_[e].backward(ctx, p, row_slice(dy, row, m), s.per_expert[e]);  // grad +=
+        copy_into(ctx, dx, row * in(), dxe);
+      }
+      row += m;
+    }
+    return dx;
+  }
+  const QuantTensor qdy =
+      quantize_1x128(ctx, dy, r.backward_format, r.gradient_rounding, QuantizeOutput::kBoth);
+  Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
+  grouped_gemm_fp8(ctx, {rowwise_operand(qdy), fp8_t_, layout.sizes, dx, Accumulate::kOverwrite});
+  grouped_wgrad_fp8(ctx, {columnwise_operand(qdy), columnwise_operand(s.qx), layout.sizes, grad3,
+                          Accumulate::kAdd});  // dW += dY^T X
+  return dx;
+}
+
+}  // namespace octet

@@ -1,0 +1,66 @@
+// Grouped Linear: the routed experts' projections, E Linear layers applied to the contiguous
+// permuted layout of ops/moe_permute (expert e's rows are [o_e, o_e + M_e)), forward and backward.
+//
+//   Fprop  Y_e  = X_e W_e^T     Dgrad  dX_e = dY_e W_e     Wgrad  dW_e += dY_e^T X_e   (+= FP32)
+//
+// W is one stacked master parameter (E, Out, In). Per precision:
+//   bf16        ops/grouped_gemm BF16 (F32 in the CPU's FP32 checking mode); W and each expert's
+//               W_e^T as BF16 copies; saved: X.
+//   fp8-block   DeepSeek-V3: X and dY in 1x128 tiles, W_e in 128x128 blocks quantized per expert
+//               (both copies, stacked with rank-3 scales so no block straddles two experts);
+//               ops/grouped_gemm FP8. X may arrive already quantized (the FP8 dispatch payload,
+//               power-of-2 scales): its column-wise copy for Wgrad then comes from the
+//               scaling-aware transpose instead of a second quantization. Saved: X's column-wise
+//               FP8 copy. Wgrad needs every expert to start at a multiple of 128 rows
+//               (PermutePadding::kTo128).
+//   fp8-tensor  one model/linear.h Linear per expert on its rows, each with its own per-tensor
+//               scales and delayed-scaling state, as TransformerEngine's GroupedLinear quantizes
+//               each GEMM's inputs separately. Needs the row counts on the host.
+#pragma once
+
+#include <vector>
+
+#include "model/parameter.h"
+#include "ops/gemm/gemm.h"
+
+namespace octet {
+
+struct GroupedInput {
+  Tensor x;        // (R, In) in the activation dtype, or
+  QuantTensor qx;  // (R, In) FP8 1x128 row-wise (fp8-block only)
+};
+
+struct GroupLayoutRef {
+  Tensor sizes;                     // (E) int32 on the device: rows per expert, padding included
+  std::vector<int64_t> host_sizes;  // the same on the host (fp8-tensor only; may be empty else)
+};
+
+struct GroupedLinearLayer {
+  GemmSite site = GemmSite::kExpertGateUp;
+  Parameter* param = nullptr;  // (E, Out, In)
+
+  struct Saved {
+    Tensor x;                             // bf16 path
+    QuantTensor qx;                       // fp8-block: column-wise copy (In, R)
+    std::vector<LinearSaved> per_expert;  // fp8-tensor
+  };
+
+  void init_state(Context& ctx, const Recipe& recipe);
+  void prepare(Context& ctx, const Precision& p);  // once per optimizer step
+  Tensor forward(Context& ctx, const Precision& p, const GroupedInput& in,
+                 const GroupLayoutRef& layout, Saved& s);
+  // dX (=); param->grad (+=).
+  Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const GroupLayoutRef& layout,
+                  const Saved& s);
+
+ private:
+  int64_t experts() const { return param->value.size(0); }
+  int64_t out() const { return param->value.size(1); }
+  int64_t in() const { return param->value.size(2); }
+  Tensor w_, w_t_;                       // bf16: (E, Out, In), (E, In, Out)
+  Fp8Operand fp8_, fp8_t_;               // fp8-block: (E Out, In), (E In, Out), rank-3 scales
+  std::vector<Parameter> views_;         // fp8-tensor: expert slices of param
+  std::vector<LinearLayer> per_expert_;  // fp8-tensor
+};
+
+}  // namespace octet

@@ -1,0 +1,81 @@
+// Multi-head Latent Attention: forward, then backward in reverse order (mla.h has the math).
+#include "model/mla.h"
+
+#include "ops/attention/attention.h"
+#include "ops/cast/cast.h"
+#include "ops/layout/layout.h"
+
+namespace octet {
+
+Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope_table,
+                         const Tensor& x, int64_t B, int64_t T, Saved& s) {
+  const int64_t N = B * T, H = heads, dqk = nope + rope;
+  s.B = B;
+  s.T = T;
+  Tensor qf;
+  if (has_q_lora) {
+    const Tensor qa = q_a.forward(ctx, p, x, s.q_a);
+    const Tensor qan = q_a_norm.forward(ctx, qa, s.q_a_norm);
+    qf = q_b.forward(ctx, p, qan, s.q_b);
+  } else {
+    qf = q.forward(ctx, p, x, s.q);
+  }
+  s.q_rot = rope_forward(ctx, {qf.reshape({B, T, H, dqk}), rope_table, pairing, nope});
+
+  const Tensor kva = kv_a.forward(ctx, p, x, s.kv_a);  // (N, kv_lora + dr)
+  const Tensor c = slice_columns(ctx, kva, 0, kv_lora, kva.dtype());
+  const Tensor cn = kv_a_norm.forward(ctx, c, s.kv_a_norm);
+  const Tensor kva_rot =
+      rope_forward(ctx, {kva.reshape({B, T, kv_lora + rope}), rope_table, pairing, kv_lora});
+  const Tensor kv = kv_b.forward(ctx, p, cn, s.kv_b);  // (N, H (dn + dv))
+  const Tensor kv_h = kv.reshape({N * H, nope + v_dim});
+  Tensor k = Tensor::empty(ctx, {B, T, H, dqk}, x.dtype());
+  Tensor v = Tensor::empty(ctx, {B, T, H, v_dim}, x.dtype());
+  copy_columns(ctx, {kv_h, 0, k, 0, nope, 1, CopyMode::kBroadcast});
+  // The rope key is shared by all heads (MQA-style): row n of kva_rot goes to rows n H .. n H +
+  // H-1.
+  copy_columns(
+      ctx, {kva_rot.reshape({N, kv_lora + rope}), kv_lora, k, nope, rope, H, CopyMode::kBroadcast});
+  copy_columns(ctx, {kv_h, nope, v, 0, v_dim, 1, CopyMode::kBroadcast});
+
+  AttentionForwardResult att = attention_forward(ctx, {s.q_rot, k, v, 0.0f});
+  s.k = k;
+  s.v = v;
+  s.out = att.o;
+  s.lse = att.lse;
+  return o.forward(ctx, p, att.o.reshape({N, H * v_dim}), s.o, p.recipe.attn_out_input);
+}
+
+Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rope_table,
+                          const Tensor& dy, const Saved& s) {
+  const int64_t B = s.B, T = s.T, N = B * T, H = heads, dqk = nope + rope;
+  const Tensor d_out = o.backward(ctx, p, dy, s.o).reshape({B, T, H, v_dim});
+  const AttentionGrads g = attention_backward(ctx, {s.q_rot, s.k, s.v, s.out, s.lse, d_out, 0.0f});
+
+  // k and v came from kv (per head) and the shared rope key: route their gradients back.
+  Tensor dkv = Tensor::empty(ctx, {N * H, nope + v_dim}, dy.dtype());
+  copy_columns(ctx, {g.grad_k, 0, dkv, 0, nope, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {g.grad_v, 0, dkv, nope, v_dim, 1, CopyMode::kBroadcast});
+  Tensor dkva = Tensor::empty(ctx, {N, kv_lora + rope}, dy.dtype());
+  copy_columns(ctx, {g.grad_k, nope, dkva, kv_lora, rope, H, CopyMode::kSum});  // sum over heads
+
+  const Tensor dcn = kv_b.backward(ctx, p, dkv.reshape({N, H * (nope + v_dim)}), s.kv_b);
+  const Tensor dc = kv_a_norm.backward(ctx, dcn, s.kv_a_norm);
+  copy_columns(ctx, {dc, 0, dkva, 0, kv_lora, 1, CopyMode::kBroadcast});
+  // RoPE touched only the rope channels; its backward rotates them back and copies the rest.
+  const Tensor dkva_pre =
+      rope_backward(ctx, {dkva.reshape({B, T, kv_lora + rope}), rope_table, pairing, kv_lora});
+  Tensor dx = kv_a.backward(ctx, p, dkva_pre.reshape({N, kv_lora + rope}), s.kv_a);
+
+  const Tensor dq = rope_backward(ctx, {g.grad_q, rope_table, pairing, nope}).reshape({N, H * dqk});
+  if (has_q_lora) {
+    const Tensor dqan = q_b.backward(ctx, p, dq, s.q_b);
+    const Tensor dqa = q_a_norm.backward(ctx, dqan, s.q_a_norm);
+    add_into(ctx, dx, q_a.backward(ctx, p, dqa, s.q_a));
+  } else {
+    add_into(ctx, dx, q.backward(ctx, p, dq, s.q));
+  }
+  return dx;
+}
+
+}  // namespace octet

@@ -1,0 +1,407 @@
+// Model assembly: parameters and their checkpoint names, the forward over embedding, layers, heads
+// and MTP modules, and the backward in reverse order (model.h has the math).
+#include "model/model.h"
+
+#include <cstring>
+
+#include "backend/backend.h"
+#include "io/checkpoint.h"
+#include "ops/cast/cast.h"
+#include "ops/cross_entropy/cross_entropy.h"
+#include "ops/embedding/embedding.h"
+#include "ops/layout/layout.h"
+
+namespace octet {
+namespace {
+
+std::string layer_prefix(int64_t i) {
+  return "model.layers." + std::to_string(i) + ".";
+}
+
+CopyKind to_device_kind(const Context& ctx) {
+  return ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kHostToDevice;
+}
+
+void check_precision(const Context& ctx, const Precision& p) {
+  p.recipe.validate();
+  OCTET_CHECK(!p.recipe.fp8_flow, "recipe ", p.recipe.name,
+              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
+              "deepseek");
+  OCTET_CHECK(p.act == DType::kBF16 || p.act == DType::kF32,
+              "model: activations must be BF16 "
+              "(or F32 in the FP32 checking mode), got ",
+              dtype_name(p.act));
+  if (p.act == DType::kF32) {
+    OCTET_CHECK(ctx.device == Device::kCpu, "model: the FP32 checking mode runs on the CPU only");
+    for (int s = 0; s < kGemmSiteCount; ++s)
+      OCTET_CHECK(!p.recipe.gemm[static_cast<size_t>(s)].is_fp8(),
+                  "model: the FP32 checking mode needs the bf16 recipe; site ",
+                  gemm_site_name(static_cast<GemmSite>(s)), " is FP8");
+  }
+}
+
+void collect_moe(const MoeLayer::Saved& s, ModelLosses& out) {
+  out.expert_load.push_back(s.route.counts);
+  if (s.aux_loss.defined() && s.aux_loss.numel() > 0 && s.aux_loss.data() != nullptr)
+    out.aux.push_back(s.aux_loss);
+}
+
+}  // namespace
+
+Parameter* Model::add(const std::string& name, const Shape& shape, bool decay, bool trainable) {
+  auto p = std::make_unique<Parameter>();
+  p->name = name;
+  p->weight_decay = decay;
+  p->trainable = trainable;
+  p->value = Tensor::empty(shape, DType::kF32);  // shape only; allocated on the device below
+  Parameter* raw = p.get();
+  params_.push_back(std::move(p));
+  by_name_[name] = raw;
+  return raw;
+}
+
+Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision)
+    : config_(config), precision_(precision) {
+  config_.validate();
+  check_precision(ctx, precision_);
+  const ModelConfig& c = config_;
+  const int64_t L = c.num_hidden_layers, K = c.num_nextn_predict_layers;
+
+  // Parameters, named and shaped by the checkpoint layout (fused where the model fuses).
+  for (const io::TensorSpec& s : io::expected_tensors(c)) {
+    std::string name = s.name;
+    int64_t offset = 0;
+    Shape shape = s.shape;
+    if (s.mtp_depth >= 0 &&
+        (s.kind == io::TensorKind::kEmbedding || s.kind == io::TensorKind::kHead))
+      continue;  // the MTP modules' copies of the shared embedding and head
+    auto fuse = [&](const std::string& part, const std::string& fused, int64_t index, Shape full) {
+      const auto pos = name.find(part);
+      if (pos == std::string::npos) return false;
+      const int64_t numel = shape_numel(shape);
+      name = name.substr(0, pos) + fused;
+      offset = index * numel;
+      shape = std::move(full);
+      return true;
+    };
+    const int64_t D = c.hidden_size;
+    // Routed experts: mlp.experts.{j}.X_proj.weight -> stacked mlp.experts.{gate_up,down}_proj.
+    const auto ep = name.find("mlp.experts.");
+    if (ep != std::string::npos) {
+      const std::string rest = name.substr(ep + 12);
+      const int64_t j = std::stoll(rest.substr(0, rest.find('.')));
+      const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
+      const std::string base = name.substr(0, ep) + "mlp.experts.";
+      const int64_t numel = shape_numel(shape);
+      if (rest.find("gate_proj") != std::string::npos) {
+        name = base + "gate_up_proj", offset = 2 * j * numel, shape = {E, 2 * F, D};
+      } else if (rest.find("up_proj") != std::string::npos) {
+        name = base + "gate_up_proj", offset = (2 * j + 1) * numel, shape = {E, 2 * F, D};
+      } else {
+        name = base + "down_proj", offset = j * numel, shape = {E, D, F};
+      }
+    } else if (!fuse("gate_proj.weight", "gate_up_proj.weight", 0, {2 * s.shape[0], D})) {
+      fuse("up_proj.weight", "gate_up_proj.weight", 1, {2 * s.shape[0], D});
+    }
+    if (!by_name_.count(name))
+      add(name, shape, shape.size() >= 2, s.kind != io::TensorKind::kRouterBias);
+    slots_[s.name] = {by_name_[name], offset, shape_numel(s.shape)};
+  }
+  for (auto& p : params_) {
+    const Shape shape = p->value.shape();
+    p->value = Tensor::empty(ctx, shape, DType::kF32);
+    p->grad = zeros(ctx, shape, DType::kF32);
+  }
+
+  embed_ = by_name_.at("model.embed_tokens.weight");
+  head_proj_.site = GemmSite::kHead;
+  head_proj_.param = c.tie_word_embeddings ? embed_ : by_name_.at("lm_head.weight");
+  head_.norm = {by_name_.at("model.norm.weight"), static_cast<float>(c.rms_norm_eps)};
+  head_.head = &head_proj_;
+  layers_.resize(static_cast<size_t>(L));
+  mtp_.resize(static_cast<size_t>(K));
+  for (int64_t i = 0; i < L; ++i) build_layer(layers_[i], i);
+  for (int64_t k = 0; k < K; ++k) {
+    MtpModule& m = mtp_[k];
+    const std::string p = layer_prefix(L + k);
+    const auto eps = static_cast<float>(c.rms_norm_eps);
+    m.enorm = {by_name_.at(p + "enorm.weight"), eps};
+    m.hnorm = {by_name_.at(p + "hnorm.weight"), eps};
+    m.eh_proj.site = GemmSite::kMtpProj;
+    m.eh_proj.param = by_name_.at(p + "eh_proj.weight");
+    build_layer(m.layer, L + k);
+    m.head.norm = {by_name_.at(p + "shared_head.norm.weight"), eps};
+    m.head.head = &head_proj_;
+  }
+  for (auto& l : layers_)
+    if (l.moe) moe_layers_.push_back(&*l.moe);
+  for (auto& m : mtp_)
+    if (m.layer.moe) moe_layers_.push_back(&*m.layer.moe);
+  rope_ = make_rope_table(ctx, c.max_position_embeddings, c.qk_rope_head_dim, c.rope_theta);
+  set_precision(ctx, precision_);
+}
+
+void Model::build_layer(DecoderLayer& l, int64_t index) {
+  const ModelConfig& c = config_;
+  const std::string p = layer_prefix(index);
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  auto param = [&](const std::string& n) { return by_name_.at(p + n); };
+  auto linear = [&](LinearLayer& ll, GemmSite site, const std::string& n) {
+    ll.site = site;
+    ll.param = param(n);
+  };
+  l.input_norm = {param("input_layernorm.weight"), eps};
+  l.post_norm = {param("post_attention_layernorm.weight"), eps};
+  MlaLayer& a = l.attn;
+  a.heads = c.num_attention_heads;
+  a.nope = c.qk_nope_head_dim;
+  a.rope = c.qk_rope_head_dim;
+  a.v_dim = c.v_head_dim;
+  a.kv_lora = c.kv_lora_rank;
+  a.has_q_lora = c.q_lora_rank.has_value();
+  a.pairing = c.rope_interleave ? RopePairing::kInterleave : RopePairing::kHalf;
+  if (a.has_q_lora) {
+    linear(a.q_a, GemmSite::kAttnQDown, "self_attn.q_a_proj.weight");
+    a.q_a_norm = {param("self_attn.q_a_layernorm.weight"), eps};
+    linear(a.q_b, GemmSite::kAttnQUp, "self_attn.q_b_proj.weight");
+  } else {
+    linear(a.q, GemmSite::kAttnQDown, "self_attn.q_proj.weight");
+  }
+  linear(a.kv_a, GemmSite::kAttnKvDown, "self_attn.kv_a_proj_with_mqa.weight");
+  a.kv_a_norm = {param("self_attn.kv_a_layernorm.weight"), eps};
+  linear(a.kv_b, GemmSite::kAttnKvUp, "self_attn.kv_b_proj.weight");
+  linear(a.o, GemmSite::kAttnOut, "self_attn.o_proj.weight");
+  if (!c.is_moe_layer(index)) {
+    l.mlp.emplace();
+    linear(l.mlp->gate_up, GemmSite::kDenseGateUp, "mlp.gate_up_proj.weight");
+    linear(l.mlp->down, GemmSite::kDenseDown, "mlp.down_proj.weight");
+    return;
+  }
+  MoeLayer& m = l.moe.emplace();
+  m.router.num_experts = c.n_routed_experts;
+  m.router.top_k = c.num_experts_per_tok;
+  m.router.n_group = c.n_group;
+  m.router.topk_group = c.topk_group;
+  m.router.norm = c.norm_topk_prob ? TopkNorm::kSumToOne : TopkNorm::kNone;
+  m.router.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  m.router.validate();
+  m.seq_aux_alpha = static_cast<float>(c.seq_aux_loss_alpha);
+  m.gate = param("mlp.gate.weight");
+  m.bias = param("mlp.gate.e_score_correction_bias");
+  m.gate_up.site = GemmSite::kExpertGateUp;
+  m.gate_up.param = param("mlp.experts.gate_up_proj");
+  m.down.site = GemmSite::kExpertDown;
+  m.down.param = param("mlp.experts.down_proj");
+  if (c.n_shared_experts > 0) {
+    m.shared.emplace();
+    linear(m.shared->gate_up, GemmSite::kSharedGateUp, "mlp.shared_experts.gate_up_proj.weight");
+    linear(m.shared->down, GemmSite::kSharedDown, "mlp.shared_experts.down_proj.weight");
+  }
+}
+
+void Model::set_precision(Context& ctx, const Precision& p) {
+  check_precision(ctx, p);
+  precision_ = p;
+  head_proj_.init_state(ctx, p.recipe);
+  for (auto& l : layers_) l.init_state(ctx, p.recipe);
+  for (auto& m : mtp_) {
+    m.eh_proj.init_state(ctx, p.recipe);
+    m.layer.init_state(ctx, p.recipe);
+  }
+}
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& p : params_) out.push_back(p.get());
+  return out;
+}
+
+Parameter& Model::parameter(const std::string& name) {
+  auto it = by_name_.find(name);
+  OCTET_CHECK(it != by_name_.end(), "model: no parameter '", name, "'");
+  return *it->second;
+}
+
+void Model::load(Context& ctx, const io::NamedTensors& tensors, const io::NamedTensors* fallback) {
+  Context host = make_context(Device::kCpu);
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [n, t] : tensors) given[n] = &t;
+  if (fallback != nullptr)
+    for (const auto& [n, t] : *fallback) given.emplace(n, &t);
+  for (const auto& [name, slot] : slots_) {
+    auto it = given.find(name);
+    OCTET_CHECK(it != given.end(), "model: checkpoint tensor '", name, "' is missing");
+    const Tensor& t = *it->second;
+    OCTET_CHECK(t.numel() == slot.numel, "model: checkpoint tensor '", name, "' has ", t.numel(),
+                " elements, expected ", slot.numel);
+    const Tensor f = t.dtype() == DType::kF32 ? t : cast(host, t, DType::kF32);
+    auto* dst = slot.param->value.data_as<float>() + slot.offset;
+    ctx.be().copy(dst, f.data(), f.nbytes(), to_device_kind(ctx));
+  }
+}
+
+io::NamedTensors Model::export_tensors(Context& ctx) const {
+  io::NamedTensors out;
+  const CopyKind kind =
+      ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToHost;
+  for (const io::TensorSpec& s : io::expected_tensors(config_)) {
+    std::string source = s.name;
+    if (s.mtp_depth >= 0 && s.kind == io::TensorKind::kEmbedding) source = embed_->name;
+    if (s.mtp_depth >= 0 && s.kind == io::TensorKind::kHead) source = head_proj_.param->name;
+    const Slot slot = slots_.count(source) ? slots_.at(source)
+                                           : Slot{by_name_.at(source), 0, shape_numel(s.shape)};
+    Tensor t = Tensor::empty(s.shape, DType::kF32);
+    ctx.be().copy(t.data(), slot.param->value.data_as<const float>() + slot.offset, t.nbytes(),
+                  kind);
+    out.emplace_back(s.name, t);
+  }
+  return out;
+}
+
+void Model::prepare(Context& ctx) {
+  const Precision& p = precision_;
+  head_proj_.prepare(ctx, p);
+  for (auto& l : layers_) l.prepare(ctx, p);
+  for (auto& m : mtp_) {
+    m.eh_proj.prepare(ctx, p);
+    m.layer.prepare(ctx, p);
+  }
+}
+
+void Model::zero_grad(Context& ctx) {
+  for (auto& p : params_) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
+}
+
+Tensor Model::device_scalar(Context& ctx, float v) {
+  auto it = scalars_.find(v);
+  if (it != scalars_.end()) return it->second;
+  Tensor t = Tensor::empty(ctx, {1}, DType::kF32);
+  ctx.be().copy(t.data(), &v, sizeof v, to_device_kind(ctx));
+  scalars_[v] = t;
+  return t;
+}
+
+Tensor Model::upload(Context& ctx, const Tensor& host) const {
+  OCTET_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kI32,
+              "model batch: expected host int32 tokens, got ", dtype_name(host.dtype()), " on ",
+              device_name(host.device()));
+  return host.to(ctx, ctx.device);
+}
+
+ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float grad_scale) {
+  const ModelConfig& c = config_;
+  const Precision& p = precision_;
+  OCTET_CHECK(batch.inputs.rank() == 2 && batch.targets.shape() == batch.inputs.shape(),
+              "model batch: inputs and targets must both be (B, T), got ",
+              shape_str(batch.inputs.shape()), " and ", shape_str(batch.targets.shape()));
+  const int64_t B = batch.inputs.size(0), T = batch.inputs.size(1), N = B * T, D = c.hidden_size,
+                K = c.num_nextn_predict_layers;
+  OCTET_CHECK(T <= c.max_position_embeddings, "model batch: sequence length ", T,
+              " exceeds max_position_embeddings ", c.max_position_embeddings);
+  const int32_t* in = batch.inputs.data_as<const int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    OCTET_CHECK(in[i] >= 0 && in[i] < c.vocab_size, "model batch: token ", in[i], " at ", i,
+                " is outside the vocabulary [0, ", c.vocab_size, ")");
+  const bool grad = pass == Pass::kForwardBackward;
+  for (MoeLayer* m : moe_layers_) m->aux_grad_scale = grad_scale;
+
+  auto embed = [&](const Tensor& ids) {
+    Tensor h = Tensor::empty(ctx, {N, D}, p.act);
+    embedding_forward(ctx, {ids, embed_->value, h});
+    return h;
+  };
+  const Tensor ids = upload(ctx, batch.inputs), targets = upload(ctx, batch.targets);
+  Tensor h = embed(ids);
+  std::vector<DecoderLayer::Saved> saved(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l)
+    h = layers_[l].forward(ctx, p, rope_, h, B, T, saved[l]);
+
+  // MTP depth k reads the tokens k ahead and predicts the targets k ahead; positions past the end
+  // of the sequence have no target.
+  ModelLosses out;
+  std::vector<MtpModule::Saved> mtp_saved(static_cast<size_t>(K));
+  std::vector<Tensor> mtp_ids(static_cast<size_t>(K)), mtp_dh(static_cast<size_t>(K));
+  const Tensor d_mtp = device_scalar(ctx, grad_scale * static_cast<float>(c.mtp_loss_weight) /
+                                              static_cast<float>(std::max<int64_t>(K, 1)));
+  Tensor h_prev = h;
+  for (int64_t k = 0; k < K; ++k) {
+    Tensor ids_k = Tensor::empty({B, T}, DType::kI32), tgt_k = Tensor::empty({B, T}, DType::kI32);
+    const int32_t* tg = batch.targets.data_as<const int32_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const bool inside = t + k + 1 < T;
+        ids_k.data_as<int32_t>()[b * T + t] = inside ? in[b * T + t + k + 1] : 0;
+        tgt_k.data_as<int32_t>()[b * T + t] = inside ? tg[b * T + t + k + 1] : kIgnoreIndex;
+      }
+    }
+    mtp_ids[k] = upload(ctx, ids_k);
+    h_prev = mtp_[k].forward(ctx, p, rope_, embed(mtp_ids[k]), h_prev, B, T, mtp_saved[k]);
+    const OutputHead::Result r =
+        mtp_[k].head.run(ctx, p, h_prev, upload(ctx, tgt_k), grad ? &d_mtp : nullptr);
+    out.mtp.push_back(r.loss);
+    mtp_dh[k] = r.dx;
+  }
+  const Tensor d_main = device_scalar(ctx, grad_scale);
+  const OutputHead::Result main = head_.run(ctx, p, h, targets, grad ? &d_main : nullptr);
+  out.main = main.loss;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layers_[l].moe) collect_moe(saved[l].moe, out);
+  for (int64_t k = 0; k < K; ++k)
+    if (mtp_[k].layer.moe) collect_moe(mtp_saved[k].layer.moe, out);
+  if (!grad) return out;
+
+  // Backward: MTP depths last to first (each feeds the previous depth's hidden state), then the
+  // main layers.
+  Tensor carry;  // d h'_{k-1} from depth k
+  for (int64_t k = K - 1; k >= 0; --k) {
+    Tensor dh = mtp_dh[k];
+    if (carry.defined() && carry.numel() > 0) add_into(ctx, dh, carry);
+    const MtpModule::Grads g = mtp_[k].backward(ctx, p, rope_, dh, mtp_saved[k]);
+    embedding_backward(ctx, {mtp_ids[k], g.d_emb, embed_->grad});  // += (shared embedding)
+    carry = g.d_h_prev;
+  }
+  Tensor dh = main.dx;
+  if (K > 0) add_into(ctx, dh, carry);
+  for (size_t l = layers_.size(); l-- > 0;) dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
+  embedding_backward(ctx, {ids, dh, embed_->grad});  // +=
+  return out;
+}
+
+LossValues Model::read_losses(Context& ctx, const ModelLosses& l) const {
+  auto value = [&](const Tensor& t) {
+    const Tensor h = t.device() == Device::kCpu ? t : t.to_host(ctx);
+    return static_cast<double>(h.data_as<const float>()[0]);
+  };
+  LossValues v;
+  v.main = value(l.main);
+  double mtp_sum = 0;
+  for (const Tensor& t : l.mtp) {
+    v.mtp.push_back(value(t));
+    mtp_sum += v.mtp.back();
+  }
+  for (const Tensor& t : l.aux) v.aux += value(t);
+  const double k = static_cast<double>(std::max<size_t>(l.mtp.size(), 1));
+  v.total = v.main + config_.mtp_loss_weight * mtp_sum / k + v.aux;
+  return v;
+}
+
+void Model::update_router_bias(Context& ctx, const std::vector<ModelLosses>& micro_batches,
+                               float rate) {
+  if (micro_batches.empty()) return;
+  for (size_t m = 0; m < moe_layers_.size(); ++m) {
+    Tensor counts = micro_batches[0].expert_load.at(m);
+    if (micro_batches.size() > 1) {  // sum the micro-batches' loads on the host
+      Tensor sum = Tensor::empty(counts.shape(), DType::kI32);
+      std::memset(sum.data(), 0, sum.nbytes());
+      for (const ModelLosses& l : micro_batches) {
+        const Tensor h = l.expert_load.at(m).to_host(ctx);
+        for (int64_t e = 0; e < sum.numel(); ++e)
+          sum.data_as<int32_t>()[e] += h.data_as<const int32_t>()[e];
+      }
+      counts = sum.to(ctx, ctx.device);
+    }
+    moe_router_bias_update(ctx, {moe_layers_[m]->bias->value, counts, rate});
+  }
+}
+
+}  // namespace octet

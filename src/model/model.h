@@ -1,0 +1,124 @@
+// The DeepSeek-V3-style model: token embedding, decoder layers (MLA + dense MLP or MoE), final
+// norm and output head, and the Multi-Token Prediction modules; one forward + backward per
+// micro-batch, in the precision a Recipe assigns per site (DESIGN.md section 1).
+//
+//   h_0   = Emb(inputs)                                   BF16 out of an FP32 table
+//   h_l   = DecoderLayer_l(h_{l-1})                       l = 1..L (model/block.h)
+//   loss  = CE(head(norm(h_L)), targets)                  model/head.h
+//   MTP k = 1..K: h'_k = MtpModule_k(Emb(inputs shifted by k), h'_{k-1}), h'_0 = h_L;
+//           loss_k = CE(shared_head(h'_k), targets shifted by k)      (model/mtp.h)
+//   total = loss + mtp_loss_weight / K * sum_k loss_k + sum over MoE layers of the balance loss
+//
+// Backward runs the same pieces in reverse. The heads run their backward as soon as their loss is
+// known (the logits never outlive their head), so one logits buffer exists at a time.
+//
+// Parameters are FP32 masters on the model's device (model/parameter.h has the fused names); the
+// checkpoint form (io/checkpoint.h names, per-expert tensors, MTP copies of the shared embedding
+// and head) is produced by export_tensors and read by load.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/block.h"
+#include "model/config.h"
+#include "model/head.h"
+#include "model/mtp.h"
+
+namespace octet {
+
+struct ModelBatch {
+  Tensor inputs;   // (B, T) i32 on the host: token ids in [0, vocab_size)
+  Tensor targets;  // (B, T) i32 on the host: next tokens, or kIgnoreIndex (ops/cross_entropy)
+};
+
+// Device scalars of one micro-batch; read them with read_losses (one synchronisation).
+struct ModelLosses {
+  Tensor main;                      // (1) f32 mean cross-entropy of the main head
+  std::vector<Tensor> mtp;          // (1) f32 per MTP depth
+  std::vector<Tensor> aux;          // (1) f32 per MoE layer with a sequence-wise balance loss
+  std::vector<Tensor> expert_load;  // (E) i32 per MoE layer (main layers, then MTP): tokens routed
+};
+
+struct LossValues {
+  double total = 0, main = 0, aux = 0;
+  std::vector<double> mtp;
+};
+
+enum class Pass : uint8_t { kForward, kForwardBackward };
+
+class Model {
+ public:
+  // Parameters allocated (uninitialised) on ctx's device; see init / load.
+  Model(Context& ctx, const ModelConfig& config, const Precision& precision);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const Precision& precision() const { return precision_; }
+  // Switches the recipe (resets the delayed-scaling state); call prepare() afterwards.
+  void set_precision(Context& ctx, const Precision& p);
+
+  std::vector<Parameter*> parameters();
+  Parameter& parameter(const std::string& name);
+
+  // Checkpoint-form tensors (io::expected_tensors names): fresh ones from model/init.h, or a
+  // checkpoint's. Missing MTP tensors (a transformers checkpoint) keep the values from `fallback`.
+  void load(Context& ctx, const io::NamedTensors& tensors,
+            const io::NamedTensors* fallback = nullptr);
+  // Host F32 tensors in io::expected_tensors order.
+  io::NamedTensors export_tensors(Context& ctx) const;
+
+  // Once per optimizer step, after the weights changed: the GEMMs' copies of the weights.
+  void prepare(Context& ctx);
+  void zero_grad(Context& ctx);
+
+  // One micro-batch. kForwardBackward adds every gradient (+=), the loss scaled by grad_scale
+  // (1 / gradient-accumulation steps).
+  ModelLosses step(Context& ctx, const ModelBatch& batch, Pass pass, float grad_scale = 1.0f);
+  LossValues read_losses(Context& ctx, const ModelLosses& l) const;
+
+  // Auxiliary-loss-free balancing: each MoE layer's bias moves by `rate` toward balance, from the
+  // loads of the step's micro-batches (summed).
+  void update_router_bias(Context& ctx, const std::vector<ModelLosses>& micro_batches, float rate);
+
+  int64_t moe_layer_count() const { return static_cast<int64_t>(moe_layers_.size()); }
+
+  // The pieces, for the block-level tests and tools.
+  DecoderLayer& layer(int64_t i) { return layers_.at(static_cast<size_t>(i)); }
+  MtpModule& mtp(int64_t k) { return mtp_.at(static_cast<size_t>(k)); }
+  const OutputHead& head() const { return head_; }
+  const RopeTable& rope() const { return rope_; }
+
+ private:
+  Parameter* add(const std::string& name, const Shape& shape, bool decay, bool trainable = true);
+  void build_layer(DecoderLayer& layer, int64_t index);
+  Tensor device_scalar(Context& ctx, float v);
+  Tensor upload(Context& ctx, const Tensor& host) const;
+
+  ModelConfig config_;
+  Precision precision_;
+  std::vector<std::unique_ptr<Parameter>> params_;
+  std::map<std::string, Parameter*> by_name_;
+  // Checkpoint tensor -> (parameter, first element): fused and stacked weights hold several.
+  struct Slot {
+    Parameter* param;
+    int64_t offset;
+    int64_t numel;
+  };
+  std::map<std::string, Slot> slots_;
+
+  Parameter* embed_ = nullptr;
+  LinearLayer head_proj_;
+  OutputHead head_;
+  std::vector<DecoderLayer> layers_;
+  std::vector<MtpModule> mtp_;
+  std::vector<MoeLayer*> moe_layers_;
+  RopeTable rope_;
+  std::map<float, Tensor> scalars_;
+};
+
+}  // namespace octet

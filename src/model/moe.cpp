@@ -1,0 +1,119 @@
+// MoE feed-forward: forward, then backward in reverse order (moe.h has the dataflow).
+#include "model/moe.h"
+
+#include "ops/cast/cast.h"
+#include "ops/gemm/gemm.h"
+#include "ops/quantize/quantize.h"
+#include "ops/swiglu/swiglu.h"
+
+namespace octet {
+namespace {
+
+bool fp8_experts(const Recipe& r) {
+  return r.at(GemmSite::kExpertGateUp).is_fp8() || r.at(GemmSite::kExpertDown).is_fp8();
+}
+
+std::vector<int64_t> host_sizes(Context& ctx, const Tensor& sizes) {
+  const Tensor h = sizes.device() == Device::kCpu ? sizes : sizes.to_host(ctx);
+  std::vector<int64_t> out(static_cast<size_t>(h.numel()));
+  for (size_t e = 0; e < out.size(); ++e) out[e] = h.data_as<const int32_t>()[e];
+  return out;
+}
+
+}  // namespace
+
+void MoeLayer::init_state(Context& ctx, const Recipe& recipe) {
+  gate_up.init_state(ctx, recipe);
+  down.init_state(ctx, recipe);
+  if (shared) {
+    shared->gate_up.init_state(ctx, recipe);
+    shared->down.init_state(ctx, recipe);
+  }
+}
+
+void MoeLayer::prepare(Context& ctx, const Precision& p) {
+  gate_w_ = cast(ctx, gate->value, p.act);
+  gate_w_t_ = transpose(ctx, gate_w_);
+  gate_up.prepare(ctx, p);
+  down.prepare(ctx, p);
+  if (shared) {
+    shared->gate_up.prepare(ctx, p);
+    shared->down.prepare(ctx, p);
+  }
+}
+
+Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences,
+                         Saved& s) {
+  const Recipe& r = p.recipe;
+  const int64_t T = x.rows(), D = x.cols(), E = router.num_experts;
+  s = Saved{};
+  s.sequences = sequences;
+  s.x = x;
+  // Router: BF16 operands, FP32 scores.
+  s.logits = Tensor::empty(ctx, {T, E}, DType::kF32);
+  gemm_bf16(ctx, {x.reshape({T, D}), gate_w_, s.logits, Accumulate::kOverwrite});
+  s.route = moe_router_forward(ctx, {s.logits, bias->value, router});
+  if (seq_aux_alpha > 0.0f)
+    s.aux_loss =
+        moe_seq_balance_loss_forward(ctx, {s.logits, s.route.topk_idx, sequences, seq_aux_alpha});
+
+  // Dispatch. FP8 Wgrad of the experts needs each expert's rows to start at a multiple of 128.
+  s.map = moe_permute_map(
+      ctx, {s.route.topk_idx, E, fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
+  s.layout.sizes = s.map.group_sizes;
+  const bool per_tensor = r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Tensor ||
+                          r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Tensor;
+  if (per_tensor) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
+  GroupedInput xp;
+  if (r.moe_dispatch == Storage::kFp8) {
+    QuantizeArgs qa;  // quantized once, before the dispatch (DeepSeek-V3)
+    qa.input = x.reshape({T, D});
+    qa.format = Fp8Format::kE4M3;
+    qa.granularity = Granularity::k1x128;
+    qa.rounding = ScaleRounding::kPow2;
+    xp.qx = moe_permute(ctx, s.map, quantize(ctx, qa));
+  } else {
+    xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
+  }
+  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F)
+  GroupedInput h;
+  if (r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block) {
+    h.qx = swiglu_quantize(ctx, {s.gu, Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f});
+  } else {
+    h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
+    swiglu_forward(ctx, {s.gu, h.x});
+  }
+  s.expert_out = down.forward(ctx, p, h, s.layout, s.down);  // (R, D)
+  Tensor y = moe_combine(ctx, s.map, {s.expert_out, s.route.topk_weight, x.dtype()});
+  if (shared) add_into(ctx, y, shared->forward(ctx, p, x.reshape({T, D}), s.shared));
+  return y.reshape(x.shape());
+}
+
+Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s) {
+  const int64_t T = dy.rows(), D = dy.cols();
+  const Tensor dy2 = dy.reshape({T, D});
+  const CombineGrads cg =
+      moe_combine_backward(ctx, s.map, {dy2, s.expert_out, s.route.topk_weight, dy.dtype()});
+  const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
+  Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
+  swiglu_backward(ctx, {dh, s.gu, dgu});
+  const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+  Tensor dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
+
+  // Router: through the combine weights (and the balance loss), not the selection or the bias.
+  Tensor d_logits =
+      moe_router_backward(ctx, {s.logits, s.route.topk_idx, cg.d_topk_weight, router});
+  if (seq_aux_alpha > 0.0f)
+    moe_seq_balance_loss_backward(ctx, {s.logits, s.route.topk_idx, s.sequences, seq_aux_alpha},
+                                  aux_grad_scale, d_logits);  // d_logits +=
+  const Tensor dl = cast(ctx, d_logits, dy.dtype());
+  Tensor dx_router = Tensor::empty(ctx, {T, D}, dy.dtype());
+  gemm_bf16(ctx, {dl, gate_w_t_, dx_router, Accumulate::kOverwrite});  // d_logits W_gate
+  gemm_bf16(ctx, {transpose(ctx, dl), transpose(ctx, s.x.reshape({T, D})), gate->grad,
+                  Accumulate::kAdd});  // dW_gate += d_logits^T x
+  add_into(ctx, dx, dx_router);
+  if (shared) add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
+  return dx.reshape(dy.shape());
+}
+
+}  // namespace octet

@@ -1,0 +1,63 @@
+// LinearLayer and NormLayer (parameter.h): thin holders over model/linear.h and ops/rmsnorm.
+#include "model/parameter.h"
+
+#include "ops/rmsnorm/rmsnorm.h"
+
+namespace octet {
+
+void LinearLayer::init_state(Context& ctx, const Recipe& recipe) {
+  const GemmRecipe& r = recipe.at(site);
+  if (r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed)
+    state = make_linear_scaling_state(ctx, recipe);
+}
+
+void LinearLayer::prepare(Context& ctx, const Precision& p) {
+  PrepareWeightArgs a;
+  a.site = site;
+  a.weight = param->value;
+  a.recipe = p.recipe.at(site);
+  a.state = &state;
+  a.activation_dtype = p.act;
+  prepared = prepare_weight(ctx, a);
+}
+
+Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,
+                            Storage storage) {
+  LinearArgs a;
+  a.site = site;
+  a.x = x;
+  a.weight = prepared;
+  a.recipe = p.recipe.at(site);
+  a.state = &state;
+  a.saved_storage = storage;
+  return linear_forward(ctx, a, saved);
+}
+
+Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
+                             const LinearSaved& saved) {
+  LinearBackwardArgs a;
+  a.site = site;
+  a.dy = dy;
+  a.saved = saved;
+  a.weight = prepared;
+  a.recipe = p.recipe.at(site);
+  a.state = &state;
+  LinearGrads g{param->grad};
+  return linear_backward(ctx, a, g);  // param->grad += dy^T x
+}
+
+Tensor NormLayer::forward(Context& ctx, const Tensor& x, Saved& saved) const {
+  Tensor y = Tensor::empty(ctx, x.shape(), x.dtype());
+  Tensor rstd = Tensor::empty(ctx, {x.rows()}, DType::kF32);
+  rmsnorm_forward(ctx, {x, param->value, eps, y, rstd});
+  saved = {x, rstd};
+  return y;
+}
+
+Tensor NormLayer::backward(Context& ctx, const Tensor& dy, const Saved& saved) const {
+  Tensor dx = Tensor::empty(ctx, dy.shape(), dy.dtype());
+  rmsnorm_backward(ctx, {dy, saved.x, param->value, saved.rstd, dx, param->grad});  // grad +=
+  return dx;
+}
+
+}  // namespace octet

@@ -1,0 +1,67 @@
+// The model's trainable state, as the optimizer and the checkpoint code see it, and the two layer
+// holders every block uses: a Linear site (model/linear.h) and an RMSNorm.
+//
+// Tensors are named as the model holds them. That is the checkpoint name (io/checkpoint.h) except
+// for fused weights, which keep the fused names of recent transformers versions:
+//   ...mlp.gate_up_proj.weight               (2I, D)  gate_proj rows [0, I), up_proj rows [I, 2I)
+//   ...mlp.shared_experts.gate_up_proj.weight  likewise
+//   ...mlp.experts.gate_up_proj              (E, 2F, D)  expert j's gate_proj and up_proj
+//   ...mlp.experts.down_proj                 (E, D, F)
+// model/model.cpp converts to and from the per-expert, unfused checkpoint names.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "model/linear.h"
+#include "numerics/recipe.h"
+
+namespace octet {
+
+struct Parameter {
+  std::string name;
+  Tensor value;  // f32 master, on the model's device
+  Tensor grad;   // f32, value's shape; accumulated (+=) by backward, zeroed by the trainer
+  bool weight_decay = true;  // false for norms, biases and embeddings-free vectors
+  bool trainable = true;     // false: e_score_correction_bias moves by the balancing rule only
+};
+
+// Everything a forward/backward needs to know about the numbers it runs in.
+struct Precision {
+  Recipe recipe;
+  DType act = DType::kBF16;  // activations; kF32 is the CPU's FP32 checking mode (bf16 recipe)
+};
+
+// A Linear site of one layer: the master weight (a Parameter) and its per-step prepared copy and
+// delayed-scaling state.
+struct LinearLayer {
+  GemmSite site = GemmSite::kAttnQDown;
+  Parameter* param = nullptr;
+  PreparedWeight prepared;
+  LinearScalingState state;  // used by fp8-tensor delayed scaling only
+
+  void init_state(Context& ctx, const Recipe& recipe);
+  // Once per optimizer step (model/linear.h prepare_weight).
+  void prepare(Context& ctx, const Precision& p);
+  Tensor forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,
+                 Storage storage = Storage::kFp8);
+  // dx (=); param->grad += dy^T x.
+  Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const LinearSaved& saved);
+};
+
+// RMSNorm with FP32 arithmetic (ops/rmsnorm); the input is what the caller keeps for backward.
+struct NormLayer {
+  Parameter* param = nullptr;
+  float eps = 1e-6f;
+
+  struct Saved {
+    Tensor x;     // the input
+    Tensor rstd;  // (rows) f32
+  };
+  Tensor forward(Context& ctx, const Tensor& x, Saved& saved) const;
+  // dx (=); param->grad += ...
+  Tensor backward(Context& ctx, const Tensor& dy, const Saved& saved) const;
+};
+
+}  // namespace octet
