@@ -35,6 +35,10 @@ class Backend {
   virtual void synchronize() = 0;
   virtual void* stream() const { return nullptr; }
   virtual std::unique_ptr<Timer> make_timer() = 0;
+  // High-water mark of memory in use since the last reset_peak(): the stream-ordered pool's
+  // (CUDA), or the process's peak resident set (CPU, which cannot be reset).
+  virtual int64_t peak_bytes() const { return 0; }
+  virtual void reset_peak() {}
 };
 
 std::shared_ptr<Backend> make_cpu_backend();

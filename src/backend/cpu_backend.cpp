@@ -1,3 +1,5 @@
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,11 @@ class CpuBackend final : public Backend {
     return p;
   }
   void free(void* ptr) override { std::free(ptr); }
+  int64_t peak_bytes() const override {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<int64_t>(u.ru_maxrss) * 1024;  // kilobytes on Linux
+  }
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
     OCTET_CHECK(kind == CopyKind::kHostToHost, "the cpu backend copies host memory only");
     std::memcpy(dst, src, static_cast<size_t>(bytes));

@@ -47,6 +47,19 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(stream_);
   }
   Device device() const override { return Device::kCuda; }
+  int64_t peak_bytes() const override {
+    cudaMemPool_t pool;
+    OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
+    uint64_t high = 0;
+    OCTET_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+    return static_cast<int64_t>(high);
+  }
+  void reset_peak() override {
+    cudaMemPool_t pool;
+    OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
+    uint64_t zero = 0;
+    OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  }
   void* alloc(int64_t bytes) override {
     void* p = nullptr;
     const cudaError_t err = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);

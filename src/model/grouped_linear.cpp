@@ -4,6 +4,7 @@
 #include "backend/backend.h"
 #include "ops/cast/cast.h"
 #include "ops/grouped_gemm/grouped_gemm.h"
+#include "ops/layout/layout.h"
 #include "ops/quantize/quantize.h"
 
 namespace octet {
@@ -104,7 +105,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     return y;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
-    Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
+    Tensor y = zeros(ctx, {R, out()}, DType::kBF16);  // a padded layout's tail stays zero
     s.per_expert.resize(per_expert_.size());
     int64_t row = 0;
     for (size_t e = 0; e < per_expert_.size(); ++e) {
@@ -151,7 +152,7 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
     return dx;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
-    Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
+    Tensor dx = zeros(ctx, {R, in()}, DType::kBF16);
     int64_t row = 0;
     for (int64_t e = 0; e < E; ++e) {
       const int64_t m = layout.host_sizes.at(e);

@@ -49,6 +49,8 @@ struct GroupedLinearLayer {
   void prepare(Context& ctx, const Precision& p);  // once per optimizer step
   Tensor forward(Context& ctx, const Precision& p, const GroupedInput& in,
                  const GroupLayoutRef& layout, Saved& s);
+  // fp8-tensor: the per-expert Linear layers (their delayed-scaling state); empty otherwise.
+  std::vector<LinearLayer>& per_expert() { return per_expert_; }
   // dX (=); param->grad (+=).
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const GroupLayoutRef& layout,
                   const Saved& s);

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "io/checkpoint.h"
+#include "model/init.h"
 #include "ops/cast/cast.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/embedding/embedding.h"
@@ -402,6 +403,107 @@ void Model::update_router_bias(Context& ctx, const std::vector<ModelLosses>& mic
     }
     moe_router_bias_update(ctx, {moe_layers_[m]->bias->value, counts, rate});
   }
+}
+
+std::vector<std::string> load_checkpoint_into(Context& ctx, Model& model,
+                                              const io::LoadedCheckpoint& checkpoint,
+                                              uint64_t seed) {
+  OCTET_CHECK(checkpoint.quantized.empty(),
+              "model: read the checkpoint with Fp8Weights::kDequantize to load it for training");
+  std::vector<std::string> notes = checkpoint.warnings;
+  if (checkpoint.missing_mtp.empty()) {
+    model.load(ctx, checkpoint.tensors);
+    return notes;
+  }
+  const io::NamedTensors fresh = init_parameters(model.config(), seed);
+  model.load(ctx, checkpoint.tensors, &fresh);
+  notes.push_back("initialised " + std::to_string(checkpoint.missing_mtp.size()) +
+                  " missing MTP tensors with seed " + std::to_string(seed));
+  return notes;
+}
+
+std::vector<LinearLayer*> Model::delayed_linears() {
+  std::vector<LinearLayer*> out;
+  auto add_layer = [&](DecoderLayer& l) {
+    for (LinearLayer* x :
+         {&l.attn.q_a, &l.attn.q_b, &l.attn.q, &l.attn.kv_a, &l.attn.kv_b, &l.attn.o})
+      out.push_back(x);
+    if (l.mlp) out.insert(out.end(), {&l.mlp->gate_up, &l.mlp->down});
+    if (l.moe) {
+      for (GroupedLinearLayer* g : {&l.moe->gate_up, &l.moe->down})
+        for (LinearLayer& x : g->per_expert()) out.push_back(&x);
+      if (l.moe->shared) out.insert(out.end(), {&l.moe->shared->gate_up, &l.moe->shared->down});
+    }
+  };
+  out.push_back(&head_proj_);
+  for (auto& l : layers_) add_layer(l);
+  for (auto& m : mtp_) {
+    out.push_back(&m.eh_proj);
+    add_layer(m.layer);
+  }
+  std::vector<LinearLayer*> delayed;
+  for (LinearLayer* l : out)
+    if (l->param != nullptr && l->state.x.amax_history.defined() &&
+        l->state.x.amax_history.numel() > 0 && l->state.x.amax_history.data() != nullptr)
+      delayed.push_back(l);
+  return delayed;
+}
+
+io::NamedTensors Model::recipe_state(Context& ctx) {
+  io::NamedTensors out;
+  for (LinearLayer* l : delayed_linears()) {
+    const std::string n = l->param->name;
+    const std::pair<const char*, DelayedScaling*> parts[] = {
+        {"x", &l->state.x}, {"w", &l->state.w}, {"dy", &l->state.dy}};
+    for (const auto& [tag, ds] : parts) {
+      out.emplace_back(n + "." + tag + ".amax_history", ds->amax_history.to_host(ctx));
+      out.emplace_back(n + "." + tag + ".scale", ds->scale.to_host(ctx));
+      out.emplace_back(n + "." + tag + ".scale_inv", ds->scale_inv.to_host(ctx));
+    }
+    Tensor steps = Tensor::empty({3}, DType::kI64);
+    steps.data_as<int64_t>()[0] = l->state.x_steps;
+    steps.data_as<int64_t>()[1] = l->state.w_steps;
+    steps.data_as<int64_t>()[2] = l->state.dy_steps;
+    out.emplace_back(n + ".steps", steps);
+  }
+  return out;
+}
+
+void Model::load_recipe_state(Context& ctx, const io::NamedTensors& state) {
+  std::map<std::string, const Tensor*> by;
+  for (const auto& [n, t] : state) by[n] = &t;
+  auto get = [&](const std::string& n, const Tensor& like) -> const Tensor& {
+    auto it = by.find(n);
+    OCTET_CHECK(it != by.end(), "recipe state: tensor '", n, "' is missing");
+    OCTET_CHECK(it->second->shape() == like.shape() && it->second->dtype() == like.dtype(),
+                "recipe state: tensor '", n, "' has shape ", shape_str(it->second->shape()),
+                ", expected ", shape_str(like.shape()));
+    return *it->second;
+  };
+  const std::vector<LinearLayer*> linears = delayed_linears();
+  size_t used = 0;
+  for (LinearLayer* l : linears) {
+    const std::string n = l->param->name;
+    const std::pair<const char*, DelayedScaling*> parts[] = {
+        {"x", &l->state.x}, {"w", &l->state.w}, {"dy", &l->state.dy}};
+    for (const auto& [tag, ds] : parts) {
+      for (Tensor* t : {&ds->amax_history, &ds->scale, &ds->scale_inv}) {
+        const char* field = t == &ds->amax_history ? "amax_history"
+                            : t == &ds->scale      ? "scale"
+                                                   : "scale_inv";
+        const Tensor& src = get(n + "." + tag + "." + field, t->to_host(ctx));
+        ctx.be().copy(t->data(), src.data(), src.nbytes(), to_device_kind(ctx));
+        ++used;
+      }
+    }
+    const Tensor& steps = get(n + ".steps", Tensor::empty({3}, DType::kI64));
+    l->state.x_steps = steps.data_as<const int64_t>()[0];
+    l->state.w_steps = steps.data_as<const int64_t>()[1];
+    l->state.dy_steps = steps.data_as<const int64_t>()[2];
+    ++used;
+  }
+  OCTET_CHECK(used == state.size(), "recipe state: ", state.size() - used,
+              " tensors do not belong to this model's recipe (", precision_.recipe.name, ")");
 }
 
 }  // namespace octet

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/block.h"
 #include "model/config.h"
@@ -85,6 +86,12 @@ class Model {
   // loads of the step's micro-batches (summed).
   void update_router_bias(Context& ctx, const std::vector<ModelLosses>& micro_batches, float rate);
 
+  // Delayed-scaling state of every Linear (amax histories, scales, recorded steps), named
+  // "<parameter>.{x,w,dy}.{amax_history,scale,scale_inv}" and "<parameter>.steps" (i64 x 3), as
+  // host tensors; empty for the other recipes. load_recipe_state restores it exactly.
+  io::NamedTensors recipe_state(Context& ctx);
+  void load_recipe_state(Context& ctx, const io::NamedTensors& state);
+
   int64_t moe_layer_count() const { return static_cast<int64_t>(moe_layers_.size()); }
 
   // The pieces, for the block-level tests and tools.
@@ -97,6 +104,8 @@ class Model {
   Parameter* add(const std::string& name, const Shape& shape, bool decay, bool trainable = true);
   void build_layer(DecoderLayer& layer, int64_t index);
   Tensor device_scalar(Context& ctx, float v);
+  // Every Linear with its delayed-scaling state, named by its parameter.
+  std::vector<LinearLayer*> delayed_linears();
   Tensor upload(Context& ctx, const Tensor& host) const;
 
   ModelConfig config_;
@@ -120,5 +129,13 @@ class Model {
   RopeTable rope_;
   std::map<float, Tensor> scalars_;
 };
+
+// Loads a checkpoint (io::read_checkpoint's result, F32 or dequantized) into the model. A
+// checkpoint without MTP layers (as the transformers library saves) gets fresh MTP layers from
+// init_parameters(seed); the returned lines (the checkpoint's warnings) are for the caller to
+// print.
+std::vector<std::string> load_checkpoint_into(Context& ctx, Model& model,
+                                              const io::LoadedCheckpoint& checkpoint,
+                                              uint64_t seed = 0);
 
 }  // namespace octet

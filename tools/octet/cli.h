@@ -54,5 +54,8 @@ Command bench_command();
 Command gemm_command();
 Command init_command();
 Command describe_command();
+Command compare_command();
+Command eval_command();
+Command train_command();
 
 }  // namespace octet::cli

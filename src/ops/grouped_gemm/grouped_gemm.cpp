@@ -2,6 +2,7 @@
 // or cuda::.
 #include "ops/grouped_gemm/grouped_gemm.h"
 
+#include "backend/backend.h"
 #include "backend/dispatch.h"
 #include "ops/gemm/gemm_backends.h"
 #include "ops/grouped_gemm/grouped_gemm_backends.h"
@@ -28,9 +29,20 @@ GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, c
     l.size.push_back(m);
     sum += m;
   }
-  OCTET_CHECK(sum == total_rows, "grouped gemm group_sizes: the experts' counts sum to ", sum,
-              " but ", what, " has ", total_rows);
+  // Rows past the experts' sum are the static tail of a padded permute (ops/moe_permute kTo128).
+  OCTET_CHECK(sum <= total_rows, "grouped gemm group_sizes: the experts' counts sum to ", sum,
+              " but ", what, " has only ", total_rows);
   return l;
+}
+
+// Fprop / Dgrad with kOverwrite: D's rows past the experts' sum are set to zero, so the tail of a
+// padded layout is defined (the next quantization's amax reads it).
+void zero_tail(Context& ctx, const Tensor& d, const GroupLayout& l, Accumulate acc) {
+  const int64_t used = l.size.empty() ? 0 : l.offset.back() + l.size.back();
+  if (acc != Accumulate::kOverwrite || used >= d.rows()) return;
+  const int64_t row_bytes = d.cols() * dtype_size(d.dtype());
+  ctx.be().memset(static_cast<char*>(d.data()) + used * row_bytes, 0,
+                  (d.rows() - used) * row_bytes);
 }
 
 // Experts' weights stacked as E * N rows; returns N.
@@ -100,6 +112,7 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   if (ctx.device == Device::kCuda) check_cuda_block_output(n, args.d.dtype());
   const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A");
   OCTET_DISPATCH(ctx, grouped_gemm_fp8, ctx, args, l);
+  zero_tail(ctx, args.d, l, args.accumulate);
 }
 
 void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
@@ -111,6 +124,7 @@ void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
   check_gemm_output(args.d, args.a.rows(), n, args.accumulate, ctx.device);
   const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A");
   OCTET_DISPATCH(ctx, grouped_gemm_bf16, ctx, args, l);
+  zero_tail(ctx, args.d, l, args.accumulate);
 }
 
 void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {

@@ -25,6 +25,10 @@
 // of 128 tokens are global: every non-empty expert must start at a multiple of 128 tokens (pad each
 // expert's rows to 128, as DeepGEMM's contiguous layout does). Fprop and Dgrad have no such rule.
 //
+// A padded permute (ops/moe_permute kTo128) has a static row count R >= sum M_e: rows past the sum
+// are a tail no expert owns. Fprop and Dgrad then write zeros there (kOverwrite) or leave it
+// (kAdd); Wgrad reads tokens [0, sum M_e) only.
+//
 // CUDA, first version: one cuBLASLt GEMM per non-empty expert (plans cached per shape). The row
 // counts are read back to the host once per call, which synchronises the stream; a fused Hopper
 // kernel that reads them on the device is a later issue.
@@ -37,7 +41,8 @@ namespace octet {
 struct GroupedGemmFp8Args {
   Fp8Operand a;        // (sum M_e, K) fp8, 1x128: expert e's tokens are rows [o_e, o_e + M_e)
   Fp8Operand b;        // (E * N, K) fp8 stacked weights, 128x128 (or 1x128) per expert, see above
-  Tensor group_sizes;  // (E) int32 | int64 on the context's device: M_e >= 0, sum M_e == a.rows()
+  Tensor group_sizes;  // (E) int32 | int64 on the context's device: M_e >= 0, sum M_e <= a.rows()
+                       // (see above)
   Tensor d;            // (sum M_e, N) bf16 | f32; kAdd: f32
   Accumulate accumulate = Accumulate::kOverwrite;
 };

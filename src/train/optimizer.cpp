@@ -1,0 +1,186 @@
+#include "train/optimizer.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "backend/backend.h"
+#include "ops/adamw/adamw.h"
+
+namespace octet::train {
+namespace {
+
+void check_param_tensor(const Tensor& t, const Param& p, const char* what, DType dtype,
+                        Device device, int64_t numel) {
+  OCTET_CHECK(t.data() != nullptr || t.numel() == 0, "optimizer: parameter ", p.name, ": ", what,
+              " has no storage");
+  OCTET_CHECK(t.dtype() == dtype, "optimizer: parameter ", p.name, ": ", what, " must be ",
+              dtype_name(dtype), ", got ", dtype_name(t.dtype()));
+  OCTET_CHECK(t.device() == device, "optimizer: parameter ", p.name, ": ", what, " must be on ",
+              device_name(device), ", got ", device_name(t.device()));
+  OCTET_CHECK(t.numel() == numel, "optimizer: parameter ", p.name, ": ", what, " must have ", numel,
+              " elements (as master), got shape ", shape_str(t.shape()));
+}
+
+Tensor zeros(Context& ctx, const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(ctx, shape, dtype);
+  if (t.nbytes()) ctx.be().memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+// Copies a host tensor into a same-sized tensor on the context's device.
+void copy_from_host(Context& ctx, Tensor& dst, const Tensor& src) {
+  if (!dst.nbytes()) return;
+  ctx.be().copy(dst.data(), src.data(), dst.nbytes(),
+                ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kHostToDevice);
+}
+
+}  // namespace
+
+void AdamWConfig::validate() const {
+  OCTET_CHECK(std::isfinite(lr) && lr >= 0, "adamw config: lr must be finite and >= 0, got ", lr);
+  OCTET_CHECK(beta1 >= 0 && beta1 < 1, "adamw config: beta1 must be in [0, 1), got ", beta1);
+  OCTET_CHECK(beta2 >= 0 && beta2 < 1, "adamw config: beta2 must be in [0, 1), got ", beta2);
+  OCTET_CHECK(std::isfinite(eps) && eps > 0, "adamw config: eps must be finite and > 0, got ", eps);
+  OCTET_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+              "adamw config: weight_decay must be finite and >= 0, got ", weight_decay);
+  OCTET_CHECK(std::isfinite(grad_clip) && grad_clip >= 0,
+              "adamw config: grad_clip must be finite and >= 0 (0 disables clipping), got ",
+              grad_clip);
+}
+
+AdamWOptimizer::AdamWOptimizer(Context& ctx, std::vector<Param*> params, const AdamWConfig& config)
+    : params_(std::move(params)), config_(config) {
+  config_.validate();
+  std::set<std::string> names;
+  moments_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    OCTET_CHECK(params_[i] != nullptr, "optimizer: params[", i, "] is null");
+    const Param& p = *params_[i];
+    OCTET_CHECK(!p.name.empty(), "optimizer: params[", i, "] has an empty name");
+    OCTET_CHECK(names.insert(p.name).second, "optimizer: parameter name ", p.name,
+                " appears twice");
+    const int64_t n = p.master.numel();
+    check_param_tensor(p.master, p, "master", DType::kF32, ctx.device, n);
+    if (!p.trainable) continue;
+    check_param_tensor(p.grad, p, "grad", DType::kF32, ctx.device, n);
+    OCTET_CHECK(p.grad.shape() == p.master.shape(), "optimizer: parameter ", p.name,
+                ": grad shape ", shape_str(p.grad.shape()), " differs from master shape ",
+                shape_str(p.master.shape()));
+    if (p.bf16_copy.data())
+      check_param_tensor(p.bf16_copy, p, "bf16_copy", DType::kBF16, ctx.device, n);
+    moments_[i].exp_avg = zeros(ctx, p.master.shape(), DType::kBF16);
+    moments_[i].exp_avg_sq = zeros(ctx, p.master.shape(), DType::kBF16);
+  }
+}
+
+StepResult AdamWOptimizer::step(Context& ctx, float lr) {
+  if (pending_) finish_step(ctx);
+  std::vector<Tensor> grads;
+  for (const Param* p : params_)
+    if (p->trainable) grads.push_back(p->grad);
+  StepResult r;
+  r.grad_norm = global_grad_norm(ctx, grads);
+  if (config_.grad_clip > 0)
+    r.clip_coef = grad_clip_coefficient(ctx, r.grad_norm, config_.grad_clip);
+  r.skipped = nonfinite_flag(ctx, {r.grad_norm});
+  r.step = steps_taken_ + 1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = *params_[i];
+    if (!p.trainable) continue;
+    AdamWArgs a;
+    a.param = p.master;
+    a.grad = p.grad;
+    a.exp_avg = moments_[i].exp_avg;
+    a.exp_avg_sq = moments_[i].exp_avg_sq;
+    a.param_bf16 = p.bf16_copy;
+    a.grad_scale = r.clip_coef;
+    a.found_inf = r.skipped;
+    a.lr = lr;
+    a.beta1 = config_.beta1;
+    a.beta2 = config_.beta2;
+    a.eps = config_.eps;
+    a.weight_decay = p.weight_decay ? config_.weight_decay : 0.0f;
+    a.step = r.step;
+    adamw_step(ctx, a);
+  }
+  last_ = r;
+  pending_ = true;
+  return r;
+}
+
+StepStats AdamWOptimizer::finish_step(Context& ctx) {
+  if (!pending_) return last_stats_;
+  // The first copy waits for the step; the others find their values ready.
+  StepStats s;
+  s.skipped = last_.skipped.to_host(ctx).data_as<int32_t>()[0] != 0;
+  s.grad_norm = last_.grad_norm.to_host(ctx).data_as<float>()[0];
+  if (last_.clip_coef.data()) s.clip_coef = last_.clip_coef.to_host(ctx).data_as<float>()[0];
+  s.step = last_.step;
+  if (!s.skipped) steps_taken_ = last_.step;
+  pending_ = false;
+  last_stats_ = s;
+  return s;
+}
+
+void AdamWOptimizer::zero_grad(Context& ctx) {
+  for (const Param* p : params_)
+    if (p->grad.data() && p->grad.nbytes()) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
+}
+
+io::NamedTensors AdamWOptimizer::state_dict(Context& ctx) {
+  if (pending_) finish_step(ctx);
+  io::NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i]->trainable) continue;
+    out.emplace_back(params_[i]->name + ".exp_avg", moments_[i].exp_avg.to_host(ctx));
+    out.emplace_back(params_[i]->name + ".exp_avg_sq", moments_[i].exp_avg_sq.to_host(ctx));
+  }
+  Tensor step = Tensor::empty({1}, DType::kI64);
+  step.data_as<int64_t>()[0] = steps_taken_;
+  out.emplace_back(kStepTensorName, step);
+  return out;
+}
+
+void AdamWOptimizer::load_state_dict(Context& ctx, const io::NamedTensors& state) {
+  if (pending_) finish_step(ctx);
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : state) {
+    OCTET_CHECK(by_name.emplace(name, &t).second, "optimizer state: tensor ", name,
+                " appears twice");
+    OCTET_CHECK(t.device() == Device::kCpu, "optimizer state: tensor ", name,
+                " must be a host tensor");
+  }
+  auto take = [&](const std::string& name, DType dtype, const Shape& shape) -> const Tensor& {
+    auto it = by_name.find(name);
+    OCTET_CHECK(it != by_name.end(), "optimizer state: tensor ", name, " is missing");
+    const Tensor& t = *it->second;
+    OCTET_CHECK(t.dtype() == dtype, "optimizer state: tensor ", name, " must be ",
+                dtype_name(dtype), ", got ", dtype_name(t.dtype()));
+    OCTET_CHECK(t.shape() == shape, "optimizer state: tensor ", name, " must have shape ",
+                shape_str(shape), ", got ", shape_str(t.shape()));
+    by_name.erase(it);
+    return t;
+  };
+  // Check everything before changing anything, so a bad file leaves the optimizer as it was.
+  std::vector<std::pair<Tensor*, const Tensor*>> copies;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = *params_[i];
+    if (!p.trainable) continue;
+    copies.emplace_back(&moments_[i].exp_avg,
+                        &take(p.name + ".exp_avg", DType::kBF16, p.master.shape()));
+    copies.emplace_back(&moments_[i].exp_avg_sq,
+                        &take(p.name + ".exp_avg_sq", DType::kBF16, p.master.shape()));
+  }
+  const int64_t steps = take(kStepTensorName, DType::kI64, {1}).data_as<int64_t>()[0];
+  OCTET_CHECK(steps >= 0, "optimizer state: tensor ", kStepTensorName, " must be >= 0, got ",
+              steps);
+  if (!by_name.empty())
+    OCTET_THROW("optimizer state: unexpected tensor ", by_name.begin()->first,
+                " (no trainable parameter of that name)");
+  for (auto& [dst, src] : copies) copy_from_host(ctx, *dst, *src);
+  steps_taken_ = steps;
+  last_stats_ = StepStats{};
+}
+
+}  // namespace octet::train

@@ -1,0 +1,113 @@
+// AdamW over the model's parameters: FP32 master weights, BF16 moments (DeepSeek-V3 report section
+// 3.3.2), global-norm gradient clipping and skipping of non-finite steps, on top of
+// ops/adamw/adamw.h.
+//
+// One step, all on the context's stream with no host synchronisation before the updates:
+//   norm  = global_grad_norm(grads of the trainable parameters)        (before clipping)
+//   coef  = min(1, grad_clip / (norm + 1e-6))                          (torch's clip_grad_norm_)
+//   flag  = nonfinite_flag(norm)
+//   adamw_step per trainable parameter, grad_scale = coef, found_inf = flag, weight decay only
+//   where Param::weight_decay
+// The flag is taken from the norm, not from a second pass over the gradients: any NaN or inf
+// element makes the sum of squares NaN or inf, and so does a sum that overflows FP32; either way
+// the step changes nothing (parameters, moments).
+//
+// The step count (AdamW's bias correction) advances only over applied steps, which the host learns
+// by reading the flag: finish_step() reads norm and flag together (the one synchronisation a
+// training step makes anyway, for logging). A step() left unfinished is finished by the next
+// step(), state_dict() or load_state_dict(), so the count is right however the caller logs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "io/safetensors.h"
+
+namespace octet::train {
+
+// One parameter as the model exposes it to the optimizer. The optimizer keeps the pointer: the
+// Param must outlive it, and its tensors must keep their buffers (the update is in place).
+struct Param {
+  std::string name;          // DeepSeek-V3 / transformers name; names the optimizer state
+  Tensor master;             // any shape, f32, on the context's device: updated in place
+  Tensor grad;               // same shape, f32: read by step(), zeroed by zero_grad()
+  bool weight_decay = true;  // false for norms, biases and the router bias
+  bool trainable = true;     // false: skipped (e_score_correction_bias moves by its own rule)
+  Tensor bf16_copy;          // optional, same element count, bf16: receives the updated weights
+};
+
+struct AdamWConfig {
+  float lr = 1e-3f;  // the default rate; step() takes the scheduled one
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;  // DeepSeek-V3's value
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // DeepSeek-V3's value; decoupled (p *= 1 - lr * wd)
+  float grad_clip = 1.0f;     // max global gradient norm; 0 disables clipping
+
+  void validate() const;  // names the field
+};
+
+// Device tensors of one step, valid until the next step().
+struct StepResult {
+  Tensor grad_norm;  // (1) f32: global L2 norm of the trainable gradients, before clipping
+  Tensor clip_coef;  // (1) f32: the factor the gradients were scaled by (undefined: no clipping)
+  Tensor skipped;    // (1) int32: 1 when the norm was not finite and nothing was updated
+  int64_t step = 0;  // 1-based step number this update used for bias correction
+};
+
+// The same, read to the host.
+struct StepStats {
+  float grad_norm = 0.0f;
+  float clip_coef = 1.0f;
+  bool skipped = false;
+  int64_t step = 0;  // the step number the update used; a skipped one is reused by the next
+};
+
+class AdamWOptimizer {
+ public:
+  // Allocates zeroed BF16 moments on the context's device for every trainable parameter. Checks
+  // the parameters (names unique and non-empty, dtypes, shapes, devices), naming the parameter.
+  AdamWOptimizer(Context& ctx, std::vector<Param*> params, const AdamWConfig& config);
+
+  // One update at rate `lr` (the schedule's; config.lr is not used here). Enqueued only.
+  StepResult step(Context& ctx, float lr);
+  // Reads the last step's norm, coefficient and flag to the host (synchronises) and advances the
+  // step count when the update was applied. Idempotent; a no-op before the first step.
+  StepStats finish_step(Context& ctx);
+  // grad = 0 for every parameter that has a gradient (trainable or not).
+  void zero_grad(Context& ctx);
+
+  // Applied steps so far (AdamW's t after the last applied update).
+  int64_t steps_taken() const { return steps_taken_; }
+  const AdamWConfig& config() const { return config_; }
+  const std::vector<Param*>& params() const { return params_; }
+
+  // Optimizer state as host tensors for a safetensors file: "<name>.exp_avg" and
+  // "<name>.exp_avg_sq" (bf16, the parameter's shape) for each trainable parameter, in parameter
+  // order, then kStepTensorName (i64, shape [1]). With the master weights (the checkpoint's) this
+  // is everything a resumed run needs to continue bit-identically.
+  io::NamedTensors state_dict(Context& ctx);
+  // Restores state_dict()'s output (any order): every tensor must be present with its dtype and
+  // shape, and no other; errors name the tensor.
+  void load_state_dict(Context& ctx, const io::NamedTensors& state);
+
+  static constexpr const char* kStepTensorName = "optimizer.step";
+
+ private:
+  struct Moments {
+    Tensor exp_avg;     // bf16, the parameter's shape
+    Tensor exp_avg_sq;  // bf16
+  };
+
+  std::vector<Param*> params_;
+  std::vector<Moments> moments_;  // parallel to params_; undefined for frozen parameters
+  AdamWConfig config_;
+  int64_t steps_taken_ = 0;
+  StepResult last_;
+  StepStats last_stats_;
+  bool pending_ = false;  // last_ not yet read by finish_step()
+};
+
+}  // namespace octet::train

@@ -1,0 +1,705 @@
+// TrainConfig: one table of keys (name, type, comment, accessors) drives parsing, --set, to_toml
+// and the unknown-key messages, so a key added once is known everywhere.
+#include "train/train_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <variant>
+
+// Header-only use of toml++ (its default); only this file includes it.
+#include <toml++/toml.h>
+
+#include "core/check.h"
+
+namespace octet::train {
+
+ModelConfig default_model_config() {
+  // Placeholders until the model is tuned: small enough for a 2-core CPU run of a few minutes.
+  ModelConfig m;
+  m.vocab_size = 257;  // the byte tokenizer: 256 bytes + end of text
+  m.hidden_size = 128;
+  m.intermediate_size = 384;
+  m.moe_intermediate_size = 128;
+  m.num_hidden_layers = 2;
+  m.first_k_dense_replace = 1;
+  m.num_attention_heads = 4;
+  m.max_position_embeddings = 512;
+  m.q_lora_rank = 64;
+  m.kv_lora_rank = 32;
+  m.qk_nope_head_dim = 32;
+  m.qk_rope_head_dim = 16;
+  m.v_head_dim = 32;
+  m.n_routed_experts = 8;
+  m.n_shared_experts = 1;
+  m.num_experts_per_tok = 2;
+  m.n_group = 2;  // must divide n_routed_experts
+  m.topk_group = 1;
+  m.num_nextn_predict_layers = 1;
+  return m;
+}
+
+const char* device_choice_name(DeviceChoice d) {
+  switch (d) {
+    case DeviceChoice::kCpu:
+      return "cpu";
+    case DeviceChoice::kCuda:
+      return "cuda";
+    default:
+      return "auto";
+  }
+}
+
+const char* spike_action_name(SpikeAction a) {
+  switch (a) {
+    case SpikeAction::kSkip:
+      return "skip";
+    case SpikeAction::kRollback:
+      return "rollback";
+    default:
+      return "log";
+  }
+}
+
+namespace {
+
+using StringList = std::vector<std::string>;
+using Value = std::variant<bool, int64_t, double, std::string, StringList>;
+enum class Type : uint8_t { kBool, kInt, kFloat, kString, kStringList };
+
+struct Key {
+  std::string name;  // dotted: "optim.lr"
+  Type type;
+  const char* doc;
+  StringList choices;  // the values of an enum key (a kString)
+  std::function<Value(const TrainConfig&)> get;
+  std::function<void(TrainConfig&, const Value&)> set;
+  bool emitted = true;  // false: accepted but not written (model.config is resolved inline)
+};
+
+template <typename T>
+constexpr Type type_of() {
+  if constexpr (std::is_same_v<T, bool>) return Type::kBool;
+  if constexpr (std::is_same_v<T, int64_t>) return Type::kInt;
+  if constexpr (std::is_same_v<T, double>) return Type::kFloat;
+  if constexpr (std::is_same_v<T, std::string>) return Type::kString;
+  return Type::kStringList;
+}
+
+// A reference to one field of the config: a member (&C::steps) or a member of a member
+// (&C::optim, &OptimConfig::lr).
+template <typename T>
+using Ref = std::function<T&(TrainConfig&)>;
+
+template <typename T>
+Ref<T> at(T TrainConfig::*m) {
+  return [m](TrainConfig& c) -> T& { return c.*m; };
+}
+template <typename S, typename T>
+Ref<T> at(S TrainConfig::*s, T S::*m) {
+  return [s, m](TrainConfig& c) -> T& { return (c.*s).*m; };
+}
+
+// Reading goes through the same reference, const-cast: the getter never writes.
+template <typename T>
+Key field(std::string name, const char* doc, Ref<T> ref) {
+  return {std::move(name),
+          type_of<T>(),
+          doc,
+          {},
+          [ref](const TrainConfig& c) { return Value(ref(const_cast<TrainConfig&>(c))); },
+          [ref](TrainConfig& c, const Value& v) { ref(c) = std::get<T>(v); }};
+}
+
+// An enum read and written by name; to_value() has checked the name against `choices`.
+template <typename E>
+Key enum_field(std::string name, const char* doc, Ref<E> ref,
+               std::vector<std::pair<std::string, E>> map) {
+  StringList names;
+  for (const auto& [n, e] : map) names.push_back(n);
+  auto get = [ref, map](const TrainConfig& c) {
+    for (const auto& [n, e] : map)
+      if (e == ref(const_cast<TrainConfig&>(c))) return Value(n);
+    return Value(std::string("?"));
+  };
+  auto set = [ref, map](TrainConfig& c, const Value& v) {
+    for (const auto& [n, e] : map)
+      if (n == std::get<std::string>(v)) ref(c) = e;
+  };
+  return {std::move(name), Type::kString, doc, names, get, set};
+}
+
+using Getter = std::function<Value(const TrainConfig&)>;
+using Setter = std::function<void(TrainConfig&, const Value&)>;
+
+Key custom(std::string name, Type type, const char* doc, Getter get, Setter set) {
+  return {std::move(name), type, doc, {}, std::move(get), std::move(set)};
+}
+
+// The model's sections, after model.config: DeepseekV3Config's names.
+void add_model_keys(std::vector<Key>& k) {
+  using C = TrainConfig;
+  using M = ModelConfig;
+  auto add = [&](const char* name, const char* doc, auto M::*m) {
+    k.push_back(field(std::string("model.") + name, doc, at(&C::model, m)));
+  };
+  add("vocab_size", "257 for the byte tokenizer", &M::vocab_size);
+  add("hidden_size", "", &M::hidden_size);
+  add("intermediate_size", "dense MLP", &M::intermediate_size);
+  add("moe_intermediate_size", "each expert", &M::moe_intermediate_size);
+  add("num_hidden_layers", "", &M::num_hidden_layers);
+  add("first_k_dense_replace", "dense layers before the MoE ones", &M::first_k_dense_replace);
+  add("num_attention_heads", "", &M::num_attention_heads);
+  add("max_position_embeddings", "", &M::max_position_embeddings);
+  k.push_back(custom(
+      "model.q_lora_rank", Type::kInt, "0: a plain q_proj",
+      [](const C& c) { return Value(c.model.q_lora_rank.value_or(0)); },
+      [](C& c, const Value& v) {
+        const int64_t r = std::get<int64_t>(v);
+        c.model.q_lora_rank = r == 0 ? std::nullopt : std::optional<int64_t>(r);
+      }));
+  add("kv_lora_rank", "", &M::kv_lora_rank);
+  add("qk_nope_head_dim", "", &M::qk_nope_head_dim);
+  add("qk_rope_head_dim", "", &M::qk_rope_head_dim);
+  add("v_head_dim", "", &M::v_head_dim);
+  add("rope_theta", "", &M::rope_theta);
+  add("rope_interleave", "", &M::rope_interleave);
+  add("n_routed_experts", "", &M::n_routed_experts);
+  add("n_shared_experts", "", &M::n_shared_experts);
+  add("num_experts_per_tok", "top-k", &M::num_experts_per_tok);
+  add("n_group", "expert groups; divides n_routed_experts", &M::n_group);
+  add("topk_group", "groups a token may route to", &M::topk_group);
+  add("routed_scaling_factor", "", &M::routed_scaling_factor);
+  add("norm_topk_prob", "", &M::norm_topk_prob);
+  add("rms_norm_eps", "", &M::rms_norm_eps);
+  add("tie_word_embeddings", "", &M::tie_word_embeddings);
+  add("initializer_range", "", &M::initializer_range);
+  add("num_nextn_predict_layers", "Multi-Token Prediction depth", &M::num_nextn_predict_layers);
+  add("mtp_loss_weight", "lambda of the MTP loss", &M::mtp_loss_weight);
+  add("bias_update_rate", "gamma of the aux-loss-free balancing", &M::bias_update_rate);
+  add("seq_aux_loss_alpha", "sequence-wise balance loss; 0: off", &M::seq_aux_loss_alpha);
+  // Keys of a config.json that octet keeps but does not use (architectures, bos_token_id, ...),
+  // carried so that the checkpoint's config.json keeps them; written only when there are any.
+  k.push_back(custom(
+      "model.extra", Type::kString, "other config.json keys, as JSON",
+      [](const C& c) { return Value(c.model.extra.empty() ? "" : c.model.extra.dump()); },
+      [](C& c, const Value& v) {
+        const std::string& s = std::get<std::string>(v);
+        const auto j =
+            s.empty() ? nlohmann::json::object() : nlohmann::json::parse(s, nullptr, false);
+        OCTET_CHECK(j.is_object(), "must be a JSON object, got '", s, "'");
+        c.model.extra = j;
+      }));
+}
+
+std::vector<Key> make_keys() {
+  using C = TrainConfig;
+  using O = OptimConfig;
+  std::vector<Key> k;
+  k.push_back(field("run_dir", "checkpoints, metrics and config.toml go here", at(&C::run_dir)));
+  k.push_back(field("steps", "optimizer steps", at(&C::steps)));
+  k.push_back(field("checkpoint_every", "steps between checkpoints; 0: only at the end",
+                    at(&C::checkpoint_every)));
+  k.push_back(field("keep_checkpoints", "most recent checkpoints kept; 0 keeps all",
+                    at(&C::keep_checkpoints)));
+  k.push_back(field("seed", "initialisation and data order", at(&C::seed)));
+  // The model's recipe field follows this key (it is what config.json records as octet_recipe).
+  k.push_back(custom(
+      "recipe", Type::kString, "bf16, fp8-tensor-delayed, fp8-tensor-current, deepseek or fp8-flow",
+      [](const C& c) { return Value(c.recipe); },
+      [](C& c, const Value& v) { c.recipe = c.model.recipe = std::get<std::string>(v); }));
+  k.push_back(field("recipe_overrides", "per-site overrides, e.g. \"gemm.attn.out=bf16\"",
+                    at(&C::recipe_overrides)));
+  k.push_back(enum_field(
+      "device", "auto: cuda when a GPU is visible", at(&C::device),
+      {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}}));
+  k.push_back(field("batch_size", "sequences per micro-batch", at(&C::batch_size)));
+  k.push_back(field("seq_len", "tokens per sequence", at(&C::seq_len)));
+  k.push_back(field("grad_accum", "micro-batches per optimizer step", at(&C::grad_accum)));
+  k.push_back(field("log_every", "steps between metric lines", at(&C::log_every)));
+
+  k.push_back(field("optim.lr", "peak learning rate", at(&C::optim, &O::lr)));
+  k.push_back(field("optim.min_lr", "end of the cosine decay", at(&C::optim, &O::min_lr)));
+  k.push_back(field("optim.warmup_steps", "linear warmup", at(&C::optim, &O::warmup_steps)));
+  k.push_back(field("optim.warmup_init", "first warmup rate, as a fraction of lr",
+                    at(&C::optim, &O::warmup_init)));
+  k.push_back(field("optim.weight_decay", "decoupled (AdamW); not on norms and biases",
+                    at(&C::optim, &O::weight_decay)));
+  k.push_back(field("optim.beta1", "", at(&C::optim, &O::beta1)));
+  k.push_back(field("optim.beta2", "", at(&C::optim, &O::beta2)));
+  k.push_back(field("optim.eps", "", at(&C::optim, &O::eps)));
+  k.push_back(field("optim.grad_clip", "max global gradient norm; 0: no clipping",
+                    at(&C::optim, &O::grad_clip)));
+  k.push_back(
+      enum_field("optim.schedule", "cosine or constant (after warmup)", at(&C::optim, &O::schedule),
+                 {{"cosine", LrScheduleKind::kCosine}, {"constant", LrScheduleKind::kConstant}}));
+
+  k.push_back(field("data.text", "UTF-8 text file; \"\" and no shards: built-in corpus",
+                    at(&C::data, &DataConfig::text)));
+  k.push_back(field("data.shards", "directory or glob of llm.c .bin token shards",
+                    at(&C::data, &DataConfig::shards)));
+  k.push_back(field("data.val_fraction", "held out for evaluation",
+                    at(&C::data, &DataConfig::val_fraction)));
+
+  k.push_back(
+      field("eval.every", "steps between evaluations; 0: never", at(&C::eval, &EvalConfig::every)));
+  k.push_back(field("eval.batches", "batches per evaluation", at(&C::eval, &EvalConfig::batches)));
+
+  k.push_back(field("safety.spike_window", "losses in the spike statistics; 0: off",
+                    at(&C::safety, &SafetyConfig::spike_window)));
+  k.push_back(field("safety.spike_threshold", "spike: loss > mean + threshold * std",
+                    at(&C::safety, &SafetyConfig::spike_threshold)));
+  k.push_back(enum_field("safety.spike_action",
+                         "log, skip (the update) or rollback (to the last checkpoint)",
+                         at(&C::safety, &SafetyConfig::spike_action),
+                         {{"log", SpikeAction::kLog},
+                          {"skip", SpikeAction::kSkip},
+                          {"rollback", SpikeAction::kRollback}}));
+  k.push_back(field("safety.shadow_bf16", "N: every Nth batch also in bf16; 0: off",
+                    at(&C::safety, &SafetyConfig::shadow_bf16)));
+
+  // Read before the other model keys (parse_train_config), and never written: to_toml writes the
+  // model inline.
+  Key config = custom(
+      "model.config", Type::kString, "config.json to start the model from",
+      [](const C&) { return Value(std::string()); },
+      [](C& c, const Value& v) {
+        c.model = read_model_config(std::get<std::string>(v));
+        c.model.recipe = c.recipe;
+      });
+  config.emitted = false;
+  k.push_back(config);
+  add_model_keys(k);
+  return k;
+}
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = make_keys();
+  return k;
+}
+
+std::string section_of(const std::string& name) {
+  const size_t dot = name.find('.');
+  return dot == std::string::npos ? "" : name.substr(0, dot);
+}
+
+const Key* find_key(const std::string& name) {
+  for (const Key& k : keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string leaf(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+// "unknown key optim.lrr (did you mean optim.lr?); keys of [optim]: lr, min_lr, ..."
+[[noreturn]] void unknown_key(const std::string& where, const std::string& name) {
+  StringList close;
+  for (const Key& k : keys()) {
+    const size_t d = std::min(edit_distance(name, k.name), edit_distance(leaf(name), leaf(k.name)));
+    const bool prefix = leaf(name).size() >= 3 && leaf(k.name).rfind(leaf(name), 0) == 0;
+    if (d <= std::max<size_t>(2, leaf(name).size() / 4) || prefix) close.push_back(k.name);
+  }
+  const std::string section = section_of(name);
+  std::set<std::string> sections;
+  std::string valid;
+  for (const Key& k : keys()) {
+    if (!section_of(k.name).empty()) sections.insert(section_of(k.name));
+    if (section_of(k.name) == section)
+      valid += (valid.empty() ? "" : ", ") + (section.empty() ? k.name : leaf(k.name));
+  }
+  std::ostringstream os;
+  os << where << ": unknown key " << name;
+  if (!close.empty()) {
+    os << " (did you mean ";
+    for (size_t i = 0; i < close.size() && i < 4; ++i) os << (i ? " or " : "") << close[i];
+    os << "?)";
+  }
+  if (valid.empty()) {
+    os << "; sections:";
+    for (const auto& s : sections) os << " [" << s << "]";
+  } else {
+    os << "; keys " << (section.empty() ? "at the top level" : "of [" + section + "]") << ": "
+       << valid;
+    if (section.empty()) {
+      os << "; sections:";
+      for (const auto& s : sections) os << " [" << s << "]";
+    }
+  }
+  OCTET_THROW(os.str());
+}
+
+const char* type_desc(Type t) {
+  switch (t) {
+    case Type::kBool:
+      return "true or false";
+    case Type::kInt:
+      return "an integer";
+    case Type::kFloat:
+      return "a number";
+    case Type::kString:
+      return "a string";
+    default:
+      return "an array of strings";
+  }
+}
+
+std::string node_text(const toml::node& n) {
+  std::ostringstream os;
+  n.visit([&](const auto& v) { os << v; });
+  return os.str();
+}
+
+std::string where_of(const std::string& source, const toml::node& n) {
+  const auto& b = n.source().begin;
+  if (b.line == 0) return source;
+  return source + ":" + std::to_string(b.line) + ":" + std::to_string(b.column);
+}
+
+// Converts a TOML value to the key's type; the error names the place and the key.
+Value to_value(const Key& k, const toml::node& n, const std::string& where) {
+  auto fail = [&]() {
+    OCTET_THROW(where, ": ", k.name, " must be ", type_desc(k.type), ", got ", n.type(), " ",
+                node_text(n));
+  };
+  switch (k.type) {
+    case Type::kBool:
+      if (!n.is_boolean()) fail();
+      return *n.value<bool>();
+    case Type::kInt:
+      if (!n.is_integer()) fail();
+      return *n.value<int64_t>();
+    case Type::kFloat:
+      if (!n.is_number()) fail();
+      return *n.value<double>();
+    case Type::kString: {
+      if (!n.is_string()) fail();
+      std::string s = *n.value<std::string>();
+      if (!k.choices.empty() &&
+          std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
+        std::string list;
+        for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
+        OCTET_THROW(where, ": ", k.name, " must be one of ", list, "; got '", s, "'");
+      }
+      return s;
+    }
+    case Type::kStringList: {
+      const toml::array* a = n.as_array();
+      if (!a) fail();
+      StringList out;
+      for (const toml::node& e : *a) {
+        if (!e.is_string()) fail();
+        out.push_back(*e.value<std::string>());
+      }
+      return out;
+    }
+  }
+  fail();
+  return {};
+}
+
+// Sets one key, prefixing errors of the setter (a config.json that fails to read) with the place.
+void set_key(TrainConfig& c, const Key& k, const Value& v, const std::string& where) {
+  try {
+    k.set(c, v);
+  } catch (const Error& e) {
+    OCTET_THROW(where, ": ", k.name, ": ", e.what());
+  }
+}
+
+std::string format_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[64];
+  // Shortest text that reads back to the same double, so to_toml round-trips exactly.
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (u < 0x20 || u == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04X", u);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_value(const Value& v) {
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) return format_float(*d);
+  if (const auto* s = std::get_if<std::string>(&v)) return quote(*s);
+  std::string out = "[";
+  const auto& list = std::get<StringList>(v);
+  for (size_t i = 0; i < list.size(); ++i) out += (i ? ", " : "") + quote(list[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+bool operator==(const TrainConfig& a, const TrainConfig& b) {
+  return a.run_dir == b.run_dir && a.steps == b.steps && a.checkpoint_every == b.checkpoint_every &&
+         a.keep_checkpoints == b.keep_checkpoints && a.seed == b.seed && a.recipe == b.recipe &&
+         a.recipe_overrides == b.recipe_overrides && a.device == b.device &&
+         a.batch_size == b.batch_size && a.seq_len == b.seq_len && a.grad_accum == b.grad_accum &&
+         a.log_every == b.log_every && a.optim == b.optim && a.data == b.data && a.eval == b.eval &&
+         a.safety == b.safety && model_config_to_json(a.model) == model_config_to_json(b.model);
+}
+
+TrainConfig parse_train_config(std::string_view text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    OCTET_THROW(source, ":", b.line, ":", b.column, ": ", e.description());
+  }
+  TrainConfig c;
+  // model.config first: the inline model keys apply over the file whatever their order.
+  if (const toml::table* m = root["model"].as_table()) {
+    if (const toml::node* path = m->get("config")) {
+      const Key& k = *find_key("model.config");
+      set_key(c, k, to_value(k, *path, where_of(source, *path)), where_of(source, *path));
+    }
+  }
+  for (const auto& [name, node] : root) {
+    const std::string top(name.str());
+    const toml::table* section = node.as_table();
+    if (!section) {
+      const Key* k = find_key(top);
+      if (!k) unknown_key(where_of(source, node), top);
+      set_key(c, *k, to_value(*k, node, where_of(source, node)), where_of(source, node));
+      continue;
+    }
+    if (section->empty()) {
+      bool known = false;
+      for (const Key& k : keys()) known = known || section_of(k.name) == top;
+      if (!known) unknown_key(where_of(source, node), top);
+    }
+    for (const auto& [sub, value] : *section) {
+      const std::string full = top + "." + std::string(sub.str());
+      const Key* k = find_key(full);
+      if (!k || value.is_table()) unknown_key(where_of(source, value), full);
+      if (full == "model.config") continue;
+      set_key(c, *k, to_value(*k, value, where_of(source, value)), where_of(source, value));
+    }
+  }
+  return c;
+}
+
+void apply_set(TrainConfig& c, std::string_view assignment) {
+  const size_t eq = assignment.find('=');
+  OCTET_CHECK(eq != std::string_view::npos, "--set ", assignment, ": expected key=value");
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return std::string(s);
+  };
+  const std::string name = trim(assignment.substr(0, eq));
+  const std::string raw = trim(assignment.substr(eq + 1));
+  const std::string where = "--set " + std::string(assignment);
+  const Key* k = find_key(name);
+  if (!k) unknown_key("--set " + name, name);
+  // The value is TOML when it parses as one value; a string key also takes bare text.
+  std::optional<toml::table> parsed;
+  try {
+    parsed = toml::parse("v = " + raw);
+  } catch (const toml::parse_error&) {
+  }
+  const toml::node* n = parsed && parsed->size() == 1 ? parsed->get("v") : nullptr;
+  Value v;
+  if (k->type == Type::kString && (!n || !n->is_string())) {
+    v = raw;
+    if (!k->choices.empty()) {
+      toml::value<std::string> s(raw);
+      v = to_value(*k, s, where);
+    }
+  } else if (k->type == Type::kStringList && (!n || !n->is_array())) {
+    v = raw.empty() ? StringList{} : StringList{raw};
+  } else if (!n) {
+    OCTET_THROW(where, ": ", name, " must be ", type_desc(k->type), ", got '", raw, "'");
+  } else {
+    v = to_value(*k, *n, where);
+  }
+  set_key(c, *k, v, where);
+}
+
+std::string to_toml(const TrainConfig& c) {
+  std::ostringstream os;
+  std::string section;
+  bool first = true;
+  auto flush_line = [&](const std::string& body, const char* doc) {
+    os << body;
+    if (doc && *doc) os << std::string(body.size() < 40 ? 40 - body.size() : 1, ' ') << "# " << doc;
+    os << '\n';
+  };
+  for (const Key& k : keys()) {
+    if (!k.emitted) continue;
+    const Value v = k.get(c);
+    if (k.name == "model.extra" && std::get<std::string>(v).empty()) continue;
+    const std::string sec = section_of(k.name);
+    if (sec != section || first) {
+      if (!sec.empty()) os << (first ? "" : "\n") << '[' << sec << "]\n";
+      section = sec;
+      first = false;
+    }
+    flush_line(leaf(k.name) + " = " + format_value(v), k.doc);
+  }
+  return os.str();
+}
+
+std::string default_train_config_toml() {
+  return "# octet train: the built-in default configuration. Every key can be overridden with\n"
+         "# --set key=value (dotted names: --set optim.lr=1e-3); keys left out keep these values.\n"
+         "# The [model] section takes DeepseekV3Config's names, or config = "
+         "\"path/config.json\".\n\n" +
+         to_toml(TrainConfig{});
+}
+
+std::vector<std::string> train_config_keys() {
+  std::vector<std::string> out;
+  for (const Key& k : keys()) out.push_back(k.name);
+  return out;
+}
+
+LrSchedule TrainConfig::lr_schedule() const {
+  LrSchedule s;
+  s.kind = optim.schedule;
+  s.lr = optim.lr;
+  s.min_lr = optim.min_lr;
+  s.warmup_steps = optim.warmup_steps;
+  s.warmup_init = optim.warmup_init;
+  s.total_steps = steps;
+  return s;
+}
+
+AdamWConfig TrainConfig::adamw() const {
+  AdamWConfig a;
+  a.lr = static_cast<float>(optim.lr);
+  a.beta1 = static_cast<float>(optim.beta1);
+  a.beta2 = static_cast<float>(optim.beta2);
+  a.eps = static_cast<float>(optim.eps);
+  a.weight_decay = static_cast<float>(optim.weight_decay);
+  a.grad_clip = static_cast<float>(optim.grad_clip);
+  return a;
+}
+
+Recipe TrainConfig::resolved_recipe() const {
+  Recipe r;
+  try {
+    r = recipe_preset(recipe);
+  } catch (const Error& e) {
+    OCTET_THROW("recipe: ", e.what());
+  }
+  for (size_t i = 0; i < recipe_overrides.size(); ++i) {
+    try {
+      apply_recipe_override(r, recipe_overrides[i]);
+    } catch (const Error& e) {
+      OCTET_THROW("recipe_overrides[", i, "] '", recipe_overrides[i], "': ", e.what());
+    }
+  }
+  return r;
+}
+
+void TrainConfig::validate() const {
+  auto at_least = [](const char* key, int64_t v, int64_t lo) {
+    OCTET_CHECK(v >= lo, key, " must be >= ", lo, ", got ", v);
+  };
+  auto in_range = [](const char* key, double v, double lo, double hi, const char* rule) {
+    OCTET_CHECK(std::isfinite(v) && v >= lo && v <= hi, key, " must be ", rule, ", got ", v);
+  };
+  OCTET_CHECK(!run_dir.empty(), "run_dir must not be empty");
+  at_least("steps", steps, 1);
+  at_least("checkpoint_every", checkpoint_every, 0);
+  at_least("keep_checkpoints", keep_checkpoints, 0);
+  at_least("seed", seed, 0);
+  at_least("batch_size", batch_size, 1);
+  at_least("seq_len", seq_len, 1);
+  at_least("grad_accum", grad_accum, 1);
+  at_least("log_every", log_every, 1);
+  OCTET_CHECK(seq_len <= model.max_position_embeddings, "seq_len (", seq_len,
+              ") must be <= model.max_position_embeddings (", model.max_position_embeddings, ")");
+  resolved_recipe();
+
+  OCTET_CHECK(std::isfinite(optim.lr) && optim.lr > 0, "optim.lr must be finite and > 0, got ",
+              optim.lr);
+  in_range("optim.min_lr", optim.min_lr, 0, optim.lr, "in [0, optim.lr]");
+  at_least("optim.warmup_steps", optim.warmup_steps, 0);
+  OCTET_CHECK(optim.warmup_steps <= steps, "optim.warmup_steps (", optim.warmup_steps,
+              ") must be <= steps (", steps, ")");
+  OCTET_CHECK(optim.warmup_init >= 0 && optim.warmup_init < 1,
+              "optim.warmup_init must be in [0, 1), got ", optim.warmup_init);
+  in_range("optim.weight_decay", optim.weight_decay, 0, HUGE_VAL, ">= 0");
+  OCTET_CHECK(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1 must be in [0, 1), got ",
+              optim.beta1);
+  OCTET_CHECK(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2 must be in [0, 1), got ",
+              optim.beta2);
+  OCTET_CHECK(std::isfinite(optim.eps) && optim.eps > 0, "optim.eps must be > 0, got ", optim.eps);
+  in_range("optim.grad_clip", optim.grad_clip, 0, HUGE_VAL, ">= 0 (0: no clipping)");
+
+  OCTET_CHECK(data.text.empty() || data.shards.empty(),
+              "data.text and data.shards are exclusive: set one (both are set)");
+  OCTET_CHECK(data.val_fraction >= 0 && data.val_fraction < 1,
+              "data.val_fraction must be in [0, 1), got ", data.val_fraction);
+  at_least("eval.every", eval.every, 0);
+  at_least("eval.batches", eval.batches, 1);
+  OCTET_CHECK(eval.every == 0 || data.val_fraction > 0,
+              "eval.every > 0 needs held-out data: data.val_fraction must be > 0");
+
+  OCTET_CHECK(safety.spike_window == 0 || safety.spike_window >= 2,
+              "safety.spike_window must be 0 (off) or >= 2 (a standard deviation needs two), got ",
+              safety.spike_window);
+  OCTET_CHECK(std::isfinite(safety.spike_threshold) && safety.spike_threshold > 0,
+              "safety.spike_threshold must be > 0, got ", safety.spike_threshold);
+  at_least("safety.shadow_bf16", safety.shadow_bf16, 0);
+
+  try {
+    model.validate();
+  } catch (const Error& e) {
+    // ModelConfig says "config: <field> ..."; here the field is a key of [model].
+    std::string msg = e.what();
+    if (msg.rfind("config: ", 0) == 0) {
+      msg = msg.substr(8);
+      if (msg.rfind("octet_", 0) == 0) msg = msg.substr(6);
+      OCTET_THROW("model.", msg);
+    }
+    OCTET_THROW("model: ", msg);
+  }
+}
+
+}  // namespace octet::train

@@ -1,0 +1,137 @@
+// The trainer's configuration: one TOML file, every key overridable with `--set key=value`, the
+// fully resolved config printed and saved as <run_dir>/config.toml.
+//
+// Layers, each overriding the one before: the built-in default (TrainConfig's member defaults,
+// default_train_config_toml()) <- the TOML file <- --set in command-line order. A key left out
+// keeps the value of the layer below. Keys are flat with sections for readability; the dotted name
+// (optim.lr) is what --set and error messages use. The [model] section takes either
+// `config = "path/config.json"` (a transformers or DeepSeek-V3 config.json, read with
+// read_model_config; a relative path is taken from the working directory), or inline keys with
+// DeepseekV3Config's names, or both (the file first, then the inline keys over it). Inline keys
+// start from the built-in default model. TOML has no null: model.q_lora_rank = 0 means a plain
+// q_proj.
+//
+// Parsing and --set check types and names (an unknown key lists the close ones and the valid keys
+// of its section); validate() checks values, after every --set, and each message names the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+#include "numerics/recipe.h"
+#include "train/lr_schedule.h"
+#include "train/optimizer.h"
+
+namespace octet::train {
+
+enum class DeviceChoice : uint8_t { kAuto, kCpu, kCuda };  // kAuto: CUDA when a GPU is visible
+enum class SpikeAction : uint8_t {
+  kLog,       // report the spike, keep the step
+  kSkip,      // discard the step's update (the optimizer state stays as before it)
+  kRollback,  // reload the last checkpoint and continue past the offending batch
+};
+
+const char* device_choice_name(DeviceChoice d);
+const char* spike_action_name(SpikeAction a);
+
+struct OptimConfig {
+  double lr = 3e-3;  // peak learning rate
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 30;
+  double warmup_init = 0.0;  // first warmup rate as a fraction of lr
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // max global gradient norm; 0 disables clipping
+  LrScheduleKind schedule = LrScheduleKind::kCosine;
+
+  bool operator==(const OptimConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string text;    // UTF-8 text file, byte-tokenized; "" (and no shards): the default corpus
+  std::string shards;  // directory or glob of llm.c .bin token shards; excludes text
+  double val_fraction = 0.05;  // held-out share of the data for evaluation
+
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct EvalConfig {
+  int64_t every = 50;  // evaluate every N steps (and at the end); 0: never
+  int64_t batches = 4;
+
+  bool operator==(const EvalConfig&) const = default;
+};
+
+struct SafetyConfig {
+  // A step's loss is a spike when it exceeds mean + spike_threshold * std of the losses of the
+  // spike_window steps before it (once that many exist); the window holds non-spike losses only,
+  // so one spike does not hide the next. spike_window = 0 disables detection.
+  int64_t spike_window = 50;
+  double spike_threshold = 6.0;
+  SpikeAction spike_action = SpikeAction::kLog;
+  int64_t shadow_bf16 = 0;  // N > 0: every Nth batch is also run in the bf16 recipe, for comparison
+
+  bool operator==(const SafetyConfig&) const = default;
+};
+
+// The built-in model: a small DeepSeek-V3-style MoE (MLA, 1 dense + 1 MoE layer, 8 experts top-2,
+// a shared expert, one MTP depth) with the byte-level vocabulary, sized for a CPU run of a few
+// minutes. The one place these sizes live.
+ModelConfig default_model_config();
+
+struct TrainConfig {
+  std::string run_dir = "runs/default";
+  int64_t steps = 300;             // optimizer steps
+  int64_t checkpoint_every = 100;  // 0: only at the end
+  int64_t keep_checkpoints = 2;    // most recent K kept; 0 keeps all
+  int64_t seed = 1234;
+  std::string recipe = "deepseek";            // a name of recipe_names()
+  std::vector<std::string> recipe_overrides;  // apply_recipe_override assignments, in order
+  DeviceChoice device = DeviceChoice::kAuto;
+  int64_t batch_size = 8;  // sequences per micro-batch
+  int64_t seq_len = 128;
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  int64_t log_every = 10;
+  OptimConfig optim;
+  DataConfig data;
+  EvalConfig eval;
+  SafetyConfig safety;
+  ModelConfig model = default_model_config();  // model.recipe follows `recipe`
+
+  // Checks every value; the message names the key ("optim.min_lr must be ...").
+  void validate() const;
+
+  // The pieces the trainer builds from it.
+  LrSchedule lr_schedule() const;
+  AdamWConfig adamw() const;       // lr is the peak rate; the trainer passes lr_at() per step
+  Recipe resolved_recipe() const;  // preset + overrides, validated
+};
+
+// Equal when every key is (the model compared through model_config_to_json).
+bool operator==(const TrainConfig& a, const TrainConfig& b);
+
+// Parses TOML text over the defaults. `source` names the text in errors ("train.toml:12:5: ...").
+// Types and key names are checked here; values by validate(), which the caller runs after --set.
+TrainConfig parse_train_config(std::string_view toml, const std::string& source = "config");
+
+// One `key=value` override on a parsed config, e.g. "optim.lr=1e-3", "recipe=bf16",
+// "recipe_overrides=[\"gemm.*=bf16\"]", "model.hidden_size=256". The value is read as TOML; a
+// string key also takes bare text ("run_dir=runs/x"), and an array key a single bare string.
+void apply_set(TrainConfig& config, std::string_view assignment);
+
+// Every key, fully resolved (the model inline, with all of its keys), with a comment per key;
+// parse_train_config(to_toml(c)) == c.
+std::string to_toml(const TrainConfig& config);
+
+// The built-in default as TOML: to_toml(TrainConfig{}) under a header.
+std::string default_train_config_toml();
+
+// Every dotted key parse_train_config and apply_set accept, in to_toml's order.
+std::vector<std::string> train_config_keys();
+
+}  // namespace octet::train

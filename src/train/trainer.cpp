@@ -1,0 +1,391 @@
+// The training loop (trainer.h has the step and the checkpoint layout).
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
+#include "model/init.h"
+#include "model/model.h"
+#include "train/data.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+namespace octet::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kOptimizerFile = "optimizer.safetensors";
+const char* const kRecipeStateFile = "recipe_state.safetensors";
+const char* const kTrainerStateFile = "trainer_state.json";
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+void check_writable_dir(const std::string& dir, const char* what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  OCTET_CHECK(!ec && fs::is_directory(dir), what, " ", dir, ": cannot create the directory (",
+              ec.message(), ")");
+  OCTET_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, what, " ", dir, ": not writable");
+}
+
+Device pick_device(DeviceChoice d) {
+  if (d == DeviceChoice::kCpu) return Device::kCpu;
+  if (d == DeviceChoice::kCuda) {
+    OCTET_CHECK(cuda_device_count() > 0, "device = \"cuda\" but ",
+                cuda_built() ? "no CUDA GPU is visible" : "this build has no CUDA backend");
+    return Device::kCuda;
+  }
+  return cuda_device_count() > 0 ? Device::kCuda : Device::kCpu;
+}
+
+double max_over_mean(const Tensor& counts_host) {
+  const auto* c = counts_host.data_as<const int32_t>();
+  double sum = 0, mx = 0;
+  for (int64_t e = 0; e < counts_host.numel(); ++e) {
+    sum += c[e];
+    mx = std::max<double>(mx, c[e]);
+  }
+  return sum > 0 ? mx / (sum / static_cast<double>(counts_host.numel())) : 1.0;
+}
+
+// Everything one run holds.
+struct Run {
+  const TrainConfig& cfg;
+  std::ostream& out;
+  Context ctx;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Model> shadow;  // bf16 copy for --shadow-bf16, made on first use
+  std::vector<Param> params;
+  std::unique_ptr<AdamWOptimizer> optim;
+  std::unique_ptr<BatchSampler> sampler;
+  std::unique_ptr<ValBatches> val;
+  std::deque<double> spike_window;
+  int64_t step = 0;  // optimizer steps done
+  int64_t tokens_seen = 0;
+  std::string ckpt_root;
+
+  Run(const TrainConfig& c, std::ostream& o, Device device)
+      : cfg(c), out(o), ctx(make_context(device)) {}
+
+  ModelConfig model_config() const {
+    ModelConfig m = cfg.model;
+    m.recipe = cfg.recipe;
+    return m;
+  }
+
+  void build(const ShardSet& shards) {
+    const ModelConfig mc = model_config();
+    model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
+    for (Parameter* p : model->parameters())
+      params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
+    std::vector<Param*> ptrs;
+    for (Param& p : params) ptrs.push_back(&p);
+    optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
+    sampler = std::make_unique<BatchSampler>(
+        TokenStream::open(shards.train, mc.vocab_size),
+        SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
+    if (!shards.val.empty() && cfg.eval.every > 0)
+      val = std::make_unique<ValBatches>(
+          TokenStream::open(shards.val, mc.vocab_size),
+          ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+  }
+
+  void save_checkpoint() {
+    const std::string final_dir = ckpt_root + "/" + step_dir_name(step);
+    const std::string partial = final_dir + ".partial";
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    io::write_checkpoint(partial, model_config(), model->export_tensors(ctx));
+    io::write_safetensors(partial + "/" + kOptimizerFile, optim->state_dict(ctx));
+    io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
+    nlohmann::json st;
+    st["step"] = step;
+    st["tokens_seen"] = tokens_seen;
+    const auto s = sampler->state().to_array();
+    st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
+    st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
+    io::write_text_file_atomic(partial + "/" + kTrainerStateFile, st.dump(1) + "\n");
+    fs::remove_all(final_dir, ec);
+    fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
+    io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(step) + "\n");
+    prune_checkpoints();
+  }
+
+  void prune_checkpoints() {
+    if (cfg.keep_checkpoints <= 0) return;
+    std::vector<std::string> steps;
+    for (const auto& e : fs::directory_iterator(ckpt_root)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos)
+        steps.push_back(n);
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + static_cast<size_t>(cfg.keep_checkpoints) < steps.size(); ++i)
+      fs::remove_all(ckpt_root + "/" + steps[i]);
+  }
+
+  // Weights, optimizer, recipe state; with `data`, also the sampler position and the spike window.
+  void load_checkpoint(const std::string& dir, bool data) {
+    io::CheckpointReadOptions ro;
+    ro.cast = io::ReadCast::kToF32;
+    const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
+    for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
+      out << "warning: " << w << "\n";
+    optim->load_state_dict(ctx, io::read_safetensors(dir + "/" + kOptimizerFile).tensors);
+    model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
+    std::ifstream f(dir + "/" + kTrainerStateFile);
+    OCTET_CHECK(f.good(), dir, ": no ", kTrainerStateFile, " (not a training checkpoint)");
+    nlohmann::json st;
+    try {
+      f >> st;
+    } catch (const std::exception& e) {
+      OCTET_THROW(dir, "/", kTrainerStateFile, ": not valid JSON: ", e.what());
+    }
+    step = st.at("step").get<int64_t>();
+    if (!data) return;
+    tokens_seen = st.at("tokens_seen").get<int64_t>();
+    const auto s = st.at("sampler").get<std::vector<int64_t>>();
+    sampler->set_state(SamplerState::from_array(s));
+    spike_window.clear();
+    for (double v : st.at("spike_window").get<std::vector<double>>()) spike_window.push_back(v);
+  }
+
+  double validate_loss() {
+    double sum = 0;
+    for (int64_t i = 0; i < val->size(); ++i) {
+      const TokenBatch b = val->batch(i);
+      sum += model->read_losses(ctx, model->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
+    }
+    return sum / static_cast<double>(std::max<int64_t>(val->size(), 1));
+  }
+
+  double shadow_loss(const TokenBatch& b) {
+    if (!shadow)
+      shadow = std::make_unique<Model>(ctx, model_config(),
+                                       Precision{recipe_preset("bf16"), DType::kBF16});
+    const CopyKind kind =
+        ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
+    for (Parameter* p : model->parameters()) {
+      Parameter& s = shadow->parameter(p->name);
+      ctx.be().copy(s.value.data(), p->value.data(), p->value.nbytes(), kind);
+    }
+    shadow->prepare(ctx);
+    return shadow->read_losses(ctx, shadow->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
+  }
+
+  bool is_spike(double loss) const {
+    const auto n = static_cast<int64_t>(spike_window.size());
+    if (cfg.safety.spike_window == 0 || n < cfg.safety.spike_window) return false;
+    double mean = 0, var = 0;
+    for (double v : spike_window) mean += v;
+    mean /= static_cast<double>(n);
+    for (double v : spike_window) var += (v - mean) * (v - mean);
+    const double sd = std::sqrt(var / static_cast<double>(n));
+    return loss > mean + cfg.safety.spike_threshold * sd;
+  }
+
+  void remember_loss(double loss) {
+    if (cfg.safety.spike_window == 0) return;
+    spike_window.push_back(loss);
+    while (static_cast<int64_t>(spike_window.size()) > cfg.safety.spike_window)
+      spike_window.pop_front();
+  }
+};
+
+}  // namespace
+
+std::string resolve_resume_dir(const std::string& path) {
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(path, ec), "--resume ", path, ": no such directory");
+  if (fs::exists(fs::path(path) / kTrainerStateFile, ec)) return path;
+  const fs::path latest = fs::path(path) / "checkpoints" / "latest";
+  std::ifstream f(latest);
+  OCTET_CHECK(f.good(), "--resume ", path, ": neither a training checkpoint (no ",
+              kTrainerStateFile, ") nor a run directory with checkpoints/latest");
+  std::string name;
+  std::getline(f, name);
+  const fs::path dir = fs::path(path) / "checkpoints" / name;
+  OCTET_CHECK(fs::exists(dir / kTrainerStateFile, ec), "--resume ", path,
+              ": checkpoints/latest names ", name, ", which is missing or incomplete");
+  return dir.string();
+}
+
+RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
+  // Everything that can be wrong is checked before the first step.
+  cfg.validate();
+  check_writable_dir(cfg.run_dir, "run_dir");
+  const std::string resume = opt.resume_from.empty() ? "" : resolve_resume_dir(opt.resume_from);
+  DataSourceArgs da;
+  da.path = cfg.data.shards.empty() ? cfg.data.text : cfg.data.shards;
+  da.cache_dir = opt.cache_dir;
+  da.val_fraction = cfg.data.val_fraction;
+  const ShardSet shards = resolve_data_source(da);
+  const Device device = pick_device(cfg.device);
+
+  const std::string resolved = to_toml(cfg);
+  out << "# resolved configuration (saved as " << cfg.run_dir << "/config.toml)\n"
+      << resolved << "\n";
+  io::write_text_file_atomic(cfg.run_dir + "/config.toml", resolved);
+
+  Run run(cfg, out, device);
+  run.ckpt_root = cfg.run_dir + "/checkpoints";
+  check_writable_dir(run.ckpt_root, "checkpoint directory");
+  run.build(shards);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (resume.empty()) {
+    run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
+    metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
+  } else {
+    run.load_checkpoint(resume, true);
+    metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
+    out << "resumed from " << resume << " at step " << run.step << "\n";
+  }
+  out << "device: " << device_name(device) << ", recipe: " << cfg.recipe << ", parameters: " <<
+      [&] {
+        int64_t n = 0;
+        for (Parameter* p : run.model->parameters()) n += p->value.numel();
+        return n;
+      }()
+      << ", train tokens: " << run.sampler->stream().size() << "\n";
+
+  ProgressOptions po;
+  po.total_steps = cfg.steps;
+  po.start_step = run.step;
+  po.log_every = cfg.log_every;
+  Progress progress(out, opt.style, po);
+  const LrSchedule sched = cfg.lr_schedule();
+  const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum;
+  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum);
+  RunResult result;
+  result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t rollbacks_in_a_row = 0;
+
+  while (run.step < cfg.steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run.ctx.be().reset_peak();
+    const double lr = lr_at(sched, run.step);
+    run.model->prepare(run.ctx);
+    run.optim->zero_grad(run.ctx);
+    std::vector<ModelLosses> micro;
+    TokenBatch first;
+    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+      const TokenBatch b = run.sampler->next();
+      if (m == 0) first = b;
+      micro.push_back(
+          run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
+    }
+    StepMetrics sm;
+    sm.step = run.step + 1;
+    sm.lr = lr;
+    double loss = 0;
+    std::vector<double> mtp;
+    for (const ModelLosses& l : micro) {  // the planned synchronisation of the step
+      const LossValues v = run.model->read_losses(run.ctx, l);
+      loss += v.main / static_cast<double>(micro.size());
+      mtp.resize(v.mtp.size());
+      for (size_t k = 0; k < v.mtp.size(); ++k)
+        mtp[k] += v.mtp[k] / static_cast<double>(micro.size());
+    }
+    sm.loss = loss;
+    sm.mtp_loss = mtp;
+
+    bool apply = true;
+    if (!std::isfinite(loss)) {
+      apply = false;
+      sm.skip_reason = "non-finite loss";
+    } else if (run.is_spike(loss)) {
+      std::ostringstream msg;
+      msg << "step " << sm.step << ": loss spike " << loss << " (window of "
+          << run.spike_window.size() << ")";
+      if (cfg.safety.spike_action == SpikeAction::kSkip) {
+        apply = false;
+        sm.skip_reason = "loss spike";
+      } else if (cfg.safety.spike_action == SpikeAction::kRollback) {
+        std::ifstream latest(run.ckpt_root + "/latest");
+        if (latest.good() && rollbacks_in_a_row < 3) {
+          const std::string dir = resolve_resume_dir(cfg.run_dir);
+          run.load_checkpoint(dir, false);  // the sampler moves on past the offending batches
+          ++rollbacks_in_a_row;
+          progress.message(msg.str() + ": rolled back to " + dir);
+          continue;
+        }
+        apply = false;
+        sm.skip_reason = "loss spike (no checkpoint to roll back to)";
+      }
+      progress.message(msg.str() + (apply ? ", kept" : ", update skipped"));
+    }
+    if (apply) {
+      run.optim->step(run.ctx, static_cast<float>(lr));
+      const StepStats st = run.optim->finish_step(run.ctx);
+      sm.grad_norm = st.grad_norm;
+      if (st.skipped) {
+        apply = false;
+        sm.skip_reason = "non-finite gradient";
+      } else {
+        run.model->update_router_bias(run.ctx, micro,
+                                      static_cast<float>(run.model_config().bias_update_rate));
+        run.remember_loss(loss);
+        rollbacks_in_a_row = 0;
+      }
+    }
+    sm.skipped = !apply;
+    if (sm.skipped)
+      progress.message("step " + std::to_string(sm.step) + ": " + sm.skip_reason +
+                       ", update skipped");
+    if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
+        cfg.recipe != "bf16") {
+      const double fp8_first = run.model->read_losses(run.ctx, micro[0]).main;
+      const double bf = run.shadow_loss(first);
+      sm.shadow_bf16_loss = bf;
+      sm.shadow_gap = (fp8_first - bf) / bf;
+    }
+    if (!micro[0].expert_load.empty() && (sm.step % cfg.log_every == 0 || sm.step == 1)) {
+      double worst = 1.0;
+      for (const Tensor& c : micro[0].expert_load)
+        worst = std::max(worst, max_over_mean(c.to_host(run.ctx)));
+      sm.router_imbalance = worst;
+    }
+    run.ctx.synchronize();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    sm.step_ms = ms;
+    sm.tokens_per_s = static_cast<double>(tokens_per_step) / (ms / 1000.0);
+    sm.peak_mem_bytes = run.ctx.be().peak_bytes();
+    run.step += 1;
+    run.tokens_seen += tokens_per_step;
+    if (run.val && (run.step % cfg.eval.every == 0 || run.step == cfg.steps)) {
+      sm.val_loss = run.validate_loss();
+      result.final_val_loss = *sm.val_loss;
+    }
+    metrics->write(sm);
+    progress.update(sm);
+    if (sm.skipped) ++result.skipped_steps;
+    result.final_loss = loss;
+    if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) || run.step == cfg.steps)
+      run.save_checkpoint();
+  }
+  progress.finish();
+  result.steps_done = run.step;
+  return result;
+}
+
+}  // namespace octet::train

@@ -1,0 +1,239 @@
+// `octet compare` end to end on run directories written here by hand: the table's numbers
+// (final losses, relative error against the first run, warm-up-free tokens/s, peak memory, the
+// recipe from config.toml), one-line errors for missing or empty runs, and the PNG that
+// scripts/plot_compare.py draws (skipped where no python with matplotlib is at hand).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace octet {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// One metrics.jsonl record in the trainer's format, written without the library on purpose.
+std::string record(int step, double loss, double tok_s, long long mem, double val = NAN) {
+  char buf[512];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"step\":%d,\"loss\":%.17g,\"lr\":0.0003,\"grad_norm\":0.5,\"tokens_per_s\":%.17g,"
+      "\"step_ms\":20.0,\"peak_mem_bytes\":%lld,\"skipped\":false",
+      step, loss, tok_s, mem);
+  std::string s = buf;
+  if (!std::isnan(val)) {
+    std::snprintf(buf, sizeof buf, ",\"val_loss\":%.17g", val);
+    s += buf;
+  }
+  return s + "}\n";
+}
+
+double loss_at(int step) {
+  return 6.0 / (1.0 + 0.02 * step) + 0.01 * std::sin(step);
+}
+
+class CompareCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("octet_compare_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  RunResult run(const std::string& args) const {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = std::string("'") + OCTET_CLI_PATH + "' compare " + args + " >'" +
+                            out.string() + "' 2>'" + err.string() + "'";
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    fs::remove(out);
+    fs::remove(err);
+    return r;
+  }
+
+  void expect_failure(const std::string& args, const std::string& fragment) const {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("octet compare: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos)
+        << "missing '" << fragment << "' in: " << r.err;
+  }
+
+  // A 100-step run: loss_at(step) * factor, val every 50 steps, the first 10 steps slow (warm-up).
+  void write_run(const std::string& name, const std::string& recipe, double factor, double tok_s,
+                 long long mem, bool val = true) const {
+    fs::create_directories(dir_ / name);
+    if (!recipe.empty())
+      std::ofstream(dir_ / name / "config.toml")
+          << "# resolved config\nseed = 1\nrecipe = \"" << recipe << "\"  # the preset\n\n"
+          << "[model]\nrecipe = \"not-this-one\"\n";
+    std::ofstream m(dir_ / name / "metrics.jsonl");
+    for (int s = 1; s <= 100; ++s)
+      m << record(s, loss_at(s) * factor, s <= 10 ? 1.0 : tok_s, mem * s / 100,
+                  val && s % 50 == 0 ? 1.1 * loss_at(s) * factor : NAN);
+  }
+
+  // The table row of one run, split on whitespace.
+  static std::vector<std::string> row(const std::string& out, const std::string& run) {
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(run + " ", 0) != 0) continue;
+      std::vector<std::string> cells;
+      std::istringstream words(line);
+      for (std::string w; words >> w;) cells.push_back(w);
+      return cells;
+    }
+    return {};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CompareCliTest, TableShowsLossesRelativeErrorSpeedAndMemory) {
+  write_run("bf16", "bf16", 1.0, 40000, 4LL << 30);
+  write_run("fp8", "deepseek", 1.002, 52300, 3LL << 30);
+  const RunResult r = run(path("bf16") + " " + path("fp8") + "/");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+
+  double tail = 0;  // mean of the last 10% (10 steps) of the reference run
+  for (int s = 91; s <= 100; ++s) tail += loss_at(s) / 10;
+  char expected_loss[32];
+  std::snprintf(expected_loss, sizeof expected_loss, "%.4f", tail);
+  char expected_val[32];
+  std::snprintf(expected_val, sizeof expected_val, "%.4f", 1.1 * loss_at(100));
+
+  const auto ref = row(r.out, path("bf16"));
+  // run, recipe, steps, skipped, train loss, val loss, rel err, tok/s, peak mem (2 words)
+  ASSERT_EQ(ref.size(), 10u) << r.out;
+  EXPECT_EQ(ref[1], "bf16");
+  EXPECT_EQ(ref[2], "100");
+  EXPECT_EQ(ref[3], "0");
+  EXPECT_EQ(ref[4], expected_loss);
+  EXPECT_EQ(ref[5], expected_val);
+  EXPECT_EQ(ref[6], "(reference)");
+  EXPECT_EQ(ref[7], "40.0k");  // the slow first 10 steps are warm-up
+  EXPECT_EQ(ref[8] + " " + ref[9], "4.0 GiB");
+
+  const auto fp8 = row(r.out, path("fp8"));  // the trailing '/' is dropped from the label
+  ASSERT_EQ(fp8.size(), 11u) << r.out;       // rel err is "0.200% (val)"
+  EXPECT_EQ(fp8[1], "deepseek");
+  EXPECT_EQ(fp8[6] + " " + fp8[7], "0.200% (val)");
+  EXPECT_EQ(fp8[8], "52.3k");
+  EXPECT_EQ(fp8[9] + " " + fp8[10], "3.0 GiB");
+
+  // The header says how each number is made.
+  EXPECT_NE(r.out.find("mean over the last 10% of the steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warm-up"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0.25%"), std::string::npos) << r.out;
+  // No plot unless --out.
+  for (const auto& e : fs::directory_iterator(dir_)) EXPECT_NE(e.path().extension(), ".png");
+}
+
+TEST_F(CompareCliTest, RelativeErrorFallsBackToTrainLoss) {
+  write_run("a", "", 1.0, 1000, 1 << 20);
+  write_run("b", "", 1.01, 1000, 1 << 20, /*val=*/false);
+  const RunResult r = run(path("a") + " " + path("b"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto b = row(r.out, path("b"));
+  ASSERT_EQ(b.size(), 11u) << r.out;
+  EXPECT_EQ(b[1], "-");  // no config.toml: recipe unknown
+  EXPECT_EQ(b[5], "-");  // no val loss
+  EXPECT_EQ(b[6] + " " + b[7], "1.000% (train)");
+}
+
+TEST_F(CompareCliTest, ToleratesATornLastLineAndNonFiniteLosses) {
+  fs::create_directories(dir_ / "r");
+  std::ofstream(dir_ / "r" / "metrics.jsonl")
+      << record(1, 5.0, 10, 100) << "{\"step\":2,\"loss\":\"nan\",\"skipped\":true}\n"
+      << record(3, 4.0, 10, 100) << "{\"step\":4,\"loss\":3.";
+  const RunResult r = run(path("r"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto cells = row(r.out, path("r"));
+  ASSERT_EQ(cells.size(), 10u) << r.out;
+  EXPECT_EQ(cells[2], "3");       // the torn step 4 is not counted
+  EXPECT_EQ(cells[3], "1");       // skipped
+  EXPECT_EQ(cells[4], "4.0000");  // the nan loss of the skipped step is left out
+}
+
+TEST_F(CompareCliTest, MissingOrEmptyRunsAreOneClearError) {
+  expect_failure(path("nope"), path("nope") + ": no such run directory");
+  std::ofstream(dir_ / "file") << "x";
+  expect_failure(path("file"), path("file") + ": not a directory");
+  fs::create_directories(dir_ / "empty");
+  write_run("good", "bf16", 1.0, 1000, 1 << 20);
+  expect_failure(path("good") + " " + path("empty"),
+                 path("empty") + "/metrics.jsonl: no such file");
+  std::ofstream(dir_ / "empty" / "metrics.jsonl") << "\n";
+  expect_failure(path("empty"), path("empty") + "/metrics.jsonl: no metrics records");
+  std::ofstream(dir_ / "empty" / "metrics.jsonl") << "{oops\n" << record(1, 2.0, 1, 1);
+  expect_failure(path("empty"), path("empty") + "/metrics.jsonl:1: not valid JSON");
+  expect_failure("", "expected 1 to 64 arguments");
+  expect_failure(path("good") + " --out " + path("no/such/dir/x.png"), "does not exist");
+  expect_failure(path("good") + " --bogus", "unknown flag --bogus");
+}
+
+TEST_F(CompareCliTest, HelpNamesTheFlags) {
+  const RunResult r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("usage: octet compare RUN_DIR... [--out FILE.png]"), std::string::npos)
+      << r.out;
+}
+
+// The python that `octet compare` runs: the project venv beside the build directory, else python3.
+bool have_matplotlib() {
+  const fs::path venv = fs::path(OCTET_CLI_PATH).parent_path() / ".." / ".venv" / "bin" / "python";
+  const std::string python = fs::exists(venv) ? venv.string() : "python3";
+  const std::string cmd = "'" + python + "' -c 'import matplotlib' >/dev/null 2>&1";
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+TEST_F(CompareCliTest, OutWritesAPng) {
+  if (!have_matplotlib()) GTEST_SKIP() << "no python with matplotlib (scripts/setup.sh makes one)";
+  write_run("bf16", "bf16", 1.0, 40000, 4LL << 30);
+  write_run("fp8", "deepseek", 1.002, 52300, 3LL << 30);
+  write_run("fp8-flow", "fp8-flow", 0.999, 61000, 3LL << 30, /*val=*/false);
+  const std::string png = path("cmp.png");
+  const RunResult r =
+      run(path("bf16") + " " + path("fp8") + " " + path("fp8-flow") + " --out " + png);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("wrote " + png), std::string::npos) << r.out;
+  const std::string bytes = slurp(png);
+  ASSERT_GT(bytes.size(), 10000u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  // A failure inside the script is still one error line, with the script's reason.
+  fs::create_directories(dir_ / "a_dir.png");
+  expect_failure(path("bf16") + " --out " + path("a_dir.png"), "plotting failed (");
+  expect_failure(path("bf16") + " --out " + path("a_dir.png"), "Is a directory");
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+}
+
+}  // namespace
+}  // namespace octet

@@ -1,0 +1,146 @@
+// llm.c token shards: a round trip, the exact byte layout llm.c's writer produces, and one test per
+// kind of damage, each error naming the file and the problem.
+#include "io/token_shard.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "core/check.h"
+
+namespace octet::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TokenShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("octet_token_shard_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A shard written by hand as llm.c's write_datafile does: 256 int32 header, then uint16 tokens.
+  std::string write_raw(const std::string& name, int32_t magic, int32_t version, int32_t count,
+                        const std::vector<uint16_t>& tokens, const std::string& extra = "") {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic, header[1] = version, header[2] = count;
+    std::ofstream out(path(name), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(tokens.data()), 2 * tokens.size());
+    out << extra;
+    return path(name);
+  }
+
+  static void expect_open_error(const std::string& file, const std::string& fragment,
+                                int64_t vocab_size = 0) {
+    try {
+      TokenShard::open(file, vocab_size);
+      ADD_FAILURE() << "no error opening " << file;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(file), std::string::npos) << "message does not name the file: " << msg;
+      EXPECT_NE(msg.find(fragment), std::string::npos)
+          << "missing '" << fragment << "' in: " << msg;
+    }
+  }
+
+  fs::path dir_;
+};
+
+std::vector<uint16_t> some_tokens(size_t n) {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>((i * 40503u + 17) % 50257);
+  return t;
+}
+
+TEST_F(TokenShardTest, RoundTripMatchesLlmcLayout) {
+  const std::vector<uint16_t> tokens = some_tokens(1001);
+  write_token_shard(path("a.bin"), tokens);
+  const TokenShard s = TokenShard::open(path("a.bin"), 50257);
+  EXPECT_EQ(s.path(), path("a.bin"));
+  ASSERT_EQ(s.size(), 1001);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), s.tokens().begin()));
+
+  // Byte for byte what llm.c's writer makes of the same tokens.
+  write_raw("ref.bin", 20240520, 1, 1001, tokens);
+  std::ifstream a(path("a.bin"), std::ios::binary), b(path("ref.bin"), std::ios::binary);
+  const std::string bytes_a((std::istreambuf_iterator<char>(a)), {});
+  const std::string bytes_b((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_EQ(bytes_a.size(), 1024u + 2 * 1001);
+  EXPECT_TRUE(bytes_a == bytes_b);
+  // No temporary file is left behind.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
+}
+
+TEST_F(TokenShardTest, EmptyShardAndCopiesShareTheMapping) {
+  write_token_shard(path("empty.bin"), {});
+  EXPECT_EQ(TokenShard::open(path("empty.bin")).size(), 0);
+
+  write_token_shard(path("b.bin"), some_tokens(10));
+  TokenShard copy;
+  {
+    const TokenShard s = TokenShard::open(path("b.bin"));
+    copy = s;
+  }
+  fs::remove(path("b.bin"));  // the mapping outlives both the name and the first handle
+  EXPECT_EQ(copy.tokens()[9], some_tokens(10)[9]);
+}
+
+TEST_F(TokenShardTest, RejectsMissingAndNonRegular) {
+  expect_open_error(path("missing.bin"), "cannot open");
+  fs::create_directories(path("dir.bin"));
+  expect_open_error(path("dir.bin"), "not a regular file");
+}
+
+TEST_F(TokenShardTest, RejectsShortHeader) {
+  std::ofstream(path("short.bin"), std::ios::binary) << std::string(100, 'x');
+  expect_open_error(path("short.bin"), "truncated token shard: 100 bytes");
+}
+
+TEST_F(TokenShardTest, RejectsWrongMagic) {
+  expect_open_error(write_raw("m.bin", 12345, 1, 3, {1, 2, 3}), "magic 12345, expected 20240520");
+  expect_open_error(write_raw("l.bin", 20240801, 7, 3, {1, 2, 3}), "Llama-3");
+}
+
+TEST_F(TokenShardTest, RejectsWrongVersion) {
+  expect_open_error(write_raw("v.bin", 20240520, 2, 3, {1, 2, 3}), "version 2, expected 1");
+}
+
+TEST_F(TokenShardTest, RejectsNegativeCount) {
+  expect_open_error(write_raw("n.bin", 20240520, 1, -5, {}), "negative token count -5");
+}
+
+TEST_F(TokenShardTest, RejectsTruncatedTokens) {
+  expect_open_error(write_raw("t.bin", 20240520, 1, 10, some_tokens(7)),
+                    "truncated token shard: the header says 10 tokens");
+  // An odd byte count is truncation too.
+  expect_open_error(write_raw("o.bin", 20240520, 1, 3, some_tokens(2), "x"), "truncated");
+}
+
+TEST_F(TokenShardTest, RejectsTokenCountMismatch) {
+  expect_open_error(write_raw("c.bin", 20240520, 1, 3, some_tokens(5)),
+                    "token count mismatch: the header says 3 tokens");
+}
+
+TEST_F(TokenShardTest, RejectsTokenOutsideVocab) {
+  std::vector<uint16_t> tokens(70000, 5);
+  tokens[65539] = 257;  // in the second scan block
+  write_token_shard(path("big.bin"), tokens);
+  EXPECT_EQ(TokenShard::open(path("big.bin"), 258).size(), 70000);
+  EXPECT_EQ(TokenShard::open(path("big.bin")).size(), 70000);  // no bound asked for
+  expect_open_error(path("big.bin"), "token 257 at index 65539", 257);
+}
+
+}  // namespace
+}  // namespace octet::io

@@ -1,0 +1,158 @@
+// The trainer end to end on the CPU, at a tiny size: a run of 2N steps and a run of N steps resumed
+// for N more give bit-identical losses; checkpoints keep the last K; a non-finite loss skips the
+// step and training goes on; bad inputs fail before any work.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace octet::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("octet_trainer_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// A small English text (repeated with variations so the model has something to learn).
+std::string write_corpus(const std::string& dir) {
+  std::ostringstream s;
+  for (int i = 0; i < 400; ++i)
+    s << "The quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 13
+      << ". Pack my box with five dozen liquor jugs.\n";
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream(path) << s.str();
+  return path;
+}
+
+TrainConfig tiny(const std::string& run_dir, const std::string& corpus, const std::string& recipe) {
+  TrainConfig c;
+  for (const char* kv : {"steps=6",
+                         "checkpoint_every=3",
+                         "keep_checkpoints=2",
+                         "batch_size=2",
+                         "seq_len=16",
+                         "log_every=1",
+                         "eval.every=3",
+                         "eval.batches=1",
+                         "optim.warmup_steps=2",
+                         "device=cpu",
+                         "model.hidden_size=32",
+                         "model.intermediate_size=64",
+                         "model.moe_intermediate_size=16",
+                         "model.num_attention_heads=2",
+                         "model.q_lora_rank=16",
+                         "model.kv_lora_rank=16",
+                         "model.qk_nope_head_dim=16",
+                         "model.qk_rope_head_dim=16",
+                         "model.v_head_dim=16",
+                         "model.max_position_embeddings=32"})
+    apply_set(c, kv);
+  apply_set(c, "recipe=" + recipe);
+  apply_set(c, "run_dir=" + run_dir);
+  apply_set(c, "data.text=\"" + corpus + "\"");
+  c.validate();
+  return c;
+}
+
+RunOptions quiet(const std::string& cache) {
+  RunOptions o;
+  o.cache_dir = cache;
+  return o;
+}
+
+std::vector<double> losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (const StepMetrics& m : read_metrics(run_dir + "/metrics.jsonl")) out.push_back(m.loss);
+  return out;
+}
+
+class TrainerResume : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TrainerResume, ResumedRunIsBitIdentical) {
+  const std::string dir = temp_dir(std::string("resume_") + GetParam());
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  TrainConfig full = tiny(dir + "/full", corpus, GetParam());
+  run_training(full, quiet(dir + "/cache"), log);
+
+  TrainConfig half = tiny(dir + "/half", corpus, GetParam());
+  apply_set(half, "steps=3");
+  run_training(half, quiet(dir + "/cache"), log);
+  TrainConfig rest = tiny(dir + "/half", corpus, GetParam());
+  RunOptions o = quiet(dir + "/cache");
+  o.resume_from = dir + "/half";
+  run_training(rest, o, log);
+
+  const std::vector<double> a = losses(dir + "/full"), b = losses(dir + "/half");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0)
+        << "step " << i + 1 << ": " << a[i] << " vs " << b[i];
+  EXPECT_LT(a.back(), a.front()) << "the loss did not fall";
+  // keep_checkpoints = 2: steps 3 and 6 remain, and latest names 6.
+  EXPECT_TRUE(fs::exists(dir + "/full/checkpoints/step_00000006/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/full/checkpoints/step_00000003/optimizer.safetensors"));
+  std::ifstream latest(dir + "/full/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_00000006");
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, TrainerResume,
+                         ::testing::Values("bf16", "deepseek", "fp8-tensor-delayed"));
+
+TEST(Trainer, NonFiniteLossSkipsTheStepAndGoesOn) {
+  const std::string dir = temp_dir("nan");
+  const std::string corpus = write_corpus(dir);
+  TrainConfig c = tiny(dir + "/run", corpus, "bf16");
+  // An absurd rate blows the weights up after the first update; later steps are non-finite.
+  apply_set(c, "optim.lr=1e30");
+  apply_set(c, "optim.grad_clip=0");
+  apply_set(c, "optim.weight_decay=0");
+  std::ostringstream log;
+  const RunResult r = run_training(c, quiet(dir + "/cache"), log);
+  EXPECT_EQ(r.steps_done, 6);
+  EXPECT_GT(r.skipped_steps, 0);
+  bool logged = false;
+  for (const StepMetrics& m : read_metrics(dir + "/run/metrics.jsonl"))
+    if (m.skipped) logged = !m.skip_reason.empty();
+  EXPECT_TRUE(logged);
+  EXPECT_NE(log.str().find("update skipped"), std::string::npos) << log.str();
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, BadInputsFailBeforeAnyWork) {
+  const std::string dir = temp_dir("bad");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  TrainConfig missing = tiny(dir + "/run", dir + "/no_such_file.txt", "bf16");
+  EXPECT_THROW(run_training(missing, quiet(dir + "/cache"), log), Error);
+  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl"));
+  TrainConfig unwritable = tiny("/proc/octet_cannot_write_here", corpus, "bf16");
+  try {
+    run_training(unwritable, quiet(dir + "/cache"), log);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run_dir"), std::string::npos) << e.what();
+  }
+  RunOptions bad_resume = quiet(dir + "/cache");
+  bad_resume.resume_from = dir;  // a directory without checkpoints
+  EXPECT_THROW(run_training(tiny(dir + "/run2", corpus, "bf16"), bad_resume, log), Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace octet::train
