@@ -23,6 +23,7 @@ const std::vector<Suite>& suites();
 Suite quantize_suite();
 Suite gemm_suite(), gemm_accum_suite();  // bench_gemm.cpp
 Suite attention_suite();                 // bench_attention.cpp
+Suite train_step_suite();                // bench_train_step.cpp
 
 struct Timing {
   double median_ms = 0;

@@ -32,6 +32,10 @@ class Backend {
   // Asynchronous on the backend's stream, except device-to-host which completes before returning.
   virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) = 0;
   virtual void memset(void* dst, int byte, int64_t bytes) = 0;
+  // `rows` rows of `row_bytes` each, from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`
+  // apart), on the same device; asynchronous on the stream like a device-to-device copy.
+  virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                       int64_t row_bytes, int64_t rows) = 0;
   virtual void synchronize() = 0;
   virtual void* stream() const { return nullptr; }
   virtual std::unique_ptr<Timer> make_timer() = 0;

@@ -30,6 +30,12 @@ class CpuBackend final : public Backend {
     return p;
   }
   void free(void* ptr) override { std::free(ptr); }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, static_cast<size_t>(row_bytes));
+  }
   int64_t peak_bytes() const override {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);

@@ -60,6 +60,13 @@ class CudaBackend final : public Backend {
     uint64_t zero = 0;
     OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override {
+    OCTET_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
+                                       static_cast<size_t>(src_pitch),
+                                       static_cast<size_t>(row_bytes), static_cast<size_t>(rows),
+                                       cudaMemcpyDeviceToDevice, stream_));
+  }
   void* alloc(int64_t bytes) override {
     void* p = nullptr;
     const cudaError_t err = cudaMallocAsync(&p, static_cast<size_t>(bytes), stream_);

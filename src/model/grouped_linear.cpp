@@ -37,6 +37,11 @@ QuantTensor quantize_1x128(Context& ctx, const Tensor& x, Fp8Format f, ScaleRoun
   return quantize(ctx, qa);
 }
 
+// The row counts on the host when the caller read them (one read per MoE layer, not per GEMM).
+const std::vector<int64_t>* hs(const GroupLayoutRef& l) {
+  return l.host_sizes.empty() ? nullptr : &l.host_sizes;
+}
+
 }  // namespace
 
 void GroupedLinearLayer::init_state(Context& ctx, const Recipe& recipe) {
@@ -72,19 +77,36 @@ void GroupedLinearLayer::prepare(Context& ctx, const Precision& p) {
       copy_into(ctx, w_t_, e * I * O, transpose(ctx, row_slice(w_.reshape({E * O, I}), e * O, O)));
     return;
   }
-  // fp8-block: each expert's 128x128 blocks on their own (both copies), stacked.
+  // fp8-block: 128x128 blocks per expert, both copies, stacked.
   const int64_t so = ceil_div(O, kGroup), si = ceil_div(I, kGroup);
   const DType d8 = fp8_dtype(r.forward_format);
   fp8_ = {Tensor::empty(ctx, {E * O, I}, d8), Tensor::empty(ctx, {E, so, si}, DType::kF32),
           Granularity::k128x128, r.forward_format};
   fp8_t_ = {Tensor::empty(ctx, {E * I, O}, d8), Tensor::empty(ctx, {E, si, so}, DType::kF32),
             Granularity::k128x128, r.forward_format};
-  for (int64_t e = 0; e < E; ++e) {
-    QuantizeArgs qa;
+  QuantizeArgs qa;
+  qa.format = r.forward_format;
+  qa.granularity = Granularity::k128x128;
+  qa.output = QuantizeOutput::kBoth;
+  if (O % kGroup == 0) {
+    // No block straddles two experts: one quantization of the stacked (E Out, In) matrix. Its
+    // column-wise copy (In, E Out) holds W_e^T side by side; Dgrad wants them stacked (E In, Out),
+    // which is a strided copy of bytes and of scales (the same blocks, so the same values).
+    qa.input = param->value.reshape({E * O, I});
+    const QuantTensor q = quantize(ctx, qa);
+    copy_into(ctx, fp8_.data, 0, q.data);
+    copy_into(ctx, fp8_.scale_inv, 0, q.scale_inv);
+    for (int64_t e = 0; e < E; ++e) {
+      ctx.be().copy_2d(fp8_t_.data.data_as<uint8_t>() + e * I * O, O,
+                       q.columnwise_data.data_as<const uint8_t>() + e * O, E * O, O, I);
+      ctx.be().copy_2d(fp8_t_.scale_inv.data_as<float>() + e * si * so, so * 4,
+                       q.columnwise_scale_inv.data_as<const float>() + e * so, E * so * 4, so * 4,
+                       si);
+    }
+    return;
+  }
+  for (int64_t e = 0; e < E; ++e) {  // each expert on its own
     qa.input = row_slice(param->value.reshape({E * O, I}), e * O, O);
-    qa.format = r.forward_format;
-    qa.granularity = Granularity::k128x128;
-    qa.output = QuantizeOutput::kBoth;
     const QuantTensor q = quantize(ctx, qa);
     copy_into(ctx, fp8_.data, e * O * I, q.data);
     copy_into(ctx, fp8_.scale_inv, e * so * si, q.scale_inv);
@@ -100,7 +122,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   s = Saved{};
   if (r.precision == GemmPrecision::kBf16) {
     Tensor y = Tensor::empty(ctx, {R, out()}, in_.x.dtype());
-    grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite});
+    grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
     s.x = in_.x;
     return y;
   }
@@ -131,7 +153,8 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     scaling_aware_transpose(ctx, qx);
   }
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
-  grouped_gemm_fp8(ctx, {rowwise_operand(qx), fp8_, layout.sizes, y, Accumulate::kOverwrite});
+  grouped_gemm_fp8(
+      ctx, {rowwise_operand(qx), fp8_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
   // Wgrad reads only the column-wise copy.
   qx.data = Tensor::wrap(nullptr, {R, in()}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();
@@ -146,9 +169,10 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const Tensor grad3 = param->grad;  // (E, Out, In) f32
   if (r.precision == GemmPrecision::kBf16) {
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
-    grouped_gemm_bf16(ctx, {dy, w_t_, layout.sizes, dx, Accumulate::kOverwrite});  // dX = dY W
+    grouped_gemm_bf16(
+        ctx, {dy, w_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});  // dX = dY W
     grouped_wgrad_bf16(ctx, {transpose(ctx, dy), transpose(ctx, s.x), layout.sizes, grad3,
-                             Accumulate::kAdd});  // dW += dY^T X
+                             Accumulate::kAdd, hs(layout)});  // dW += dY^T X
     return dx;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
@@ -168,9 +192,10 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const QuantTensor qdy =
       quantize_1x128(ctx, dy, r.backward_format, r.gradient_rounding, QuantizeOutput::kBoth);
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
-  grouped_gemm_fp8(ctx, {rowwise_operand(qdy), fp8_t_, layout.sizes, dx, Accumulate::kOverwrite});
+  grouped_gemm_fp8(
+      ctx, {rowwise_operand(qdy), fp8_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});
   grouped_wgrad_fp8(ctx, {columnwise_operand(qdy), columnwise_operand(s.qx), layout.sizes, grad3,
-                          Accumulate::kAdd});  // dW += dY^T X
+                          Accumulate::kAdd, hs(layout)});  // dW += dY^T X
   return dx;
 }
 

@@ -32,7 +32,8 @@ struct GroupedInput {
 
 struct GroupLayoutRef {
   Tensor sizes;                     // (E) int32 on the device: rows per expert, padding included
-  std::vector<int64_t> host_sizes;  // the same on the host (fp8-tensor only; may be empty else)
+  std::vector<int64_t> host_sizes;  // the same on the host (required by fp8-tensor; when given,
+                                    // the grouped GEMMs skip their own device reads)
 };
 
 struct GroupedLinearLayer {

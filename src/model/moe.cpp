@@ -61,9 +61,9 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   s.map = moe_permute_map(
       ctx, {s.route.topk_idx, E, fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
   s.layout.sizes = s.map.group_sizes;
-  const bool per_tensor = r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Tensor ||
-                          r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Tensor;
-  if (per_tensor) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
+  // One host read of the row counts per layer (a synchronisation the per-expert GEMM loops of
+  // ops/grouped_gemm need anyway), shared by the six grouped GEMMs of forward and backward.
+  s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
     QuantizeArgs qa;  // quantized once, before the dispatch (DeepSeek-V3)

@@ -40,7 +40,7 @@ const char* spike_action_name(SpikeAction a);
 struct OptimConfig {
   double lr = 3e-3;  // peak learning rate
   double min_lr = 3e-4;
-  int64_t warmup_steps = 30;
+  int64_t warmup_steps = 20;
   double warmup_init = 0.0;  // first warmup rate as a fraction of lr
   double weight_decay = 0.1;
   double beta1 = 0.9;
@@ -86,7 +86,7 @@ ModelConfig default_model_config();
 
 struct TrainConfig {
   std::string run_dir = "runs/default";
-  int64_t steps = 300;             // optimizer steps
+  int64_t steps = 150;             // optimizer steps
   int64_t checkpoint_every = 100;  // 0: only at the end
   int64_t keep_checkpoints = 2;    // most recent K kept; 0 keeps all
   int64_t seed = 1234;

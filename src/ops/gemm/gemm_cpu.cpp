@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ops/gemm/gemm_cpu.h"
 
@@ -109,9 +110,59 @@ RefMatrix ref_matrix(const std::vector<float>& values, const Fp8Operand& op) {
   return m;
 }
 
+// The plain FP32 accumulator (mantissa_bits == 0), 16 outputs of a row at a time over a transposed
+// copy of B so that the inner loop vectorises. Each output still adds its products in increasing
+// K with the same operations as the element-by-element loop below, so the results are identical;
+// this is only faster (the CPU trainer spends most of its time here).
+namespace {
+
+void reference_gemm_fp32(const RefMatrix& a, const RefMatrix& b, Accumulate acc, const RefOutput& d,
+                         bool per_group, int64_t promote) {
+  constexpr int64_t kW = 16;
+  const int64_t k = a.k, n = b.rows, np = (n + kW - 1) / kW * kW;
+  std::vector<float> bt(static_cast<size_t>(k * np), 0.0f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t c = 0; c < k; ++c) bt[static_cast<size_t>(c * np + j)] = b.v[j * b.ld + c];
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const float* ar = a.v + i * a.ld;
+    for (int64_t j0 = 0; j0 < n; j0 += kW) {
+      const int64_t jw = std::min(kW, n - j0);
+      float total[kW] = {};
+      for (int64_t c = 0; c < k;) {
+        const int64_t end = next_boundary(c, k, promote, per_group);
+        float part[kW] = {};
+        for (int64_t cc = c; cc < end; ++cc) {
+          const float av = ar[cc];
+          const float* br = bt.data() + cc * np + j0;
+          for (int64_t jj = 0; jj < kW; ++jj) part[jj] += av * br[jj];
+        }
+        if (per_group) {
+          const int64_t kg = c / kGroup;
+          for (int64_t jj = 0; jj < jw; ++jj)
+            total[jj] = std::fma(part[jj], a.scale(i, kg) * b.scale(j0 + jj, kg), total[jj]);
+        } else {
+          for (int64_t jj = 0; jj < jw; ++jj) total[jj] += part[jj];
+        }
+        c = end;
+      }
+      for (int64_t jj = 0; jj < jw; ++jj) {
+        float t = total[jj];
+        if (!per_group) t *= a.scale(i, 0) * b.scale(j0 + jj, 0);
+        store(d, i, j0 + jj, t, acc);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void reference_gemm(const RefMatrix& a, const RefMatrix& b, const AccumulatorEmulation& emu,
                     Accumulate acc, const RefOutput& d) {
   const bool per_group = scales_vary_along_k(a.g) || scales_vary_along_k(b.g);
+  if (emu.mantissa_bits == 0) {
+    reference_gemm_fp32(a, b, acc, d, per_group, emu.promote_interval);
+    return;
+  }
   const int64_t k = a.k;
   for (int64_t i = 0; i < a.rows; ++i) {
     const float* ar = a.v + i * a.ld;

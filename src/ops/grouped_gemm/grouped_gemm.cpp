@@ -11,19 +11,25 @@ namespace octet {
 namespace {
 
 // The one device-to-host read of a call: the row counts, then their prefix sums.
-GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, const char* what) {
+GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, const char* what,
+                        const std::vector<int64_t>* host_sizes) {
   check_dtype(sizes, "grouped gemm group_sizes", {DType::kI32, DType::kI64});
   check_device(sizes, "grouped gemm group_sizes", ctx.device);
   OCTET_CHECK(sizes.rank() == 1 && sizes.numel() >= 1,
               "grouped gemm group_sizes: expected shape [E] with E >= 1, "
               "got ",
               shape_str(sizes.shape()));
-  const Tensor host = sizes.device() == Device::kCpu ? sizes : sizes.to_host(ctx);
+  OCTET_CHECK(host_sizes == nullptr || static_cast<int64_t>(host_sizes->size()) == sizes.numel(),
+              "grouped gemm host_sizes: ", host_sizes ? host_sizes->size() : 0, " counts for ",
+              sizes.numel(), " experts");
+  const Tensor host =
+      host_sizes != nullptr || sizes.device() == Device::kCpu ? sizes : sizes.to_host(ctx);
   GroupLayout l;
   int64_t sum = 0;
   for (int64_t e = 0; e < sizes.numel(); ++e) {
-    const int64_t m = sizes.dtype() == DType::kI32 ? host.data_as<const int32_t>()[e]
-                                                   : host.data_as<const int64_t>()[e];
+    const int64_t m = host_sizes != nullptr          ? (*host_sizes)[static_cast<size_t>(e)]
+                      : sizes.dtype() == DType::kI32 ? host.data_as<const int32_t>()[e]
+                                                     : host.data_as<const int64_t>()[e];
     OCTET_CHECK(m >= 0, "grouped gemm group_sizes: expert ", e, " has a negative row count ", m);
     l.offset.push_back(sum);
     l.size.push_back(m);
@@ -110,7 +116,7 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   check_gemm_output(args.d, args.a.rows(), n, args.accumulate, ctx.device);
   if (ctx.device == Device::kCuda && args.a.cols() > 0) check_cuda_fp8_k(args.a.cols());
   if (ctx.device == Device::kCuda) check_cuda_block_output(n, args.d.dtype());
-  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A");
+  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A", args.host_sizes);
   OCTET_DISPATCH(ctx, grouped_gemm_fp8, ctx, args, l);
   zero_tail(ctx, args.d, l, args.accumulate);
 }
@@ -122,7 +128,7 @@ void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
               " and B has K = ", args.b.cols());
   const int64_t n = per_expert_rows(args.b.rows(), args.group_sizes.numel(), "B");
   check_gemm_output(args.d, args.a.rows(), n, args.accumulate, ctx.device);
-  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A");
+  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A", args.host_sizes);
   OCTET_DISPATCH(ctx, grouped_gemm_bf16, ctx, args, l);
   zero_tail(ctx, args.d, l, args.accumulate);
 }
@@ -141,7 +147,8 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
               "grouped wgrad D: expected shape [", experts, ", ", n, ", ", k, "], got ",
               shape_str(args.d.shape()));
   check_gemm_output(args.d, experts * n, k, args.accumulate, ctx.device);
-  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A");
+  const GroupLayout l =
+      read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A", args.host_sizes);
   check_wgrad_offsets(l);
   if (ctx.device == Device::kCuda) {
     check_cuda_block_output(k, args.d.dtype());
@@ -167,7 +174,8 @@ void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args) {
               "grouped wgrad D: expected shape [", experts, ", ", n, ", ", k, "], got ",
               shape_str(args.d.shape()));
   check_gemm_output(args.d, experts * n, k, args.accumulate, ctx.device);
-  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A");
+  const GroupLayout l =
+      read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A", args.host_sizes);
   OCTET_DISPATCH(ctx, grouped_wgrad_bf16, ctx, args, l);
 }
 

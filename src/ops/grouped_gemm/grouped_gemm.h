@@ -34,6 +34,8 @@
 // kernel that reads them on the device is a later issue.
 #pragma once
 
+#include <vector>
+
 #include "ops/gemm/gemm.h"
 
 namespace octet {
@@ -45,6 +47,9 @@ struct GroupedGemmFp8Args {
                        // (see above)
   Tensor d;            // (sum M_e, N) bf16 | f32; kAdd: f32
   Accumulate accumulate = Accumulate::kOverwrite;
+  // Optional: group_sizes already on the host (the caller read them once for several GEMMs);
+  // skips this call's device read, which synchronises the stream.
+  const std::vector<int64_t>* host_sizes = nullptr;
 };
 
 // For each expert e: D[o_e : o_e + M_e] (=|+=) A[o_e : o_e + M_e] · B_e^T. Fprop and Dgrad.
@@ -56,6 +61,9 @@ struct GroupedGemmBf16Args {
   Tensor group_sizes;  // (E) int32 | int64
   Tensor d;            // (sum M_e, N) bf16 | f32
   Accumulate accumulate = Accumulate::kOverwrite;
+  // Optional: group_sizes already on the host (the caller read them once for several GEMMs);
+  // skips this call's device read, which synchronises the stream.
+  const std::vector<int64_t>* host_sizes = nullptr;
 };
 void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args);
 
@@ -65,6 +73,7 @@ struct GroupedWgradFp8Args {
   Tensor group_sizes;  // (E) int32 | int64; non-empty experts start at multiples of 128 tokens
   Tensor d;            // (E, N, K): f32 for kAdd, bf16 | f32 for kOverwrite
   Accumulate accumulate = Accumulate::kAdd;
+  const std::vector<int64_t>* host_sizes = nullptr;  // as in GroupedGemmFp8Args
 };
 
 // For each expert e: dW_e (=|+=) A[:, o_e : o_e + M_e] · B[:, o_e : o_e + M_e]^T. An expert with no
@@ -77,6 +86,7 @@ struct GroupedWgradBf16Args {
   Tensor group_sizes;  // (E) int32 | int64
   Tensor d;            // (E, N, K)
   Accumulate accumulate = Accumulate::kAdd;
+  const std::vector<int64_t>* host_sizes = nullptr;  // as in GroupedGemmFp8Args
 };
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args);
 

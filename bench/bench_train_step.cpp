@@ -1,0 +1,137 @@
+// `octet bench train-step`: where a training step's time goes, per recipe, on a model config (the
+// baseline configuration by default). Times, each a median over runs with the device idle between
+// them: the whole forward + backward of a micro-batch, the per-step weight preparation, AdamW over
+// every parameter, and one dense layer, one MoE layer and the output head (forward + backward) on
+// their own, so the blocks' sum can be set against the step.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "backend/backend.h"
+#include "bench.h"
+#include "model/init.h"
+#include "model/model.h"
+#include "ops/cast/cast.h"
+#include "train/optimizer.h"
+#include "train/train_config.h"
+
+namespace octet::bench {
+namespace {
+
+ModelBatch synthetic_batch(const ModelConfig& c, int64_t B, int64_t T) {
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+  ModelBatch b{Tensor::empty({B, T}, DType::kI32), Tensor::empty({B, T}, DType::kI32)};
+  for (int64_t i = 0; i < B * T; ++i) {
+    b.inputs.data_as<int32_t>()[i] = tok(rng);
+    b.targets.data_as<int32_t>()[i] = tok(rng);
+  }
+  return b;
+}
+
+Tensor random_act(Context& ctx, int64_t rows, int64_t cols) {
+  Tensor h = Tensor::empty({rows, cols}, DType::kF32);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int64_t i = 0; i < h.numel(); ++i) h.data_as<float>()[i] = n(rng);
+  return cast(ctx, h.to(ctx, ctx.device), DType::kBF16);
+}
+
+int run(const std::vector<std::string>& argv) {
+  std::string path = "configs/baseline-h100.toml";
+  std::vector<std::string> recipes = {"bf16", "fp8-tensor-delayed", "deepseek"};
+  int runs = 10;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--recipe" && i + 1 < argv.size())
+      recipes = {argv[++i]};
+    else if (argv[i] == "--runs" && i + 1 < argv.size())
+      runs = std::stoi(argv[++i]);
+    else
+      path = argv[i];
+  }
+  std::ifstream f(path);
+  OCTET_CHECK(f.good(), path, ": cannot open the training config");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const train::TrainConfig cfg = train::parse_train_config(text, path);
+  const ModelConfig& mc = cfg.model;
+  Context ctx = make_context(cuda_device_count() > 0 ? Device::kCuda : Device::kCpu);
+  const int64_t B = cfg.batch_size, T = cfg.seq_len, N = B * T;
+  std::printf("train-step on %s: %s, B %lld x T %lld, %d runs (median ms)\n",
+              device_name(ctx.device), path.c_str(), static_cast<long long>(B),
+              static_cast<long long>(T), runs);
+  std::vector<std::vector<std::string>> rows;
+  for (const std::string& r : recipes) {
+    train::TrainConfig c = cfg;
+    train::apply_set(c, "recipe=" + r);
+    Model m(ctx, mc, {c.resolved_recipe(), DType::kBF16});
+    m.load(ctx, init_parameters(mc, 1));
+    m.prepare(ctx);
+    std::vector<train::Param> params;
+    for (Parameter* p : m.parameters())
+      params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
+    std::vector<train::Param*> ptrs;
+    for (auto& p : params) ptrs.push_back(&p);
+    train::AdamWOptimizer opt(ctx, ptrs, c.adamw());
+    const ModelBatch batch = synthetic_batch(mc, B, T);
+    const Timing step = time_op(
+        ctx, [&] { m.step(ctx, batch, Pass::kForwardBackward); }, 2, runs);
+    const Timing prep = time_op(
+        ctx, [&] { m.prepare(ctx); }, 1, runs);
+    const Timing adam = time_op(
+        ctx,
+        [&] {
+          opt.step(ctx, 1e-4f);
+          opt.finish_step(ctx);
+        },
+        1, runs);
+    const Tensor x = random_act(ctx, N, mc.hidden_size);
+    DecoderLayer::Saved s;
+    const Timing dense = time_op(
+        ctx,
+        [&] {
+          const Tensor y = m.layer(0).forward(ctx, m.precision(), m.rope(), x, B, T, s);
+          m.layer(0).backward(ctx, m.precision(), m.rope(), y, s);
+        },
+        1, runs);
+    const int64_t moe_i = mc.first_k_dense_replace;
+    const Timing moe = time_op(
+        ctx,
+        [&] {
+          const Tensor y = m.layer(moe_i).forward(ctx, m.precision(), m.rope(), x, B, T, s);
+          m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
+        },
+        1, runs);
+    Tensor targets = synthetic_batch(mc, B, T).targets.to(ctx, ctx.device);
+    Tensor one = Tensor::empty({1}, DType::kF32);
+    one.data_as<float>()[0] = 1.0f;
+    const Tensor d_one = one.to(ctx, ctx.device);
+    const Timing head = time_op(
+        ctx, [&] { m.head().run(ctx, m.precision(), x, targets, &d_one); }, 1, runs);
+    const int64_t L = mc.num_hidden_layers, dense_n = mc.first_k_dense_replace;
+    const double blocks = dense.median_ms * static_cast<double>(dense_n) +
+                          moe.median_ms * static_cast<double>(L - dense_n) + head.median_ms;
+    const double total = step.median_ms + prep.median_ms + adam.median_ms;
+    rows.push_back({r, fmt(step.median_ms), fmt(prep.median_ms), fmt(adam.median_ms),
+                    fmt(dense.median_ms), fmt(moe.median_ms), fmt(head.median_ms), fmt(blocks),
+                    fmt(static_cast<double>(N) / total, 0)});
+  }
+  print_table({"recipe", "fwd+bwd", "prepare", "adamw", "dense layer", "moe layer", "head",
+               "blocks sum", "tokens/ms"},
+              rows);
+  std::printf(
+      "tokens/ms = B T / (fwd+bwd + prepare + adamw); blocks sum = dense x %lld + moe x "
+      "%lld + head (fwd+bwd each)\n",
+      static_cast<long long>(mc.first_k_dense_replace),
+      static_cast<long long>(mc.num_hidden_layers - mc.first_k_dense_replace));
+  return 0;
+}
+
+}  // namespace
+
+Suite train_step_suite() {
+  return {"train-step", "where a training step's time goes, per recipe",
+          "usage: octet bench train-step [CONFIG.toml] [--recipe R] [--runs N]\n", run};
+}
+
+}  // namespace octet::bench

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The trainer's GPU figures (docs/benchmarks.md): throughput and peak memory per recipe on the
+# baseline configuration (configs/baseline-h100.toml), and the convergence comparison of bf16,
+# deepseek and fp8-tensor-delayed on the default model. Expects a build in $BUILD, token shards in
+# $DATA (the prepared fortunes corpus: .cache/octet/fortunes-*/), writes runs under $OUT.
+# Usage: scripts/gpu_figures.sh [throughput|convergence|all]
+set -u
+what=${1:-all}
+build=${BUILD:-build}
+data=${DATA:?set DATA to a directory of llm.c token shards}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+status=0
+if [ "$what" != convergence ]; then
+  for r in bf16 fp8-tensor-delayed deepseek; do
+    "$build/octet" train configs/baseline-h100.toml --set recipe=$r --set "run_dir=$out/baseline-$r" \
+      --set "data.shards=$data" --set "steps=${THROUGHPUT_STEPS:-30}" > "$out/baseline-$r.log" 2>&1 || status=1
+    echo "== $r"; sed -n '/^summary/,$p' "$out/baseline-$r.log"
+  done
+fi
+if [ "$what" != throughput ]; then
+  for r in bf16 deepseek fp8-tensor-delayed; do
+    "$build/octet" train --set recipe=$r --set device=cuda --set "run_dir=$out/conv-$r" \
+      --set "data.shards=$data" --set "steps=${CONV_STEPS:-2000}" --set optim.warmup_steps=100 \
+      --set eval.every=100 --set eval.batches=16 --set checkpoint_every=0 --set log_every=200 \
+      > "$out/conv-$r.log" 2>&1 || status=1
+    echo "== $r"; sed -n '/^summary/,$p' "$out/conv-$r.log"
+  done
+fi
+exit $status
