@@ -120,6 +120,8 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t R = in_.x.defined() ? in_.x.rows() : in_.qx.rows();
   s = Saved{};
+  if (p.probe != nullptr && in_.x.defined() && r.precision != GemmPrecision::kFp8Tensor)
+    p.probe->record(ctx, site, "x", in_.x, r, r.forward_format, r.activation_rounding, nullptr);
   if (r.precision == GemmPrecision::kBf16) {
     Tensor y = Tensor::empty(ctx, {R, out()}, in_.x.dtype());
     grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
@@ -166,6 +168,8 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
                                     const GroupLayoutRef& layout, const Saved& s) {
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t R = dy.rows(), E = experts();
+  if (p.probe != nullptr && r.precision != GemmPrecision::kFp8Tensor)
+    p.probe->record(ctx, site, "dy", dy, r, r.backward_format, r.gradient_rounding, nullptr);
   const Tensor grad3 = param->grad;  // (E, Out, In) f32
   if (r.precision == GemmPrecision::kBf16) {
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());

@@ -63,6 +63,9 @@ class Model {
   // Switches the recipe (resets the delayed-scaling state); call prepare() afterwards.
   void set_precision(Context& ctx, const Precision& p);
 
+  // Attaches a numerics probe to every Linear (null detaches it); see model/site_probe.h.
+  void set_probe(SiteProbe* probe) { precision_.probe = probe; }
+
   std::vector<Parameter*> parameters();
   Parameter& parameter(const std::string& name);
 

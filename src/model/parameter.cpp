@@ -30,6 +30,13 @@ Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, L
   a.recipe = p.recipe.at(site);
   a.state = &state;
   a.saved_storage = storage;
+  if (p.probe != nullptr) {
+    const GemmRecipe& r = a.recipe;
+    const bool delayed =
+        r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed;
+    p.probe->record(ctx, site, "x", x, r, r.forward_format, r.activation_rounding,
+                    delayed ? &state.x.scale : nullptr);
+  }
   return linear_forward(ctx, a, saved);
 }
 
@@ -42,6 +49,13 @@ Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
   a.weight = prepared;
   a.recipe = p.recipe.at(site);
   a.state = &state;
+  if (p.probe != nullptr) {
+    const GemmRecipe& r = a.recipe;
+    const bool delayed =
+        r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed;
+    p.probe->record(ctx, site, "dy", dy, r, r.backward_format, r.gradient_rounding,
+                    delayed ? &state.dy.scale : nullptr);
+  }
   LinearGrads g{param->grad};
   return linear_backward(ctx, a, g);  // param->grad += dy^T x
 }

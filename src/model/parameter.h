@@ -15,6 +15,7 @@
 
 #include "core/context.h"
 #include "model/linear.h"
+#include "model/site_probe.h"
 #include "numerics/recipe.h"
 
 namespace octet {
@@ -30,7 +31,8 @@ struct Parameter {
 // Everything a forward/backward needs to know about the numbers it runs in.
 struct Precision {
   Recipe recipe;
-  DType act = DType::kBF16;  // activations; kF32 is the CPU's FP32 checking mode (bf16 recipe)
+  DType act = DType::kBF16;    // activations; kF32 is the CPU's FP32 checking mode (bf16 recipe)
+  SiteProbe* probe = nullptr;  // when set, every Linear records its inputs' numerics
 };
 
 // A Linear site of one layer: the master weight (a Parameter) and its per-step prepared copy and

@@ -285,6 +285,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     const double lr = lr_at(sched, run.step);
     run.model->prepare(run.ctx);
     run.optim->zero_grad(run.ctx);
+    // Logging steps also record every site's quantization numerics (a few host copies).
+    const bool probe_step = (run.step + 1) % cfg.log_every == 0 || run.step == 0;
+    SiteProbe probe;
+    if (probe_step) run.model->set_probe(&probe);
     std::vector<ModelLosses> micro;
     TokenBatch first;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
@@ -293,9 +297,12 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       micro.push_back(
           run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
     }
+    run.model->set_probe(nullptr);
     StepMetrics sm;
     sm.step = run.step + 1;
     sm.lr = lr;
+    for (const auto& [name, n] : probe.sites())
+      sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
     double loss = 0;
     std::vector<double> mtp;
     for (const ModelLosses& l : micro) {  // the planned synchronisation of the step

@@ -3,6 +3,7 @@
 // step and training goes on; bad inputs fail before any work.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -151,6 +152,60 @@ TEST(Trainer, BadInputsFailBeforeAnyWork) {
   RunOptions bad_resume = quiet(dir + "/cache");
   bad_resume.resume_from = dir;  // a directory without checkpoints
   EXPECT_THROW(run_training(tiny(dir + "/run2", corpus, "bf16"), bad_resume, log), Error);
+  fs::remove_all(dir);
+}
+
+// A constant, far too high rate makes the loss jump around; with a short window and a low
+// threshold some steps are spikes. The losses are deterministic, so the outcome is too.
+TrainConfig spiky(const std::string& run_dir, const std::string& corpus, const char* action) {
+  TrainConfig c = tiny(run_dir, corpus, "bf16");
+  for (const char* kv :
+       {"steps=10", "optim.warmup_steps=0", "optim.lr=1.0", "optim.schedule=constant",
+        "safety.spike_window=3", "safety.spike_threshold=1", "checkpoint_every=2", "eval.every=0"})
+    apply_set(c, kv);
+  apply_set(c, std::string("safety.spike_action=") + action);
+  c.validate();
+  return c;
+}
+
+TEST(Trainer, LossSpikesAreSkippedOrRolledBack) {
+  const std::string dir = temp_dir("spike");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream skip_log, rollback_log;
+  const RunResult r =
+      run_training(spiky(dir + "/skip", corpus, "skip"), quiet(dir + "/cache"), skip_log);
+  EXPECT_GT(r.skipped_steps, 0) << skip_log.str();
+  int spikes = 0;
+  for (const StepMetrics& m : read_metrics(dir + "/skip/metrics.jsonl"))
+    spikes += m.skipped && m.skip_reason == "loss spike";
+  EXPECT_GT(spikes, 0);
+  run_training(spiky(dir + "/rollback", corpus, "rollback"), quiet(dir + "/cache"), rollback_log);
+  EXPECT_NE(rollback_log.str().find("rolled back to"), std::string::npos) << rollback_log.str();
+  EXPECT_EQ(read_metrics(dir + "/rollback/metrics.jsonl").back().step, 10);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, ShadowBf16LogsTheLossGap) {
+  const std::string dir = temp_dir("shadow");
+  const std::string corpus = write_corpus(dir);
+  TrainConfig c = tiny(dir + "/run", corpus, "deepseek");
+  apply_set(c, "safety.shadow_bf16=2");
+  std::ostringstream log;
+  run_training(c, quiet(dir + "/cache"), log);
+  int shadows = 0;
+  for (const StepMetrics& m : read_metrics(dir + "/run/metrics.jsonl")) {
+    EXPECT_EQ(m.shadow_bf16_loss.has_value(), m.step % 2 == 0) << "step " << m.step;
+    if (!m.shadow_bf16_loss) continue;
+    ++shadows;
+    ASSERT_TRUE(m.shadow_gap.has_value());
+    EXPECT_LT(std::fabs(*m.shadow_gap), 0.05) << "step " << m.step;  // FP8 vs BF16, same weights
+    EXPECT_NE(*m.shadow_gap, 0.0) << "the shadow ran in the FP8 recipe?";
+  }
+  EXPECT_EQ(shadows, 3);
+  // Logging steps carry the per-site numerics of the FP8 sites.
+  const StepMetrics first = read_metrics(dir + "/run/metrics.jsonl").front();
+  ASSERT_TRUE(first.sites.count("attn.q_down.x")) << "no site statistics on a logging step";
+  EXPECT_GT(first.sites.at("attn.q_down.x").amax, 0.0);
   fs::remove_all(dir);
 }
 
