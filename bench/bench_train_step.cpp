@@ -71,6 +71,7 @@ int run(const std::vector<std::string>& argv) {
     for (Parameter* p : m.parameters())
       params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
     std::vector<train::Param*> ptrs;
+    ptrs.reserve(params.size());
     for (auto& p : params) ptrs.push_back(&p);
     train::AdamWOptimizer opt(ctx, ptrs, c.adamw());
     const ModelBatch batch = synthetic_batch(mc, B, T);

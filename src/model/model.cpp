@@ -80,7 +80,7 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
       const auto pos = name.find(part);
       if (pos == std::string::npos) return false;
       const int64_t numel = shape_numel(shape);
-      name = name.substr(0, pos) + fused;
+      name = name.substr(0, pos).append(fused);
       offset = index * numel;
       shape = std::move(full);
       return true;

@@ -2,13 +2,13 @@
 // backward), the largest magnitude, the share of elements the site's FP8 quantization saturates
 // (|x * scale| beyond the format's max by more than half an ulp, so clamped: possible under delayed
 // scaling, never with current or 1x128 scales) and the share of non-zero
-// elements it flushes to zero. The trainer attaches a probe on its logging steps
+// elements it flushes to zero. The trainer attaches a probe every `sites_every` steps
 // (Precision::probe) and writes the summary into metrics.jsonl.
 //
 // The shares are computed on the host, on a sample: the first kSampleElements elements of each
 // tensor (whole rows), quantized as the site's recipe quantizes them (1x128 tiles, or one
 // per-tensor scale: the tensor's amax for current scaling, the state's scale for delayed). The copy
-// to the host synchronises, which is why only logging steps probe. BF16 sites report amax only.
+// to the host synchronises, which is why probing is sparse. BF16 sites report amax only.
 #pragma once
 
 #include <map>

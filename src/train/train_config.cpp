@@ -223,6 +223,8 @@ std::vector<Key> make_keys() {
   k.push_back(field("seq_len", "tokens per sequence", at(&C::seq_len)));
   k.push_back(field("grad_accum", "micro-batches per optimizer step", at(&C::grad_accum)));
   k.push_back(field("log_every", "steps between metric lines", at(&C::log_every)));
+  k.push_back(field("sites_every", "steps between per-site numerics records; 0: never",
+                    at(&C::sites_every)));
 
   k.push_back(field("optim.lr", "peak learning rate", at(&C::optim, &O::lr)));
   k.push_back(field("optim.min_lr", "end of the cosine decay", at(&C::optim, &O::min_lr)));
@@ -477,7 +479,7 @@ bool operator==(const TrainConfig& a, const TrainConfig& b) {
          a.keep_checkpoints == b.keep_checkpoints && a.seed == b.seed && a.recipe == b.recipe &&
          a.recipe_overrides == b.recipe_overrides && a.device == b.device &&
          a.batch_size == b.batch_size && a.seq_len == b.seq_len && a.grad_accum == b.grad_accum &&
-         a.log_every == b.log_every && a.optim == b.optim && a.data == b.data && a.eval == b.eval &&
+         a.log_every == b.log_every && a.sites_every == b.sites_every && a.optim == b.optim && a.data == b.data && a.eval == b.eval &&
          a.safety == b.safety && model_config_to_json(a.model) == model_config_to_json(b.model);
 }
 
@@ -652,6 +654,7 @@ void TrainConfig::validate() const {
   at_least("seq_len", seq_len, 1);
   at_least("grad_accum", grad_accum, 1);
   at_least("log_every", log_every, 1);
+  at_least("sites_every", sites_every, 0);
   OCTET_CHECK(seq_len <= model.max_position_embeddings, "seq_len (", seq_len,
               ") must be <= model.max_position_embeddings (", model.max_position_embeddings, ")");
   resolved_recipe();

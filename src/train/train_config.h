@@ -97,6 +97,9 @@ struct TrainConfig {
   int64_t seq_len = 128;
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   int64_t log_every = 10;
+  // Steps between records of every site's quantization numerics in metrics.jsonl (and the first
+  // step); each costs host copies of samples of every Linear input, so it is kept sparse. 0: never.
+  int64_t sites_every = 50;
   OptimConfig optim;
   DataConfig data;
   EvalConfig eval;

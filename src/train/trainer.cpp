@@ -285,8 +285,9 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     const double lr = lr_at(sched, run.step);
     run.model->prepare(run.ctx);
     run.optim->zero_grad(run.ctx);
-    // Logging steps also record every site's quantization numerics (a few host copies).
-    const bool probe_step = (run.step + 1) % cfg.log_every == 0 || run.step == 0;
+    // Every sites_every steps (and the first) also record every site's quantization numerics.
+    const bool probe_step =
+        cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
     SiteProbe probe;
     if (probe_step) run.model->set_probe(&probe);
     std::vector<ModelLosses> micro;

@@ -97,7 +97,7 @@ int run_eval(const std::vector<std::string>& argv) {
     seqs += b;
     ++batches;
   }
-  std::printf("tokens: %lld targets in %lld sequences of %lld\n", static_cast<long long>(seqs * T),
+  std::printf("tokens: %lld targets in %lld sequences of %lld\n", static_cast<long long>(seqs) * T,
               static_cast<long long>(seqs), static_cast<long long>(T));
   std::printf("loss: %.6f\n", sum / static_cast<double>(seqs));
   for (size_t k = 0; k < mtp_sum.size(); ++k)
