@@ -54,7 +54,9 @@ Parameter* Model::add(const std::string& name, const Shape& shape, bool decay, b
   p->name = name;
   p->weight_decay = decay;
   p->trainable = trainable;
-  p->value = Tensor::empty(shape, DType::kF32);  // shape only; allocated on the device below
+  // Shape only (no storage yet): the constructor allocates every parameter on the device once all
+  // are known.
+  p->value = Tensor::wrap(nullptr, shape, DType::kF32, Device::kCpu);
   Parameter* raw = p.get();
   params_.push_back(std::move(p));
   by_name_[name] = raw;
