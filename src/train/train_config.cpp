@@ -479,8 +479,9 @@ bool operator==(const TrainConfig& a, const TrainConfig& b) {
          a.keep_checkpoints == b.keep_checkpoints && a.seed == b.seed && a.recipe == b.recipe &&
          a.recipe_overrides == b.recipe_overrides && a.device == b.device &&
          a.batch_size == b.batch_size && a.seq_len == b.seq_len && a.grad_accum == b.grad_accum &&
-         a.log_every == b.log_every && a.sites_every == b.sites_every && a.optim == b.optim && a.data == b.data && a.eval == b.eval &&
-         a.safety == b.safety && model_config_to_json(a.model) == model_config_to_json(b.model);
+         a.log_every == b.log_every && a.sites_every == b.sites_every && a.optim == b.optim &&
+         a.data == b.data && a.eval == b.eval && a.safety == b.safety &&
+         model_config_to_json(a.model) == model_config_to_json(b.model);
 }
 
 TrainConfig parse_train_config(std::string_view text, const std::string& source) {

@@ -1,5 +1,6 @@
-// `octet eval` end to end: a fresh checkpoint scores about ln(vocab) on text, the same number on the
-// token shard of that text, with an MTP line per depth; FP8 checkpoints load; errors are one line.
+// `octet eval` end to end: a fresh checkpoint scores about ln(vocab) on text, the same number on
+// the token shard of that text, with an MTP line per depth; FP8 checkpoints load; errors are one
+// line.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,8 +13,8 @@
 
 #include "io/token_shard.h"
 #include "model/config.h"
-#include "train/data.h"
 #include "tiny_model.h"
+#include "train/data.h"
 
 namespace octet {
 namespace {
