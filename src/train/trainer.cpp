@@ -232,6 +232,9 @@ std::string resolve_resume_dir(const std::string& path) {
 RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
   // Everything that can be wrong is checked before the first step.
   cfg.validate();
+  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.recipe,
+              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
+              "deepseek");
   check_writable_dir(cfg.run_dir, "run_dir");
   const std::string resume = opt.resume_from.empty() ? "" : resolve_resume_dir(opt.resume_from);
   DataSourceArgs da;
