@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "cli_fixture.h"
 #include "io/safetensors.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
@@ -22,43 +23,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using RunResult = test::CliResult;
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-class CliTest : public ::testing::Test {
+class CliTest : public test::CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("octet_cli_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  RunResult run(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("'") + OCTET_CLI_PATH + "' " + args + " >'" + out.string() +
-                            "' 2>'" + err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    fs::remove(out);
-    fs::remove(err);
-    return r;
-  }
+  RunResult run(const std::string& args) const { return run_octet(args); }
 
   // Expects exit code 1, one line on stderr "octet <cmd>: error: ...<fragment>...", and no `out`
   // file.
@@ -74,8 +44,6 @@ class CliTest : public ::testing::Test {
     for (const auto& e : fs::directory_iterator(dir_))
       EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
   }
-
-  fs::path dir_;
 };
 
 // Scale layout, written out independently of the library: [] for one per-tensor scale.

@@ -12,21 +12,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli_fixture.h"
+
 namespace octet {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using RunResult = test::CliResult;
+using test::slurp;
 
 // One metrics.jsonl record in the trainer's format, written without the library on purpose.
 std::string record(int step, double loss, double tok_s, long long mem, double val = NAN) {
@@ -48,32 +42,9 @@ double loss_at(int step) {
   return 6.0 / (1.0 + 0.02 * step) + 0.01 * std::sin(step);
 }
 
-class CompareCliTest : public ::testing::Test {
+class CompareCliTest : public test::CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("octet_compare_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  RunResult run(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("'") + OCTET_CLI_PATH + "' compare " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    fs::remove(out);
-    fs::remove(err);
-    return r;
-  }
+  RunResult run(const std::string& args) const { return run_octet("compare " + args); }
 
   void expect_failure(const std::string& args, const std::string& fragment) const {
     const RunResult r = run(args);
@@ -110,8 +81,6 @@ class CompareCliTest : public ::testing::Test {
     }
     return {};
   }
-
-  fs::path dir_;
 };
 
 TEST_F(CompareCliTest, TableShowsLossesRelativeErrorSpeedAndMemory) {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <regex>
 
+#include "cli_fixture.h"
 #include "io/token_shard.h"
 #include "model/config.h"
 #include "tiny_model.h"
@@ -21,22 +22,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-class EvalCli : public ::testing::Test {
+class EvalCli : public test::CliFixture {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("octet_eval_cli_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    CliFixture::SetUp();
     ModelConfig c = test::tiny_model_config();
     c.vocab_size = 272;  // byte-level text needs 257 ids
     write_model_config(p("config.json"), c);
@@ -44,15 +35,8 @@ class EvalCli : public ::testing::Test {
         "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
         "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity.\n");
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string p(const std::string& n) const { return (dir_ / n).string(); }
-
-  Result run(const std::string& args) const {
-    const std::string cmd = std::string("'") + OCTET_CLI_PATH + "' " + args + " >'" + p("o.txt") +
-                            "' 2>'" + p("e.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(p("o.txt")), slurp(p("e.txt"))};
-  }
+  std::string p(const std::string& n) const { return path(n); }
+  test::CliResult run(const std::string& args) const { return run_octet(args); }
 
   static double value(const std::string& out, const std::string& key) {
     std::smatch m;
@@ -60,14 +44,12 @@ class EvalCli : public ::testing::Test {
     if (!std::regex_search(out, m, re)) return -1;
     return std::stod(m[2]);
   }
-
-  fs::path dir_;
 };
 
 TEST_F(EvalCli, FreshCheckpointScoresAboutLnVocabOnTextAndShard) {
   ASSERT_EQ(run("init " + p("config.json") + " " + p("ckpt") + " --seed 3").code, 0);
-  const Result text = run("eval " + p("ckpt") + " --text " + p("text.txt") +
-                          " --device cpu --seq-len 32 --batch 2 --recipe bf16");
+  const test::CliResult text = run("eval " + p("ckpt") + " --text " + p("text.txt") +
+                                   " --device cpu --seq-len 32 --batch 2 --recipe bf16");
   ASSERT_EQ(text.code, 0) << text.err;
   const double loss = value(text.out, "loss");
   EXPECT_NEAR(loss, std::log(272.0), 0.1) << text.out;
@@ -77,22 +59,22 @@ TEST_F(EvalCli, FreshCheckpointScoresAboutLnVocabOnTextAndShard) {
   std::vector<uint16_t> toks = {static_cast<uint16_t>(kEndOfText)};
   for (uint16_t t : encode_bytes(slurp(p("text.txt")))) toks.push_back(t);
   io::write_token_shard(p("text.bin"), toks);
-  const Result shard = run("eval " + p("ckpt") + " --tokens " + p("text.bin") +
-                           " --device cpu --seq-len 32 --batch 2 --recipe bf16");
+  const test::CliResult shard = run("eval " + p("ckpt") + " --tokens " + p("text.bin") +
+                                    " --device cpu --seq-len 32 --batch 2 --recipe bf16");
   ASSERT_EQ(shard.code, 0) << shard.err;
   EXPECT_EQ(value(shard.out, "loss"), loss);
 
   // The FP8 release form loads (dequantized) and scores within FP8 noise of the F32 one.
   ASSERT_EQ(run("init " + p("config.json") + " " + p("ckpt8") + " --seed 3 --format fp8").code, 0);
-  const Result fp8 = run("eval " + p("ckpt8") + " --text " + p("text.txt") +
-                         " --device cpu --seq-len 32 --batch 2 --recipe deepseek");
+  const test::CliResult fp8 = run("eval " + p("ckpt8") + " --text " + p("text.txt") +
+                                  " --device cpu --seq-len 32 --batch 2 --recipe deepseek");
   ASSERT_EQ(fp8.code, 0) << fp8.err;
   EXPECT_NEAR(value(fp8.out, "loss"), loss, 0.02);
 }
 
 TEST_F(EvalCli, BadInputsAreOneClearError) {
   ASSERT_EQ(run("init " + p("config.json") + " " + p("ckpt")).code, 0);
-  Result r = run("eval " + p("ckpt") + " --text " + p("missing.txt") + " --device cpu");
+  test::CliResult r = run("eval " + p("ckpt") + " --text " + p("missing.txt") + " --device cpu");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("missing.txt"), std::string::npos) << r.err;
   r = run("eval " + p("ckpt") + " --device cpu");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli_fixture.h"
 #include "io/checkpoint.h"
 #include "model/init.h"
 #include "test_util.h"
@@ -21,48 +22,21 @@ namespace {
 namespace fs = std::filesystem;
 using test::bitwise_equal;
 
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using RunResult = test::CliResult;
+using test::slurp;
 
 ModelConfig tiny_config() {
   return test::tiny_model_config();
 }
 
-class InitCli : public ::testing::Test {
+class InitCli : public test::CliFixture {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("octet_init_cli_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    CliFixture::SetUp();
     write_model_config(path("config.json"), tiny_config());
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  RunResult run(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("'") + OCTET_CLI_PATH + "' init " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "'";
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    fs::remove(out);
-    fs::remove(err);
-    return r;
-  }
+  RunResult run(const std::string& args) const { return run_octet("init " + args); }
 
   // Exit code 1, one line "octet init: error: ...<fragment>...", nothing staged left behind.
   void expect_failure(const std::string& args, const std::string& fragment) const {
@@ -77,8 +51,6 @@ class InitCli : public ::testing::Test {
     for (const auto& e : fs::directory_iterator(dir_))
       EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
   }
-
-  fs::path dir_;
 };
 
 void expect_equal_params(const io::NamedTensors& expected, const io::NamedTensors& actual) {
