@@ -335,6 +335,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         if (latest.good() && rollbacks_in_a_row < 3) {
           const std::string dir = resolve_resume_dir(cfg.run_dir);
           run.load_checkpoint(dir, false);  // the sampler moves on past the offending batches
+          // The steps after the checkpoint are run again: their records are replaced.
+          metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
           ++rollbacks_in_a_row;
           progress.message(msg.str() + ": rolled back to " + dir);
           continue;
