@@ -47,6 +47,39 @@ void collect_moe(const MoeLayer::Saved& s, ModelLosses& out) {
     out.aux.push_back(s.aux_loss);
 }
 
+// Where checkpoint tensor `s` lives in the model: the parameter's name, the first element and the
+// parameter's shape. Dense and shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of a
+// fused gate_up_proj; routed expert j's weights are slices of the stacked
+// mlp.experts.{gate_up,down}_proj.
+struct FusedLocation {
+  std::string name;
+  int64_t offset = 0;
+  Shape shape;
+};
+
+FusedLocation fused_location(const io::TensorSpec& s, const ModelConfig& c) {
+  const int64_t D = c.hidden_size, numel = shape_numel(s.shape);
+  const auto ep = s.name.find("mlp.experts.");
+  if (ep != std::string::npos) {
+    const std::string rest = s.name.substr(ep + 12), base = s.name.substr(0, ep + 12);
+    const int64_t j = std::stoll(rest.substr(0, rest.find('.')));
+    const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
+    if (rest.find("gate_proj") != std::string::npos)
+      return {base + "gate_up_proj", 2 * j * numel, {E, 2 * F, D}};
+    if (rest.find("up_proj") != std::string::npos)
+      return {base + "gate_up_proj", (2 * j + 1) * numel, {E, 2 * F, D}};
+    return {base + "down_proj", j * numel, {E, D, F}};
+  }
+  for (const auto& [part, index] : {std::pair<const char*, int64_t>{"gate_proj.weight", 0},
+                                    std::pair<const char*, int64_t>{"up_proj.weight", 1}}) {
+    const auto pos = s.name.find(part);
+    if (pos != std::string::npos)
+      return {
+          s.name.substr(0, pos).append("gate_up_proj.weight"), index * numel, {2 * s.shape[0], D}};
+  }
+  return {s.name, 0, s.shape};
+}
+
 }  // namespace
 
 Parameter* Model::add(const std::string& name, const Shape& shape, bool decay, bool trainable) {
@@ -72,43 +105,13 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
 
   // Parameters, named and shaped by the checkpoint layout (fused where the model fuses).
   for (const io::TensorSpec& s : io::expected_tensors(c)) {
-    std::string name = s.name;
-    int64_t offset = 0;
-    Shape shape = s.shape;
     if (s.mtp_depth >= 0 &&
         (s.kind == io::TensorKind::kEmbedding || s.kind == io::TensorKind::kHead))
       continue;  // the MTP modules' copies of the shared embedding and head
-    auto fuse = [&](const std::string& part, const std::string& fused, int64_t index, Shape full) {
-      const auto pos = name.find(part);
-      if (pos == std::string::npos) return false;
-      const int64_t numel = shape_numel(shape);
-      name = name.substr(0, pos).append(fused);
-      offset = index * numel;
-      shape = std::move(full);
-      return true;
-    };
-    const int64_t D = c.hidden_size;
-    // Routed experts: mlp.experts.{j}.X_proj.weight -> stacked mlp.experts.{gate_up,down}_proj.
-    const auto ep = name.find("mlp.experts.");
-    if (ep != std::string::npos) {
-      const std::string rest = name.substr(ep + 12);
-      const int64_t j = std::stoll(rest.substr(0, rest.find('.')));
-      const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
-      const std::string base = name.substr(0, ep) + "mlp.experts.";
-      const int64_t numel = shape_numel(shape);
-      if (rest.find("gate_proj") != std::string::npos) {
-        name = base + "gate_up_proj", offset = 2 * j * numel, shape = {E, 2 * F, D};
-      } else if (rest.find("up_proj") != std::string::npos) {
-        name = base + "gate_up_proj", offset = (2 * j + 1) * numel, shape = {E, 2 * F, D};
-      } else {
-        name = base + "down_proj", offset = j * numel, shape = {E, D, F};
-      }
-    } else if (!fuse("gate_proj.weight", "gate_up_proj.weight", 0, {2 * s.shape[0], D})) {
-      fuse("up_proj.weight", "gate_up_proj.weight", 1, {2 * s.shape[0], D});
-    }
+    const auto [name, offset, shape] = fused_location(s, c);
     if (!by_name_.count(name))
       add(name, shape, shape.size() >= 2, s.kind != io::TensorKind::kRouterBias);
-    slots_[s.name] = {by_name_[name], offset, shape_numel(s.shape)};
+    slots_[s.name] = {by_name_.at(name), offset, shape_numel(s.shape)};
   }
   for (auto& p : params_) {
     const Shape shape = p->value.shape();
