@@ -38,16 +38,22 @@ int run(const std::vector<std::string>& argv) {
   const int runs = static_cast<int>(args.get_int("runs", 20)),
             warmup = static_cast<int>(args.get_int("warmup", 3));
   OCTET_CHECK(runs >= 1 && warmup >= 0, "--runs must be >= 1 and --warmup >= 0");
-  const int64_t B = args.get_int("batch", dev == "cuda" ? 8 : 1),
-                T = args.get_int("seq", dev == "cuda" ? 2048 : 256);
-  const int64_t H = args.get_int("heads", 16);
-  std::vector<std::pair<int64_t, int64_t>> dims = {{96, 64}, {192, 128}};
-  if (args.get("dqk") || args.get("dv"))
-    dims = {{args.get_int("dqk", 192), args.get_int("dv", 128)}};
+  struct Shape5 {
+    int64_t B, T, H, dqk, dv;
+  };
+  // The baseline configuration's shape, the same with DeepSeek-V3's head dims, and DeepSeek-V3's
+  // own attention (128 heads of (192, 128) at T = 4096); or the one shape the flags give.
+  std::vector<Shape5> shapes = {
+      {8, 2048, 16, 96, 64}, {8, 2048, 16, 192, 128}, {1, 4096, 128, 192, 128}};
+  if (dev == "cpu") shapes = {{1, 256, 16, 96, 64}, {1, 256, 16, 192, 128}};
+  if (args.get("batch") || args.get("seq") || args.get("heads") || args.get("dqk") ||
+      args.get("dv"))
+    shapes = {{args.get_int("batch", 8), args.get_int("seq", 2048), args.get_int("heads", 16),
+               args.get_int("dqk", 192), args.get_int("dv", 128)}};
   std::printf("device: %s\n",
               dev == "cuda" ? cuda_device_info(ctx.device_index).name.c_str() : "cpu");
   std::vector<std::vector<std::string>> table;
-  for (auto [dqk, dv] : dims) {
+  for (const auto& [B, T, H, dqk, dv] : shapes) {
     const Tensor q = random_bf16(ctx, {B, T, H, dqk}, 1), k = random_bf16(ctx, {B, T, H, dqk}, 2);
     const Tensor v = random_bf16(ctx, {B, T, H, dv}, 3), dO = random_bf16(ctx, {B, T, H, dv}, 4);
     const auto f = attention_forward(ctx, {q, k, v, 0.0f});
@@ -72,10 +78,14 @@ int run(const std::vector<std::string>& argv) {
     const std::string shape = std::to_string(B) + "x" + std::to_string(T) + "x" +
                               std::to_string(H) + " (" + std::to_string(dqk) + ", " +
                               std::to_string(dv) + ")";
-    table.push_back({shape, fmt(fwd, 3), fmt(fwd_flops / (fwd * 1e-3) / 1e12, 1), fmt(bwd, 3),
-                     fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2)});
+    const AttentionWorkspace ws = attention_workspace(ctx, B, T, H, dqk, dv);
+    table.push_back(
+        {shape, fmt(fwd, 3), fmt(fwd_flops / (fwd * 1e-3) / 1e12, 1), fmt(bwd, 3),
+         fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2),
+         fmt(ws.forward_bytes / 1048576.0, 1) + " / " + fmt(ws.backward_bytes / 1048576.0, 1)});
   }
-  print_table({"B x T x H (Dqk, Dv)", "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS", "bwd/fwd"},
+  print_table({"B x T x H (Dqk, Dv)", "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS", "bwd/fwd",
+               "workspace MiB fwd / bwd"},
               table);
   return 0;
 }
@@ -87,11 +97,15 @@ Suite attention_suite() {
           "usage: octet bench attention [--device cuda|cpu] [--batch B] [--seq T] [--heads H] "
           "[--dqk D --dv D]\n"
           "                             [--runs N] [--warmup N]\n\n"
-          "Times attention_forward and attention_backward (causal, BF16, default scale) at B=8, "
-          "T=2048, H=16\n"
-          "with (Dqk, Dv) = (96, 64) and DeepSeek-V3's (192, 128) unless given; TFLOPS count the "
-          "causal\n"
-          "half's useful FLOPs (see bench_attention.cpp). Median of --runs (default 20).",
+          "Times attention_forward and attention_backward (causal, BF16, default scale) at the "
+          "baseline\n"
+          "configuration's 8 x 2048 x 16 (96, 64), the same with (192, 128), and DeepSeek-V3's 1 x "
+          "4096 x 128\n"
+          "(192, 128), or at the one shape the flags give; TFLOPS count the causal half's useful "
+          "FLOPs\n"
+          "(see bench_attention.cpp). Median of --runs (default 20). scripts/peer_attention.py "
+          "times\n"
+          "cuDNN's attention through PyTorch on the same shapes.",
           run};
 }
 

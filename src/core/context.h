@@ -12,7 +12,8 @@
 namespace octet {
 
 class Backend;
-struct GemmState;  // ops/gemm: cuBLASLt handle, workspace and plan cache, made on first use
+struct GemmState;       // ops/gemm: cuBLASLt handle, workspace and plan cache, made on first use
+struct AttentionState;  // ops/attention: cuDNN handle and graph cache, made on first use
 
 struct Context {
   Device device = Device::kCpu;
@@ -20,6 +21,7 @@ struct Context {
   std::shared_ptr<Backend> backend;
   void* stream = nullptr;  // cudaStream_t for Device::kCuda, null on the CPU
   std::shared_ptr<GemmState> gemm;
+  std::shared_ptr<AttentionState> attention;
 
   Backend& be() const {
     OCTET_CHECK(backend, "context has no backend");

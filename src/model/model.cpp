@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "io/checkpoint.h"
 #include "model/init.h"
+#include "ops/attention/attention.h"
 #include "ops/cast/cast.h"
 #include "ops/cross_entropy/cross_entropy.h"
 #include "ops/embedding/embedding.h"
@@ -100,6 +101,9 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
     : config_(config), precision_(precision) {
   config_.validate();
   check_precision(ctx, precision_);
+  // A head-dim pair the attention backend cannot run fails here, before any work.
+  attention_check_supported(ctx, config_.qk_nope_head_dim + config_.qk_rope_head_dim,
+                            config_.v_head_dim);
   const ModelConfig& c = config_;
   const int64_t L = c.num_hidden_layers, K = c.num_nextn_predict_layers;
 

@@ -193,7 +193,13 @@ TEST(AttentionCpu, RejectsBadShapesWithClearMessages) {
       [&] {
         attention_forward(cpu, {q100, q100, v, 0.0f});
       },
-      {"q", "Dqk", "100", "multiples of 16"});
+      {"q", "Dqk", "100", "multiples of 8"});
+  // The rule is cuDNN's (multiples of 8), not the old kernels' (multiples of 16): 40 runs.
+  const Tensor q40 = random_tensor({1, 4, 2, 40}, DType::kF32, 3);
+  EXPECT_EQ(attention_forward(cpu, {q40, q40, v, 0.0f}).o.shape(), (Shape{1, 4, 2, 16}));
+  expect_error([&] { attention_check_supported(cpu, 100, 64); }, {"Dqk", "100", "multiples of 8"});
+  expect_error([&] { attention_check_supported(cpu, 64, 264); }, {"Dv", "264"});
+  attention_check_supported(cpu, 192, 128);
   const Tensor v272 = random_tensor({1, 4, 2, 272}, DType::kF32, 1);
   expect_error([&] { attention_forward(cpu, {q, q, v272, 0.0f}); }, {"v", "Dv", "272"});
   const Tensor k_bad = random_tensor({1, 5, 2, 32}, DType::kF32, 1);

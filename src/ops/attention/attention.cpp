@@ -8,14 +8,48 @@
 #include "backend/dispatch.h"
 #include "ops/attention/attention_backends.h"
 
+// The cuda:: functions exist only in builds with cuDNN; elsewhere dispatch() never calls them.
+#if OCTET_WITH_CUDA && OCTET_WITH_CUDNN
+#define OCTET_CUDNN_ONLY(call) call
+#else
+#define OCTET_CUDNN_ONLY(call) (void)0
+#endif
+
 namespace octet {
 namespace {
 
-constexpr int kMaxHeadDim = 256;  // the CUDA kernels' register tiles; the CPU keeps the same rule
+// cuDNN's fused attention on Hopper takes head dims that are multiples of 8 up to 256 (cuDNN
+// developer guide, "Scaled Dot Product Attention"); the CPU keeps the same rule so that a model
+// that trains on one backend trains on the other.
+constexpr int kMaxHeadDim = 256;
+constexpr int kHeadDimMultiple = 8;
 
 void check_head_dim(int64_t d, const char* tensor, const char* what) {
-  OCTET_CHECK(d >= 16 && d <= kMaxHeadDim && d % 16 == 0, "attention: ", tensor, " has head dim ",
-              what, " = ", d, "; head dims must be multiples of 16 in [16, ", kMaxHeadDim, "]");
+  OCTET_CHECK(d >= kHeadDimMultiple && d <= kMaxHeadDim && d % kHeadDimMultiple == 0,
+              "attention: ", tensor, " has head dim ", what, " = ", d,
+              "; head dims must be multiples of ", kHeadDimMultiple, " in [", kHeadDimMultiple,
+              ", ", kMaxHeadDim, "]");
+}
+
+#if OCTET_WITH_CUDA && !OCTET_WITH_CUDNN
+[[noreturn]] void no_cudnn() {
+  OCTET_THROW(
+      "attention: this octet was built without cuDNN, which runs attention on the GPU "
+      "(run scripts/setup.sh, which installs the cuDNN frontend headers, and rebuild)");
+}
+#endif
+
+// Routes to cpu:: or cuda:: like OCTET_DISPATCH; CUDA attention is cuDNN's.
+template <typename Cpu, typename Cuda>
+void dispatch(Context& ctx, Cpu&& cpu_fn, [[maybe_unused]] Cuda&& cuda_fn) {
+  if (ctx.device == Device::kCpu) return cpu_fn();
+#if OCTET_WITH_CUDA && OCTET_WITH_CUDNN
+  cuda_fn();
+#elif OCTET_WITH_CUDA
+  no_cudnn();
+#else
+  detail::no_cuda("attention");
+#endif
 }
 
 void check_operand(Context& ctx, const Tensor& t, const char* name, DType dtype, int64_t B,
@@ -28,7 +62,7 @@ void check_operand(Context& ctx, const Tensor& t, const char* name, DType dtype,
               ", got ", shape_str(t.shape()));
   if (ctx.device == Device::kCuda && t.numel() > 0)
     OCTET_CHECK(reinterpret_cast<uintptr_t>(t.data()) % 16 == 0, "attention: ", name,
-                " must be 16-byte aligned on CUDA (its rows are read in 16-byte chunks)");
+                " must be 16-byte aligned on CUDA (cuDNN reads its rows in 16-byte chunks)");
 }
 
 // Shapes and dtypes of q, k, v (shared by forward and backward).
@@ -38,7 +72,8 @@ AttentionShape validate_qkv(Context& ctx, const Tensor& q, const Tensor& k, cons
   OCTET_CHECK(q.rank() == 4, "attention: q must be (B, T, H, Dqk), got ", shape_str(q.shape()));
   OCTET_CHECK(v.rank() == 4, "attention: v must be (B, T, H, Dv), got ", shape_str(v.shape()));
   if (ctx.device == Device::kCuda)
-    OCTET_CHECK(q.dtype() == DType::kBF16, "attention: the CUDA kernels take BF16 q, k, v; got ",
+    OCTET_CHECK(q.dtype() == DType::kBF16,
+                "attention: cuDNN's fused attention takes BF16 q, k, v; got ",
                 dtype_name(q.dtype()), " (F32 attention runs on the CPU only)");
   AttentionShape s;
   s.batch = q.size(0);
@@ -69,7 +104,9 @@ AttentionForwardResult attention_forward(Context& ctx, const AttentionForwardArg
   out.o = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dv}, args.q.dtype());
   out.lse = Tensor::empty(ctx, {s.batch, s.heads, s.seq}, DType::kF32);
   if (out.o.numel() == 0) return out;
-  OCTET_DISPATCH(ctx, attention_forward, ctx, args, s, out);
+  dispatch(
+      ctx, [&] { cpu::attention_forward(ctx, args, s, out); },
+      [&] { OCTET_CUDNN_ONLY(cuda::attention_forward(ctx, args, s, out)); });
   return out;
 }
 
@@ -88,8 +125,37 @@ AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& arg
   g.grad_k = Tensor::empty(ctx, args.k.shape(), args.q.dtype());
   g.grad_v = Tensor::empty(ctx, args.v.shape(), args.q.dtype());
   if (g.grad_q.numel() == 0) return g;
-  OCTET_DISPATCH(ctx, attention_backward, ctx, args, s, g);
+  dispatch(
+      ctx, [&] { cpu::attention_backward(ctx, args, s, g); },
+      [&] { OCTET_CUDNN_ONLY(cuda::attention_backward(ctx, args, s, g)); });
   return g;
+}
+
+AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq, int64_t heads,
+                                       int64_t dqk, int64_t dv, float softmax_scale) {
+  check_head_dim(dqk, "q", "Dqk");
+  check_head_dim(dv, "v", "Dv");
+  OCTET_CHECK(batch >= 0 && seq >= 0 && heads >= 0, "attention: negative shape");
+  OCTET_CHECK(softmax_scale == 0.0f || (std::isfinite(softmax_scale) && softmax_scale > 0.0f),
+              "attention: softmax_scale must be 0 or finite and > 0, got ", softmax_scale);
+  AttentionShape s{batch, seq, heads, static_cast<int>(dqk), static_cast<int>(dv), softmax_scale};
+  if (s.scale == 0.0f) s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk)));
+  AttentionWorkspace ws;
+  if (batch * seq * heads == 0) return ws;
+  dispatch(
+      ctx, [] {}, [&] { OCTET_CUDNN_ONLY(ws = cuda::attention_workspace(ctx, s)); });
+  return ws;
+}
+
+void attention_check_supported(Context& ctx, int64_t dqk, int64_t dv) {
+  check_head_dim(dqk, "q", "Dqk");
+  check_head_dim(dv, "v", "Dv");
+  dispatch(
+      ctx, [] {},
+      [&] {
+        OCTET_CUDNN_ONLY(
+            cuda::attention_check_support(static_cast<int>(dqk), static_cast<int>(dv)));
+      });
 }
 
 }  // namespace octet

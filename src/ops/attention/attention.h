@@ -6,7 +6,7 @@
 //   lse_i = log sum_{j<=i} exp(s_ij)       (natural log, FP32, saved for backward)
 //   p_ij = exp(s_ij - lse_i),  o_i = sum_j p_ij v_j
 // q and k have head dim Dqk (= qk_nope + qk_rope), v and o have Dv (v_head_dim); they may differ.
-// Dqk and Dv must be multiples of 16 in [16, 256].
+// Dqk and Dv must be multiples of 8 in [8, 256] (what cuDNN's fused attention takes on Hopper).
 //
 // Backward (from grad_o = dO, reading the saved o and lse; P is recomputed, never stored):
 //   D_i = dO_i . o_i,  dP_ij = dO_i . v_j,  dS_ij = p_ij (dP_ij - D_i)
@@ -16,11 +16,11 @@
 // dtype: BF16 (CUDA and CPU) or F32 (CPU only: the FP32 mode of the finite-difference checks).
 // Outputs take that dtype; lse is always F32.
 //
-// CPU: plain loops in FP64, one score row at a time. CUDA: flash-attention style tiled kernels on
-// tensor cores (mma.sync m16n8k16 BF16, FP32 accumulation), memory linear in T in both directions
-// (no T x T matrix exists anywhere), P rounded to BF16 before the P.V and dS.K / dS^T.Q products as
-// in FlashAttention-2. The backward runs three deterministic kernels (D, dK/dV over query blocks,
-// dQ over key blocks): no atomics, so results are bitwise reproducible run to run.
+// CPU: plain loops in FP64, one score row at a time (the oracle). CUDA: cuDNN's fused flash
+// attention (SDPA) through the cuDNN frontend, on this (B, T, H, D) layout by strides; memory
+// linear in T; one graph per shape cached in the context; the backward is cuDNN's deterministic
+// algorithm, so results are bitwise reproducible run to run. CUDA builds without cuDNN refuse
+// attention on the GPU with one clear error.
 #pragma once
 
 #include "core/context.h"
@@ -60,5 +60,21 @@ struct AttentionGrads {
 
 // dq, dk, dv as above (`=`, not accumulated).
 AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& args);
+
+// Throws one clear error when attention with these head dims cannot run on the context's device
+// (the head-dim rule above; on CUDA, a build without cuDNN or a cuDNN too old for Dqk != Dv).
+// Models call it at construction so that a bad shape fails before the first step.
+void attention_check_supported(Context& ctx, int64_t dqk, int64_t dv);
+
+struct AttentionWorkspace {
+  int64_t forward_bytes = 0;   // device scratch of one attention_forward call
+  int64_t backward_bytes = 0;  // of one attention_backward call
+};
+
+// The device memory an attention call takes besides its outputs, for (B, T, H, Dqk, Dv) and the
+// softmax scale (0: the default): cuDNN's workspace on CUDA (builds and caches the shape's graphs),
+// 0 on the CPU. For memory estimates and benchmarks.
+AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq, int64_t heads,
+                                       int64_t dqk, int64_t dv, float softmax_scale = 0.0f);
 
 }  // namespace octet

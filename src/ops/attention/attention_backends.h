@@ -23,7 +23,11 @@ OCTET_ATTENTION_BACKEND_DECLS
 }
 namespace cuda {
 OCTET_ATTENTION_BACKEND_DECLS
-}
+// Throws when the loaded cuDNN cannot run these head dims (attention_cudnn.cpp).
+void attention_check_support(int dqk, int dv);
+// The cuDNN workspaces of the shape's graphs (building them if needed).
+AttentionWorkspace attention_workspace(Context& ctx, const AttentionShape& s);
+}  // namespace cuda
 
 #undef OCTET_ATTENTION_BACKEND_DECLS
 
