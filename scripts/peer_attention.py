@@ -4,7 +4,7 @@ on the same (B, T, H, Dqk, Dv) shapes and with the same FLOP count (the causal h
 forward 2 * pairs * (Dqk + Dv), backward 2 * pairs * (3 Dqk + 2 Dv), pairs = B H T (T + 1) / 2).
 
 Run on the GPU machine in the same call as `octet bench attention` so the two are measured on one card:
-    python3 scripts/peer_attention.py
+    python3 scripts/peer_attention.py [--deterministic]
 Prints the cuDNN version PyTorch loaded and a table of forward / backward ms and TFLOPS (median of 20).
 """
 import argparse
@@ -32,10 +32,15 @@ def median_ms(fn, warmup=3, runs=20):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="cudnn", choices=["cudnn", "flash"])
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch.use_deterministic_algorithms(True): cuDNN's deterministic backward, "
+                             "as octet runs it")
     args = parser.parse_args()
+    torch.use_deterministic_algorithms(args.deterministic)
     backend = SDPBackend.CUDNN_ATTENTION if args.backend == "cudnn" else SDPBackend.FLASH_ATTENTION
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
-          f"cuDNN {torch.backends.cudnn.version()}; backend {args.backend}")
+          f"cuDNN {torch.backends.cudnn.version()}; backend {args.backend}; "
+          f"deterministic {args.deterministic}")
     print(f"{'B x T x H (Dqk, Dv)':<26}{'fwd ms':>9}{'fwd TFLOPS':>12}{'bwd ms':>9}{'bwd TFLOPS':>12}")
     for b, t, h, dqk, dv in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(1)

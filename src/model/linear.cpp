@@ -120,8 +120,7 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& a) {
                     (a.activation_dtype == DType::kF32 && ctx.device == Device::kCpu),
                 "linear ", gemm_site_name(a.site),
                 ": activations must be BF16 (F32 only in the CPU's FP32 checking mode)");
-    p.bf16 = cast(ctx, w, a.activation_dtype);
-    p.bf16_t = transpose(ctx, p.bf16);  // Dgrad's K-major B: W^T (In, Out)
+    p.bf16 = cast(ctx, w, a.activation_dtype);  // Dgrad reads it MN-major: no transposed copy
     return p;
   }
   QuantizeArgs qa;
@@ -213,10 +212,12 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   Tensor dx2 = dx.reshape({t, w.in_features});
   if (!r.is_fp8()) {
     const Tensor dy2 = a.dy.reshape({t, w.out_features});
-    gemm_bf16(ctx, {dy2, w.bf16_t, dx2, Accumulate::kOverwrite});  // dx = dy W
-    // Wgrad's K is T: both operands K-major means dy^T (Out, T) and x^T (In, T).
-    const Tensor dy_t = transpose(ctx, dy2), x_t = transpose(ctx, s.x);
-    gemm_bf16(ctx, {dy_t, x_t, grads.weight, Accumulate::kAdd});  // dW += dy^T x
+    // dx = dy W: W (Out, In) is B = W^T stored MN-major.
+    gemm_bf16(ctx, {dy2, w.bf16, dx2, Accumulate::kOverwrite, OperandLayout::kKMajor,
+                    OperandLayout::kMNMajor});
+    // dW += dy^T x: Wgrad's K is T, and dy (T, Out) and x (T, In) are read as they are stored.
+    gemm_bf16(ctx, {dy2, s.x.reshape({t, w.in_features}), grads.weight, Accumulate::kAdd,
+                    OperandLayout::kMNMajor, OperandLayout::kMNMajor});
     return dx;
   }
   DelayedScaling* ds = delayed(r) ? &a.state->dy : nullptr;

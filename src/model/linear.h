@@ -88,7 +88,6 @@ struct PreparedWeight {
   GemmPrecision precision = GemmPrecision::kBf16;
   int64_t out_features = 0, in_features = 0;
   Tensor bf16;      // (Out, In) bf16: bf16 recipe, Fprop's B
-  Tensor bf16_t;    // (In, Out) bf16: bf16 recipe, Dgrad's B
   QuantTensor fp8;  // FP8 recipes: data (Out, In), columnwise_data (In, Out), forward_format;
                     // 128x128 blocks (fp8-block) or one scale (fp8-tensor)
 };

@@ -33,7 +33,6 @@ void MoeLayer::init_state(Context& ctx, const Recipe& recipe) {
 
 void MoeLayer::prepare(Context& ctx, const Precision& p) {
   gate_w_ = cast(ctx, gate->value, p.act);
-  gate_w_t_ = transpose(ctx, gate_w_);
   gate_up.prepare(ctx, p);
   down.prepare(ctx, p);
   if (shared) {
@@ -108,9 +107,10 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
                                   aux_grad_scale, d_logits);  // d_logits +=
   const Tensor dl = cast(ctx, d_logits, dy.dtype());
   Tensor dx_router = Tensor::empty(ctx, {T, D}, dy.dtype());
-  gemm_bf16(ctx, {dl, gate_w_t_, dx_router, Accumulate::kOverwrite});  // d_logits W_gate
-  gemm_bf16(ctx, {transpose(ctx, dl), transpose(ctx, s.x.reshape({T, D})), gate->grad,
-                  Accumulate::kAdd});  // dW_gate += d_logits^T x
+  gemm_bf16(ctx, {dl, gate_w_, dx_router, Accumulate::kOverwrite, OperandLayout::kKMajor,
+                  OperandLayout::kMNMajor});  // d_logits W_gate
+  gemm_bf16(ctx, {dl, s.x.reshape({T, D}), gate->grad, Accumulate::kAdd, OperandLayout::kMNMajor,
+                  OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
   add_into(ctx, dx, dx_router);
   if (shared) add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
   return dx.reshape(dy.shape());

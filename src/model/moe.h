@@ -54,7 +54,7 @@ struct MoeLayer {
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s);
 
  private:
-  Tensor gate_w_, gate_w_t_;  // the router weight in the activation dtype, and its transpose
+  Tensor gate_w_;  // the router weight in the activation dtype
 };
 
 }  // namespace octet

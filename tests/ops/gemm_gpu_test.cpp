@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "gemm_test_util.h"
+#include "ops/cast/cast.h"
 
 namespace octet::test {
 namespace {
@@ -158,6 +159,39 @@ TEST(GemmGpu, Bf16MatchesCpu) {
       EXPECT_LE(rel_frobenius(ref, got), out == DType::kF32 ? 1e-5 : 4e-3)
           << "M=" << s.m << " N=" << s.n << " K=" << s.k << " " << dtype_name(out) << ": "
           << worst_element(ref, got, s.n);
+    }
+  }
+}
+
+// BF16 operands read as they are stored (MN-major): what Dgrad and Wgrad use instead of transposed
+// copies. CUDA against the CPU on odd shapes, every layout pair, = and +=.
+TEST(GemmGpu, Bf16OperandLayoutsMatchCpu) {
+  OCTET_REQUIRE_GPU();
+  for (const Shape3& s : kShapes) {
+    const Tensor a = random_tensor({s.m, s.k}, DType::kBF16, 5),
+                 b = random_tensor({s.n, s.k}, DType::kBF16, 6);
+    const Tensor at = transpose(cpu(), a), bt = transpose(cpu(), b);
+    for (auto [la, lb] : {std::pair{OperandLayout::kKMajor, OperandLayout::kMNMajor},
+                          std::pair{OperandLayout::kMNMajor, OperandLayout::kKMajor},
+                          std::pair{OperandLayout::kMNMajor, OperandLayout::kMNMajor}}) {
+      const Tensor ha = la == OperandLayout::kKMajor ? a : at,
+                   hb = lb == OperandLayout::kKMajor ? b : bt;
+      for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+        const DType out = acc == Accumulate::kAdd ? DType::kF32 : DType::kBF16;
+        Tensor dc = make_output(s.m, s.n, out);
+        if (acc == Accumulate::kAdd)
+          for (int64_t i = 0; i < dc.numel(); ++i) dc.data_as<float>()[i] = 0.5f - (i % 5);
+        Tensor dg = dc.to(gpu(), Device::kCuda);
+        if (acc == Accumulate::kOverwrite) dg = poisoned_gpu(s.m, s.n, out);
+        gemm_bf16(cpu(), {ha, hb, dc, acc, la, lb});
+        gemm_bf16(gpu(),
+                  {ha.to(gpu(), Device::kCuda), hb.to(gpu(), Device::kCuda), dg, acc, la, lb});
+        const std::vector<double> ref = to_doubles(dc), got = to_doubles(dg.to_host(gpu()));
+        ASSERT_TRUE(all_finite(got, s.n));
+        EXPECT_LE(rel_frobenius(ref, got), out == DType::kF32 ? 1e-5 : 4e-3)
+            << "M=" << s.m << " N=" << s.n << " K=" << s.k << " layouts " << int(la) << int(lb)
+            << ": " << worst_element(ref, got, s.n);
+      }
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "gemm_test_util.h"
+#include "ops/cast/cast.h"
 
 namespace octet::test {
 namespace {
@@ -127,6 +128,36 @@ TEST(Gemm, EmptyKGivesZeros) {
   Tensor d = make_output(3, 4, DType::kF32);
   gemm_bf16(cpu_ctx(), {a, b, d, Accumulate::kOverwrite});
   for (int64_t i = 0; i < d.numel(); ++i) EXPECT_EQ(d.data_as<float>()[i], 0.0f);
+}
+
+// An MN-major operand is the transpose of the K-major one: the same D, bit for bit, in every layout
+// pair, for = and +=.
+TEST(Gemm, Bf16OperandLayoutsAreTransposes) {
+  Context& cpu = cpu_ctx();
+  const Tensor a = random_tensor({45, 300}, DType::kBF16, 21),
+               b = random_tensor({77, 300}, DType::kBF16, 22);
+  const Tensor at = transpose(cpu, a), bt = transpose(cpu, b);  // (K, M), (K, N)
+  for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+    Tensor want = make_output(45, 77, DType::kF32);
+    for (int64_t i = 0; i < want.numel(); ++i) want.data_as<float>()[i] = 0.25f * (i % 7);
+    Tensor init = want.to(cpu, Device::kCpu);
+    gemm_bf16(cpu, {a, b, want, acc});
+    for (auto [la, lb] : {std::pair{OperandLayout::kKMajor, OperandLayout::kMNMajor},
+                          std::pair{OperandLayout::kMNMajor, OperandLayout::kKMajor},
+                          std::pair{OperandLayout::kMNMajor, OperandLayout::kMNMajor}}) {
+      Tensor got = init.to(cpu, Device::kCpu);
+      gemm_bf16(cpu, {la == OperandLayout::kKMajor ? a : at, lb == OperandLayout::kKMajor ? b : bt,
+                      got, acc, la, lb});
+      EXPECT_TRUE(bitwise_equal(want, got)) << "layouts " << int(la) << int(lb);
+    }
+  }
+  Tensor d = make_output(45, 77, DType::kF32);
+  try {
+    gemm_bf16(cpu, {a, b, d, Accumulate::kOverwrite, OperandLayout::kMNMajor});
+    ADD_FAILURE() << "A (45, 300) read MN-major has K = 45, B has K = 300: must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("same K"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Gemm, Bf16MatchesFp64) {

@@ -128,10 +128,14 @@ void gemm_bf16(Context& ctx, const GemmBf16Args& args) {
               " but B is ", dtype_name(args.b.dtype()), "; both must be BF16 (or both F32)");
   check_device(args.a, "gemm A", ctx.device);
   check_device(args.b, "gemm B", ctx.device);
-  OCTET_CHECK(args.a.cols() == args.b.cols(), "gemm: A is ", args.a.rows(), " x ", args.a.cols(),
-              " and B is ", args.b.rows(), " x ", args.b.cols(),
-              "; both must have the same K (columns): D = A B^T");
-  check_gemm_output(args.d, args.a.rows(), args.b.rows(), args.accumulate, ctx.device);
+  const bool a_t = args.a_layout == OperandLayout::kMNMajor,
+             b_t = args.b_layout == OperandLayout::kMNMajor;
+  const int64_t m = a_t ? args.a.cols() : args.a.rows(), ka = a_t ? args.a.rows() : args.a.cols();
+  const int64_t n = b_t ? args.b.cols() : args.b.rows(), kb = b_t ? args.b.rows() : args.b.cols();
+  OCTET_CHECK(ka == kb, "gemm: A is ", args.a.rows(), " x ", args.a.cols(),
+              a_t ? " (K, M)" : " (M, K)", " and B is ", args.b.rows(), " x ", args.b.cols(),
+              b_t ? " (K, N)" : " (N, K)", "; both must have the same K: D = A B^T");
+  check_gemm_output(args.d, m, n, args.accumulate, ctx.device);
   OCTET_DISPATCH(ctx, gemm_bf16, ctx, args);
 }
 

@@ -106,14 +106,27 @@ struct GemmFp8Args {
 // D (=|+=) dequant(A) · dequant(B)^T, as described above. Writes every element of D.
 void gemm_fp8(Context& ctx, const GemmFp8Args& args);
 
-struct GemmBf16Args {
-  Tensor a;  // (M, K) bf16; f32 on the CPU (the model's FP32 checking mode)
-  Tensor b;  // (N, K) bf16; f32 on the CPU, with A
-  Tensor d;  // (M, N) bf16 or f32 (kAdd: f32)
-  Accumulate accumulate = Accumulate::kOverwrite;
+// How a BF16 operand lies in memory. FP8 tensor cores take only K-major operands (the TN form), so
+// FP8 GEMMs need a quantized transposed copy; BF16 tensor cores take either, so a BF16 operand is
+// read as it is stored and no transposed copy is ever made (Dgrad reads W (Out, In) as it is, Wgrad
+// reads dy and x (T, *) as they are).
+enum class OperandLayout : uint8_t {
+  kKMajor,   // A stored (M, K), B stored (N, K), row-major: rows run along K
+  kMNMajor,  // A stored (K, M), B stored (K, N), row-major: the transpose of the above
 };
 
-// D (=|+=) A · B^T with FP32 accumulation: the BF16 baseline recipe and the BF16 sites.
+struct GemmBf16Args {
+  Tensor a;  // (M, K) bf16, or (K, M) with a_layout kMNMajor; f32 on the CPU (FP32 checking mode)
+  Tensor b;  // (N, K) bf16, or (K, N) with b_layout kMNMajor; f32 on the CPU, with A
+  Tensor d;  // (M, N) bf16 or f32 (kAdd: f32)
+  Accumulate accumulate = Accumulate::kOverwrite;
+  OperandLayout a_layout = OperandLayout::kKMajor;
+  OperandLayout b_layout = OperandLayout::kKMajor;
+};
+
+// D (=|+=) A · B^T with FP32 accumulation: the BF16 baseline recipe and the BF16 sites. With the
+// layouts: Dgrad dX = dY W is {dy, w, dx, =, kKMajor, kMNMajor}; Wgrad dW += dY^T X is
+// {dy, x, dw, +=, kMNMajor, kMNMajor}.
 void gemm_bf16(Context& ctx, const GemmBf16Args& args);
 
 // Checks an FP8 pairing without running it; throws the message gemm_fp8 would.

@@ -192,13 +192,28 @@ void gemm_fp8(Context&, const GemmFp8Args& args) {
                  {args.d.data(), args.d.dtype(), args.d.cols()});
 }
 
+namespace {
+// The values of a BF16 / F32 operand as a K-major (rows, K) matrix, transposing an MN-major one.
+std::vector<float> k_major_values(const Tensor& t, OperandLayout layout, int64_t& rows,
+                                  int64_t& k) {
+  std::vector<float> v = decode_values(t);
+  rows = t.rows(), k = t.cols();
+  if (layout == OperandLayout::kKMajor) return v;
+  std::swap(rows, k);
+  std::vector<float> out(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < k; ++c) out[r * k + c] = v[c * rows + r];
+  return out;
+}
+}  // namespace
+
 void gemm_bf16(Context&, const GemmBf16Args& args) {
-  const std::vector<float> av = decode_values(args.a), bv = decode_values(args.b);
+  int64_t m = 0, ka = 0, n = 0, kb = 0;
+  const std::vector<float> av = k_major_values(args.a, args.a_layout, m, ka),
+                           bv = k_major_values(args.b, args.b_layout, n, kb);
   static const float kOne = 1.0f;
-  RefMatrix a{av.data(), args.a.cols(), args.a.rows(), args.a.cols(), Granularity::kTensor, &kOne,
-              1};
-  RefMatrix b{bv.data(), args.b.cols(), args.b.rows(), args.b.cols(), Granularity::kTensor, &kOne,
-              1};
+  RefMatrix a{av.data(), ka, m, ka, Granularity::kTensor, &kOne, 1};
+  RefMatrix b{bv.data(), kb, n, kb, Granularity::kTensor, &kOne, 1};
   reference_gemm(a, b, AccumulatorEmulation::fp32(), args.accumulate,
                  {args.d.data(), args.d.dtype(), args.d.cols()});
 }

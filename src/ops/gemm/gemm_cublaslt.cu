@@ -98,8 +98,8 @@ void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
 std::unique_ptr<GemmPlan> make_plan(GemmState& st, const LtMatmul& mm) {
   auto plan = std::make_unique<GemmPlan>();
   OCTET_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  set_attr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-  set_attr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  set_attr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, mm.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, mm.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N);
   if (is_fp8(mm.a_type)) {
     set_attr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, static_cast<int32_t>(mm.a_mode));
     set_attr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, static_cast<int32_t>(mm.b_mode));
@@ -108,8 +108,11 @@ std::unique_ptr<GemmPlan> make_plan(GemmState& st, const LtMatmul& mm) {
     set_attr(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
              static_cast<int8_t>(mm.fast_accum ? 1 : 0));
   }
-  OCTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, mm.a_type, mm.k, mm.m, mm.lda));
-  OCTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, mm.b_type, mm.k, mm.n, mm.ldb));
+  // Layouts describe the operands as stored (column-major rows x cols).
+  OCTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, mm.a_type, mm.a_transposed ? mm.k : mm.m,
+                                                mm.a_transposed ? mm.m : mm.k, mm.lda));
+  OCTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, mm.b_type, mm.b_transposed ? mm.n : mm.k,
+                                                mm.b_transposed ? mm.k : mm.n, mm.ldb));
   OCTET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, mm.d_type, mm.m, mm.n, mm.ldd));
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -145,7 +148,8 @@ std::string describe(const LtMatmul& mm) {
   os << type_name(mm.a_type) << " x " << type_name(mm.b_type) << " -> " << type_name(mm.d_type)
      << " (cuBLAS column-major m=" << mm.m << " n=" << mm.n << " k=" << mm.k << ", lda=" << mm.lda
      << " ldb=" << mm.ldb << " ldd=" << mm.ldd << ", alignments A/B/D " << alignment(mm.a) << "/"
-     << alignment(mm.b) << "/" << alignment(mm.d) << " bytes";
+     << alignment(mm.b) << "/" << alignment(mm.d) << " bytes, op(A) "
+     << (mm.a_transposed ? "T" : "N") << " op(B) " << (mm.b_transposed ? "T" : "N");
   if (is_fp8(mm.a_type))
     os << ", scale modes " << mode_name(mm.a_mode) << "/" << mode_name(mm.b_mode)
        << (mm.fast_accum ? ", fast accumulation" : "");
@@ -156,11 +160,24 @@ std::string describe(const LtMatmul& mm) {
 void run_lt_matmul(Context& ctx, const LtMatmul& mm) {
   if (mm.m == 0 || mm.n == 0) return;
   GemmState& st = gemm_state(ctx);
-  const GemmState::Key key{
-      mm.m,           mm.n,          mm.k,          mm.lda,          mm.ldb,
-      mm.ldd,         mm.a_type,     mm.b_type,     mm.d_type,       mm.a_mode,
-      mm.b_mode,      mm.fast_accum, mm.accumulate, alignment(mm.a), alignment(mm.b),
-      alignment(mm.d)};
+  const GemmState::Key key{mm.m,
+                           mm.n,
+                           mm.k,
+                           mm.lda,
+                           mm.ldb,
+                           mm.ldd,
+                           mm.a_type,
+                           mm.b_type,
+                           mm.d_type,
+                           mm.a_mode,
+                           mm.b_mode,
+                           mm.fast_accum,
+                           mm.accumulate,
+                           alignment(mm.a),
+                           alignment(mm.b),
+                           alignment(mm.d),
+                           mm.a_transposed,
+                           mm.b_transposed};
   auto it = st.plans.find(key);
   if (it == st.plans.end()) it = st.plans.emplace(key, make_plan(st, mm)).first;
   GemmPlan& plan = *it->second;

@@ -17,8 +17,10 @@ namespace octet {
 namespace cuda {
 
 // D (m x n, column-major, ldd) [+]= alpha * op(A) op(B) with op(A) = A^T for A stored (k x m, lda)
-// and B stored (k x n, ldb): the "TN" form, the only one FP8 tensor cores take. Scales are device
-// pointers read in the layout of their mode (see gemm_cuda.cu); null for BF16.
+// and B stored (k x n, ldb): the "TN" form, the only one FP8 tensor cores take. BF16 may also take
+// A stored (m x k) (a_transposed = false: op(A) = A) and B stored (n x k) (b_transposed = true:
+// op(B) = B^T). Scales are device pointers read in the layout of their mode (see gemm_cuda.cu);
+// null for BF16.
 struct LtMatmul {
   int64_t m = 0, n = 0, k = 0;
   cudaDataType_t a_type = CUDA_R_8F_E4M3, b_type = CUDA_R_8F_E4M3, d_type = CUDA_R_32F;
@@ -33,7 +35,9 @@ struct LtMatmul {
   const void* a_scale = nullptr;
   const void* b_scale = nullptr;
   bool fast_accum = false;
-  bool accumulate = false;  // beta = 1 with C = D
+  bool accumulate = false;   // beta = 1 with C = D
+  bool a_transposed = true;  // op(A) = A^T, A stored (k x m): the TN form
+  bool b_transposed = false;
 };
 
 void run_lt_matmul(Context& ctx, const LtMatmul& mm);
@@ -51,8 +55,9 @@ struct GemmState {
   // (cuBLASLt assumes 256-byte aligned pointers unless told otherwise, and grouped GEMMs pass
   // sub-tensors that are not).
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,  // m n k lda ldb ldd
-                         int, int, int, int, int,     // types, scale modes
-                         bool, bool, int, int, int>;  // fast, acc, alignments
+                         int, int, int, int, int,    // types, scale modes
+                         bool, bool, int, int, int,  // fast, acc, alignments
+                         bool, bool>;                // transposes
 
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;

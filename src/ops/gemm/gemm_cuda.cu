@@ -22,7 +22,9 @@
 // after the matmul.
 #include "ops/gemm/gemm_cuda.h"
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "ops/cast/cast.h"
 
 namespace octet::cuda {
 namespace {
@@ -224,9 +226,48 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
          args.accumulate, args.accumulation);
 }
 
-void gemm_bf16(Context& ctx, const GemmBf16Args& args) {
-  matmul(ctx, view_of_bf16(args.a), view_of_bf16(args.b),
-         {args.d.data(), args.d.dtype(), args.d.cols()}, args.accumulate, Accumulation::kPromoted);
+void gemm_bf16(Context& ctx, const GemmBf16Args& in) {
+  GemmBf16Args args = in;
+  // cuBLASLt's tensor-core kernels read an MN-major operand in 16-byte rows: one whose rows are not
+  // (M or N not a multiple of 8) runs on a K-major copy instead (odd shapes only; the model's
+  // feature dims are multiples of 8).
+  if (args.a_layout == OperandLayout::kMNMajor && args.a.cols() % 8 != 0)
+    args.a = transpose(ctx, args.a), args.a_layout = OperandLayout::kKMajor;
+  if (args.b_layout == OperandLayout::kMNMajor && args.b.cols() % 8 != 0)
+    args.b = transpose(ctx, args.b), args.b_layout = OperandLayout::kKMajor;
+  const bool a_t = args.a_layout == OperandLayout::kMNMajor,
+             b_t = args.b_layout == OperandLayout::kMNMajor;
+  if (!a_t && !b_t)
+    return matmul(ctx, view_of_bf16(args.a), view_of_bf16(args.b),
+                  {args.d.data(), args.d.dtype(), args.d.cols()}, args.accumulate,
+                  Accumulation::kPromoted);
+  // Row-major D (M, N) is column-major D^T (N x M) = B A^T in cuBLAS's terms: cuBLAS's A is our B,
+  // its B our A. Our K-major B (N, K) is column-major (K x N): op T; MN-major (K, N) is (N x K):
+  // op N. Our K-major A (M, K) is column-major (K x M): op N; MN-major (K, M) is (M x K): op T.
+  const int64_t m = b_t ? args.b.cols() : args.b.rows(), n = a_t ? args.a.cols() : args.a.rows();
+  const int64_t k = a_t ? args.a.rows() : args.a.cols();
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (args.accumulate == Accumulate::kOverwrite)
+      ctx.be().memset(args.d.data(), 0, args.d.nbytes());
+    return;
+  }
+  LtMatmul mm;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.a_type = mm.b_type = CUDA_R_16BF;
+  mm.d_type = args.d.dtype() == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  mm.a = args.b.data();
+  mm.lda = args.b.cols();
+  mm.a_transposed = !b_t;
+  mm.b = args.a.data();
+  mm.ldb = args.a.cols();
+  mm.b_transposed = a_t;
+  mm.d = args.d.data();
+  mm.ldd = args.d.cols();
+  mm.accumulate = args.accumulate == Accumulate::kAdd;
+  run_lt_matmul(ctx, mm);
 }
 
 }  // namespace octet::cuda
