@@ -191,15 +191,27 @@ int run_gemm(const std::vector<std::string>& argv) {
   }
   if (!args.has("no-grouped")) {
     std::printf(
-        "\ngrouped FP8 Fprop (1x128 x 128x128 per expert, one cuBLASLt call per expert, row counts "
-        "read\n"
-        "back once per call) vs one dense blockwise GEMM of the same FLOPs:\n");
+        "\ngrouped FP8 Fprop (1x128 x 128x128 per expert, BF16 out; on Hopper with CUTLASS one\n"
+        "launch reading the row counts on the device) vs one dense blockwise GEMM of the same "
+        "FLOPs:\n");
+    struct GroupedShape {
+      int64_t tokens, experts;
+      bool skewed;
+      int64_t n, k;
+    };
+    // The baseline configuration's expert GEMMs (gate/up, a 768-wide variant, down with K = 704)
+    // and DeepSeek-V3's (gate/up with 8 and 32 experts, skewed, down).
+    const std::vector<GroupedShape> grouped = {
+        {65536, 32, false, 1408, 1024}, {65536, 32, false, 1024, 768},
+        {65536, 32, false, 1024, 704},  {16384, 8, false, 4096, 7168},
+        {16384, 32, false, 4096, 7168}, {16384, 32, true, 4096, 7168},
+        {16384, 32, false, 7168, 2048}};
     std::vector<std::vector<std::string>> rows;
-    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{4096, 7168}, {7168, 2048}})
-      for (int64_t e : {8, 32})
-        for (bool skewed : {false, true})
-          if (!quick || (n == 4096 && !skewed))
-            rows.push_back(grouped_row(t, 16384, e, skewed, n, k));
+    for (size_t i = 0; i < grouped.size(); ++i)
+      if (!quick || i == 0) {
+        const GroupedShape& g = grouped[i];
+        rows.push_back(grouped_row(t, g.tokens, g.experts, g.skewed, g.n, g.k));
+      }
     print_table({"experts", "tokens x N x K", "tokens/expert", "dense TFLOPS", "grouped TFLOPS",
                  "grouped/dense"},
                 rows);

@@ -3,6 +3,8 @@
 // them: the whole forward + backward of a micro-batch, the per-step weight preparation, AdamW over
 // every parameter, and one dense layer, one MoE layer and the output head (forward + backward) on
 // their own, so the blocks' sum can be set against the step.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -42,18 +44,22 @@ int run(const std::vector<std::string>& argv) {
   std::string path = "configs/baseline-h100.toml";
   std::vector<std::string> recipes = {"bf16", "fp8-tensor-delayed", "deepseek"};
   int runs = 10;
+  std::vector<std::string> sets;
   for (size_t i = 0; i < argv.size(); ++i) {
     if (argv[i] == "--recipe" && i + 1 < argv.size())
       recipes = {argv[++i]};
     else if (argv[i] == "--runs" && i + 1 < argv.size())
       runs = std::stoi(argv[++i]);
+    else if (argv[i] == "--set" && i + 1 < argv.size())
+      sets.push_back(argv[++i]);
     else
       path = argv[i];
   }
   std::ifstream f(path);
   OCTET_CHECK(f.good(), path, ": cannot open the training config");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const train::TrainConfig cfg = train::parse_train_config(text, path);
+  train::TrainConfig cfg = train::parse_train_config(text, path);
+  for (const std::string& kv : sets) train::apply_set(cfg, kv);
   const ModelConfig& mc = cfg.model;
   Context ctx = make_context(cuda_device_count() > 0 ? Device::kCuda : Device::kCpu);
   const int64_t B = cfg.batch_size, T = cfg.seq_len, N = B * T;
@@ -75,8 +81,21 @@ int run(const std::vector<std::string>& argv) {
     for (auto& p : params) ptrs.push_back(&p);
     train::AdamWOptimizer opt(ctx, ptrs, c.adamw());
     const ModelBatch batch = synthetic_batch(mc, B, T);
+    // Host time: how long the host spends in the step call itself (enqueueing kernels, and waiting
+    // wherever the step synchronises), against the step's GPU time.
+    std::vector<double> host_ms;
     const Timing step = time_op(
-        ctx, [&] { m.step(ctx, batch, Pass::kForwardBackward); }, 2, runs);
+        ctx,
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          m.step(ctx, batch, Pass::kForwardBackward);
+          host_ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count());
+        },
+        2, runs);
+    std::sort(host_ms.begin(), host_ms.end());
+    const double host = host_ms[host_ms.size() / 2];
     const Timing prep = time_op(
         ctx, [&] { m.prepare(ctx); }, 1, runs);
     const Timing adam = time_op(
@@ -113,12 +132,12 @@ int run(const std::vector<std::string>& argv) {
     const double blocks = dense.median_ms * static_cast<double>(dense_n) +
                           moe.median_ms * static_cast<double>(L - dense_n) + head.median_ms;
     const double total = step.median_ms + prep.median_ms + adam.median_ms;
-    rows.push_back({r, fmt(step.median_ms), fmt(prep.median_ms), fmt(adam.median_ms),
+    rows.push_back({r, fmt(step.median_ms), fmt(host), fmt(prep.median_ms), fmt(adam.median_ms),
                     fmt(dense.median_ms), fmt(moe.median_ms), fmt(head.median_ms), fmt(blocks),
                     fmt(static_cast<double>(N) / total, 0)});
   }
-  print_table({"recipe", "fwd+bwd", "prepare", "adamw", "dense layer", "moe layer", "head",
-               "blocks sum", "tokens/ms"},
+  print_table({"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "dense layer",
+               "moe layer", "head", "blocks sum", "tokens/ms"},
               rows);
   std::printf(
       "tokens/ms = B T / (fwd+bwd + prepare + adamw); blocks sum = dense x %lld + moe x "
@@ -131,8 +150,16 @@ int run(const std::vector<std::string>& argv) {
 }  // namespace
 
 Suite train_step_suite() {
-  return {"train-step", "where a training step's time goes, per recipe",
-          "usage: octet bench train-step [CONFIG.toml] [--recipe R] [--runs N]\n", run};
+  return {
+      "train-step", "where a training step's time goes, per recipe",
+      "usage: octet bench train-step [CONFIG.toml] [--recipe R] [--runs N] [--set KEY=VALUE]...\n"
+      "\n"
+      "Times (median of --runs, default 10) the forward + backward of one micro-batch, the host's\n"
+      "own time inside that call (enqueueing, and waiting where the step synchronises), the\n"
+      "weight preparation, AdamW, and one dense layer, one MoE layer and the head on their own.\n"
+      "--set overrides config keys as `octet train` does (e.g. "
+      "model.num_nextn_predict_layers=0).\n",
+      run};
 }
 
 }  // namespace octet::bench

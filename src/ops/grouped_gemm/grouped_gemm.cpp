@@ -6,6 +6,9 @@
 #include "backend/dispatch.h"
 #include "ops/gemm/gemm_backends.h"
 #include "ops/grouped_gemm/grouped_gemm_backends.h"
+#if OCTET_WITH_CUTLASS
+#include "ops/grouped_gemm/grouped_gemm_sm90.h"
+#endif
 
 namespace octet {
 namespace {
@@ -116,6 +119,18 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   check_gemm_output(args.d, args.a.rows(), n, args.accumulate, ctx.device);
   if (ctx.device == Device::kCuda && args.a.cols() > 0) check_cuda_fp8_k(args.a.cols());
   if (ctx.device == Device::kCuda) check_cuda_block_output(n, args.d.dtype());
+#if OCTET_WITH_CUTLASS
+  // DeepSeek-V3's pairing on Hopper: one CUTLASS launch that reads the row counts on the device.
+  if (ctx.device == Device::kCuda && args.a.rows() > 0 && args.a.cols() > 0 &&
+      cuda::grouped_gemm_fp8_sm90_supports(args)) {
+    check_dtype(args.group_sizes, "grouped gemm group_sizes", {DType::kI32, DType::kI64});
+    check_device(args.group_sizes, "grouped gemm group_sizes", ctx.device);
+    OCTET_CHECK(args.group_sizes.rank() == 1, "grouped gemm group_sizes: expected shape [E], got ",
+                shape_str(args.group_sizes.shape()));
+    cuda::grouped_gemm_fp8_sm90(ctx, args);
+    return;
+  }
+#endif
   const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A", args.host_sizes);
   OCTET_DISPATCH(ctx, grouped_gemm_fp8, ctx, args, l);
   zero_tail(ctx, args.d, l, args.accumulate);

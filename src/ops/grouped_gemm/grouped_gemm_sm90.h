@@ -1,0 +1,19 @@
+// Internal (CUDA builds with CUTLASS only): the Hopper grouped FP8 GEMM of
+// grouped_gemm_sm90_fp8_blockwise.cu, which reads the row counts on the device (no host read, no
+// synchronisation).
+#pragma once
+
+#include "ops/grouped_gemm/grouped_gemm.h"
+
+namespace octet::cuda {
+
+// True when the call is the one configuration the kernel is built for: A 1x128 and B 128x128 E4M3,
+// D BF16 overwritten, K a multiple of 16 and N of 8 (16-byte TMA rows).
+bool grouped_gemm_fp8_sm90_supports(const GroupedGemmFp8Args& args);
+
+// Fprop / Dgrad of grouped_gemm.h in one launch; D's rows past the experts' sum are zeroed. Experts
+// whose rows would run past A's rows are clipped to them (a caller's bad counts cannot write out of
+// bounds; the host-checked path reports them instead).
+void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args);
+
+}  // namespace octet::cuda

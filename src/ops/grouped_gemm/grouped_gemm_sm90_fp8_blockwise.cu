@@ -1,0 +1,240 @@
+// Hopper grouped FP8 GEMM with DeepSeek-V3's blockwise scaling (1x128 activations x 128x128
+// weights, FP32 promotion every 128 of K), from CUTLASS 4.2's pointer-array warp-specialized
+// cooperative kernel with blockwise scaling (the kernel of CUTLASS example 68). One launch for all
+// experts; the per-expert problem shapes, pointers, strides and scale layouts are built on the
+// device by a small kernel from the row counts, so nothing here reads them on the host.
+//
+// Operands as octet lays them out (grouped_gemm.h): A (sum M_e, K) fp8 row-major with 1x128
+// scale_inv (rows, ceil(K/128)) row-major; B stacked (E * N, K) fp8 row-major (each expert's (N, K)
+// is CUTLASS's column-major K x N) with 128x128 scale_inv (E, ceil(N/128), ceil(K/128)); D (sum
+// M_e, N) bf16 row-major. Both scale tensors are K-major in CUTLASS's terms (consecutive K-blocks
+// adjacent), which the sm90 blockwise mainloop loads with cp.async.
+//
+// This translation unit is the only one that includes CUTLASS: one instantiation, about three
+// minutes of nvcc.
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cute/tensor.hpp>
+#include <cutlass/detail/blockwise_scale_layout.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/dispatch_policy.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include "backend/backend.h"
+#include "backend/cuda_check.h"
+#include "ops/grouped_gemm/grouped_gemm_sm90.h"
+
+namespace octet::cuda {
+namespace {
+
+using namespace cute;
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+using ElementA = cutlass::float_e4m3_t;
+using ElementB = cutlass::float_e4m3_t;
+using ElementD = cutlass::bfloat16_t;
+using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
+using LayoutB = cutlass::layout::ColumnMajor;  // K x N column-major == octet's (N, K) row-major
+using LayoutD = cutlass::layout::RowMajor;
+constexpr int kAlignA = 16, kAlignB = 16, kAlignD = 8;  // 16-byte TMA rows
+
+// CUTLASS example 68's configuration: 128x128x128 tiles, clusters of 1x2.
+using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+// 1x128 activation scales and 128x128 weight scales, both K-major (octet's layouts).
+using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                              cute::GMMA::Major::K>;
+using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
+    ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+    cutlass::epilogue::fusion::LinearCombination<ElementD, float, void>>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+    cute::tuple<LayoutA*, LayoutSFA*>, kAlignA, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
+    kAlignB, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+
+using GemmKernel =
+    cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+using StrideA = typename GemmKernel::InternalStrideA;
+using StrideB = typename GemmKernel::InternalStrideB;
+using StrideD = typename GemmKernel::InternalStrideD;
+using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+
+// The per-expert argument arrays, one device buffer laid out as this struct of arrays.
+struct DeviceArrays {
+  Shape3* shapes;
+  const ElementA** a;
+  const ElementB** b;
+  ElementD** d;
+  const float** sfa;
+  const float** sfb;
+  StrideA* stride_a;
+  StrideB* stride_b;
+  StrideD* stride_d;
+  LayoutSFA* layout_sfa;
+  LayoutSFB* layout_sfb;
+};
+
+template <typename T>
+size_t aligned_bytes(int64_t n) {
+  return (static_cast<size_t>(n) * sizeof(T) + 255) / 256 * 256;
+}
+
+size_t arrays_bytes(int64_t e) {
+  return aligned_bytes<Shape3>(e) + 5 * aligned_bytes<void*>(e) + aligned_bytes<StrideA>(e) +
+         aligned_bytes<StrideB>(e) + aligned_bytes<StrideD>(e) + aligned_bytes<LayoutSFA>(e) +
+         aligned_bytes<LayoutSFB>(e);
+}
+
+DeviceArrays carve(void* base, int64_t e) {
+  auto* p = static_cast<char*>(base);
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += bytes;
+    return r;
+  };
+  DeviceArrays a;
+  a.shapes = reinterpret_cast<Shape3*>(take(aligned_bytes<Shape3>(e)));
+  a.a = reinterpret_cast<const ElementA**>(take(aligned_bytes<void*>(e)));
+  a.b = reinterpret_cast<const ElementB**>(take(aligned_bytes<void*>(e)));
+  a.d = reinterpret_cast<ElementD**>(take(aligned_bytes<void*>(e)));
+  a.sfa = reinterpret_cast<const float**>(take(aligned_bytes<void*>(e)));
+  a.sfb = reinterpret_cast<const float**>(take(aligned_bytes<void*>(e)));
+  a.stride_a = reinterpret_cast<StrideA*>(take(aligned_bytes<StrideA>(e)));
+  a.stride_b = reinterpret_cast<StrideB*>(take(aligned_bytes<StrideB>(e)));
+  a.stride_d = reinterpret_cast<StrideD*>(take(aligned_bytes<StrideD>(e)));
+  a.layout_sfa = reinterpret_cast<LayoutSFA*>(take(aligned_bytes<LayoutSFA>(e)));
+  a.layout_sfb = reinterpret_cast<LayoutSFB*>(take(aligned_bytes<LayoutSFB>(e)));
+  return a;
+}
+
+struct SetupParams {
+  const void* sizes;  // (E) int32 | int64
+  bool sizes_i64;
+  int experts, n, k;
+  int64_t rows;  // R: the rows of A and D (the padded tail past the experts' sum included)
+  const ElementA* a;
+  const ElementB* b;
+  ElementD* d;
+  const float* sfa;
+  const float* sfb;
+};
+
+// One block: the prefix sum of the row counts (E is at most a few hundred), then one thread per
+// expert writes its arguments; afterwards the block zeroes D's rows past the experts' sum (the tail
+// of a padded layout), which only the device knows.
+__global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays out) {
+  __shared__ int64_t total;
+  if (threadIdx.x == 0) {
+    int64_t sum = 0;
+    for (int e = 0; e < p.experts; ++e) {
+      int64_t m = p.sizes_i64 ? static_cast<const int64_t*>(p.sizes)[e]
+                              : static_cast<const int32_t*>(p.sizes)[e];
+      m = m < 0 ? 0 : (sum + m > p.rows ? p.rows - sum : m);  // never past A's rows
+      out.shapes[e] = Shape3{static_cast<int>(m), p.n, p.k};  // M_e, then the offset below
+      out.a[e] = reinterpret_cast<const ElementA*>(sum);      // offsets for now
+      sum += m;
+    }
+    total = sum;
+  }
+  __syncthreads();
+  const int64_t kb = (p.k + 127) / 128, nb = (p.n + 127) / 128;
+  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {
+    const int64_t off = reinterpret_cast<int64_t>(out.a[e]);
+    const int m = cute::get<0>(out.shapes[e]);
+    out.a[e] = p.a + off * p.k;
+    out.b[e] = p.b + static_cast<int64_t>(e) * p.n * p.k;
+    out.d[e] = p.d + off * p.n;
+    out.sfa[e] = p.sfa + off * kb;
+    out.sfb[e] = p.sfb + static_cast<int64_t>(e) * nb * kb;
+    out.stride_a[e] = cutlass::make_cute_packed_stride(StrideA{}, {m, p.k, 1});
+    out.stride_b[e] = cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, 1});
+    out.stride_d[e] = cutlass::make_cute_packed_stride(StrideD{}, {m, p.n, 1});
+    out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, p.n, p.k, 1));
+    out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, p.n, p.k, 1));
+  }
+  // The padded tail: rows [total, rows) of D are zero (grouped_gemm.h's kOverwrite contract).
+  const int64_t tail = (p.rows - total) * p.n;
+  auto* tail_d = reinterpret_cast<uint16_t*>(p.d + total * p.n);
+  for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) tail_d[i] = 0;
+}
+
+cutlass::KernelHardwareInfo hardware_info(int device) {
+  // Querying occupancy costs host time; the answer does not change for a process.
+  static thread_local int cached_device = -1;
+  static thread_local cutlass::KernelHardwareInfo info;
+  if (cached_device != device) {
+    info = cutlass::KernelHardwareInfo::make_kernel_hardware_info<GemmKernel>(device);
+    cached_device = device;
+  }
+  return info;
+}
+
+}  // namespace
+
+bool grouped_gemm_fp8_sm90_supports(const GroupedGemmFp8Args& args) {
+  const int64_t k = args.a.cols(), n = args.d.cols();
+  return args.a.granularity == Granularity::k1x128 && args.b.granularity == Granularity::k128x128 &&
+         args.a.format == Fp8Format::kE4M3 && args.b.format == Fp8Format::kE4M3 &&
+         args.d.dtype() == DType::kBF16 && args.accumulate == Accumulate::kOverwrite &&
+         k % 16 == 0 && n % 8 == 0 && args.group_sizes.numel() <= 1024;
+}
+
+void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args) {
+  const int64_t experts = args.group_sizes.numel(), n = args.d.cols(), k = args.a.cols();
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(arrays_bytes(experts))}, DType::kU8);
+  const DeviceArrays dev = carve(arrays.data(), experts);
+  SetupParams sp;
+  sp.sizes = args.group_sizes.data();
+  sp.sizes_i64 = args.group_sizes.dtype() == DType::kI64;
+  sp.experts = static_cast<int>(experts);
+  sp.n = static_cast<int>(n);
+  sp.k = static_cast<int>(k);
+  sp.rows = args.d.rows();
+  sp.a = args.a.data.data_as<const ElementA>();
+  sp.b = args.b.data.data_as<const ElementB>();
+  sp.d = args.d.data_as<ElementD>();
+  sp.sfa = args.a.scale_inv.data_as<const float>();
+  sp.sfb = args.b.scale_inv.data_as<const float>();
+  grouped_fp8_setup_kernel<<<1, 256, 0, stream>>>(sp, dev);
+  OCTET_CUDA_CHECK_LAUNCH();
+
+  typename Gemm::Arguments arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {static_cast<int>(experts), dev.shapes, nullptr},  // problem shapes on the device only
+      {dev.a, dev.stride_a, dev.b, dev.stride_b, dev.sfa, dev.layout_sfa, dev.sfb, dev.layout_sfb},
+      {{}, nullptr, dev.stride_d, dev.d, dev.stride_d},
+      hardware_info(ctx.device_index)};
+  arguments.epilogue.thread.alpha = 1.0f;
+  arguments.epilogue.thread.beta = 0.0f;
+  Gemm gemm;
+  OCTET_CHECK(gemm.can_implement(arguments) == cutlass::Status::kSuccess,
+              "grouped gemm (CUTLASS sm90 FP8 blockwise): cannot implement N = ", n, ", K = ", k,
+              " with ", experts, " experts");
+  const size_t ws_bytes = Gemm::get_workspace_size(arguments);
+  Tensor workspace;
+  if (ws_bytes > 0) workspace = Tensor::empty(ctx, {static_cast<int64_t>(ws_bytes)}, DType::kU8);
+  const cutlass::Status st = gemm.run(arguments, ws_bytes > 0 ? workspace.data() : nullptr, stream);
+  OCTET_CHECK(st == cutlass::Status::kSuccess,
+              "grouped gemm (CUTLASS sm90 FP8 blockwise): ", cutlassGetStatusString(st));
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace octet::cuda

@@ -1,0 +1,69 @@
+// The training step's device memory: after the first step, later steps take nothing new from the
+// device. The CUDA backend allocates from a stream-ordered pool that keeps freed blocks (its
+// release threshold is unlimited), so the first step sizes the pool and every later step is served
+// from it: the pool's equivalent of a step arena (issue 11). Measured as the pool's reserved bytes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#if OCTET_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "model/init.h"
+#include "model/model.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace octet {
+namespace {
+
+TEST(StepMemoryGpu, LaterStepsReserveNoNewDeviceMemory) {
+  OCTET_REQUIRE_GPU();
+#if OCTET_WITH_CUDA
+  ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;  // multiples of 16, as the FP8 GEMMs need on CUDA
+  c.moe_intermediate_size = 64;
+  for (const char* recipe : {"bf16", "deepseek"}) {
+    Context gpu = make_context(Device::kCuda);
+    Model m(gpu, c, {recipe_preset(recipe), DType::kBF16});
+    m.load(gpu, init_parameters(c, 3));
+    ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
+    for (int64_t i = 0; i < b.inputs.numel(); ++i) {
+      b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+      b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
+    }
+    cudaMemPool_t pool;
+    ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, gpu.device_index), cudaSuccess);
+    auto reserved = [&] {
+      gpu.synchronize();
+      uint64_t r = 0;
+      EXPECT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &r), cudaSuccess);
+      return r;
+    };
+    // Give back what earlier tests left reserved, so the first step has to size the pool itself.
+    gpu.synchronize();
+    ASSERT_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+    const uint64_t before = reserved();
+    uint64_t after_first = 0;
+    for (int step = 0; step < 5; ++step) {
+      m.prepare(gpu);
+      m.zero_grad(gpu);
+      const ModelLosses l = m.step(gpu, b, Pass::kForwardBackward);
+      ASSERT_TRUE(std::isfinite(m.read_losses(gpu, l).main));
+      if (step == 0) after_first = reserved();
+    }
+    const uint64_t after_last = reserved();
+    std::printf(
+        "[ measured ] %s: pool reserved %.1f MiB before, %.1f MiB after step 1, %.1f MiB after "
+        "step 5\n",
+        recipe, before / 1048576.0, after_first / 1048576.0, after_last / 1048576.0);
+    EXPECT_GT(after_first, before) << "the first step should have sized the pool";
+    EXPECT_EQ(after_last, after_first) << recipe << ": steps 2-5 reserved new device memory";
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace octet
