@@ -43,6 +43,13 @@ class Backend {
   // (CUDA), or the process's peak resident set (CPU, which cannot be reset).
   virtual int64_t peak_bytes() const { return 0; }
   virtual void reset_peak() {}
+  // Times the host has waited for the device: synchronize(), and copies that complete before
+  // returning (to or from host memory). Counted on CUDA, 0 on the CPU; tests use it to prove that a
+  // piece of the step never waits.
+  int64_t host_waits() const { return host_waits_; }
+
+ protected:
+  int64_t host_waits_ = 0;
 };
 
 std::shared_ptr<Backend> make_cpu_backend();

@@ -88,12 +88,18 @@ class CudaBackend final : public Backend {
                                                                : cudaMemcpyDeviceToDevice;
     OCTET_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), k, stream_));
     // Host sources may be freed right after the call and host destinations are read right after it.
-    if (kind != CopyKind::kDeviceToDevice) OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (kind != CopyKind::kDeviceToDevice) {
+      ++host_waits_;
+      OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
   }
   void memset(void* dst, int byte, int64_t bytes) override {
     OCTET_CUDA_CHECK(cudaMemsetAsync(dst, byte, static_cast<size_t>(bytes), stream_));
   }
-  void synchronize() override { OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    ++host_waits_;
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   void* stream() const override { return stream_; }
   std::unique_ptr<Timer> make_timer() override { return std::make_unique<EventTimer>(stream_); }
 

@@ -3,6 +3,7 @@
 
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm.h"
+#include "ops/grouped_gemm/grouped_gemm.h"
 #include "ops/quantize/quantize.h"
 #include "ops/swiglu/swiglu.h"
 
@@ -60,9 +61,16 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   s.map = moe_permute_map(
       ctx, {s.route.topk_idx, E, fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
   s.layout.sizes = s.map.group_sizes;
-  // One host read of the row counts per layer (a synchronisation the per-expert GEMM loops of
-  // ops/grouped_gemm need anyway), shared by the six grouped GEMMs of forward and backward.
-  s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
+  // DeepSeek-V3's dataflow (FP8 dispatch, blockwise expert GEMMs, SwiGLU quantized for the down
+  // projection, Wgrad operands from the scaling-aware transpose) runs its six grouped GEMMs with
+  // the row counts read on the device where the build allows: the layer then never synchronises.
+  // Other recipes read the counts to the host once per layer, shared by the six per-expert GEMM
+  // loops.
+  const bool device_counts = r.moe_dispatch == Storage::kFp8 &&
+                             r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Block &&
+                             r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block &&
+                             grouped_fp8_blockwise_counts_on_device(ctx);
+  if (!device_counts) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
     QuantizeArgs qa;  // quantized once, before the dispatch (DeepSeek-V3)

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "grouped_gemm_test_util.h"
 
@@ -128,6 +129,46 @@ TEST(GroupedGemmGpu, Bf16FpropMatchesCpu) {
   Tensor dg = dev(make_output(rows, n, DType::kF32, 0xFF));
   grouped_gemm_bf16(gpu(), {dev(a), dev(b), dev(group_sizes_tensor(sizes, DType::kI32)), dg});
   expect_close(dc, dg, 1e-5, "bf16 fprop");
+}
+
+// DeepSeek-V3's Wgrad pairing as the MoE layer makes it: dY's column-wise copy 1x128 along tokens,
+// X's from the scaling-aware transpose (128x128), += into F32 dW, 128-padded experts, some empty
+// (their dW must stay as it was), the model's shapes. On Hopper with CUTLASS this is one grouped
+// launch that reads the counts on the device.
+TEST(GroupedGemmGpu, Fp8WgradFromScalingAwareTransposeModelShapes) {
+  OCTET_REQUIRE_GPU();
+  std::vector<int64_t> sizes(32);
+  for (size_t e = 0; e < sizes.size(); ++e) sizes[e] = 128 * ((e * 5) % 3);  // some empty
+  const int64_t t = static_cast<int64_t>(total(sizes)) + 128, experts = 32;  // + a padded tail
+  for (const auto [n, k] : {std::pair<int64_t, int64_t>{1408, 1024}, {1024, 704}}) {
+    const Tensor dy = random_tensor({t, n}, DType::kF32, 13),
+                 x = random_tensor({t, k}, DType::kF32, 14);
+    const QuantTensor qdy =
+        quant(cpu(), dy, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kColumnwise);
+    QuantizeArgs qa;
+    qa.input = x;
+    qa.granularity = Granularity::k1x128;
+    qa.rounding = ScaleRounding::kPow2;
+    QuantTensor qx = quantize(cpu(), qa);
+    scaling_aware_transpose(cpu(), qx);
+    const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32);
+    Tensor dc = random_tensor({experts * n, k}, DType::kF32, 15);
+    Tensor dg = dev(dc);
+    grouped_wgrad_fp8(cpu(), {columnwise_operand(qdy), columnwise_operand(qx), sizes_t,
+                              dc.reshape({experts, n, k}), Accumulate::kAdd});
+    grouped_wgrad_fp8(gpu(), {to_gpu(columnwise_operand(qdy)), to_gpu(columnwise_operand(qx)),
+                              dev(sizes_t), dg.reshape({experts, n, k}), Accumulate::kAdd});
+    expect_close(
+        dc, dg, kFp8Tol,
+        "fp8 wgrad += (128x128 B) E=32 N=" + std::to_string(n) + " K=" + std::to_string(k));
+    const Tensor got = dg.to_host(gpu()), init = random_tensor({experts * n, k}, DType::kF32, 15);
+    for (int64_t e = 0; e < experts; ++e)
+      if (sizes[static_cast<size_t>(e)] == 0)
+        ASSERT_EQ(std::memcmp(got.data_as<float>() + e * n * k, init.data_as<float>() + e * n * k,
+                              static_cast<size_t>(n * k * 4)),
+                  0)
+            << "expert " << e << " has no tokens but its dW changed";
+  }
 }
 
 TEST(GroupedGemmGpu, Fp8WgradMatchesCpuAndAccumulates) {

@@ -162,6 +162,19 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
               "grouped wgrad D: expected shape [", experts, ", ", n, ", ", k, "], got ",
               shape_str(args.d.shape()));
   check_gemm_output(args.d, experts * n, k, args.accumulate, ctx.device);
+#if OCTET_WITH_CUTLASS
+  // DeepSeek-V3's Wgrad pairing on Hopper: one CUTLASS launch that reads the counts on the device.
+  // The counts' 128-token alignment is checked here when the caller has them on the host.
+  if (ctx.device == Device::kCuda && cuda::grouped_wgrad_fp8_sm90_supports(args)) {
+    check_dtype(args.group_sizes, "grouped wgrad group_sizes", {DType::kI32, DType::kI64});
+    check_device(args.group_sizes, "grouped wgrad group_sizes", ctx.device);
+    if (args.host_sizes != nullptr)
+      check_wgrad_offsets(read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A",
+                                      args.host_sizes));
+    cuda::grouped_wgrad_fp8_sm90(ctx, args);
+    return;
+  }
+#endif
   const GroupLayout l =
       read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A", args.host_sizes);
   check_wgrad_offsets(l);
@@ -177,6 +190,10 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
         " must be a multiple of 16 (the row stride of the column-wise copies, 16-byte aligned)");
   }
   OCTET_DISPATCH(ctx, grouped_wgrad_fp8, ctx, args, l);
+}
+
+bool grouped_fp8_blockwise_counts_on_device(const Context& ctx) {
+  return OCTET_WITH_CUTLASS && ctx.device == Device::kCuda;
 }
 
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args) {

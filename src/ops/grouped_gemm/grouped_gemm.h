@@ -29,9 +29,10 @@
 // are a tail no expert owns. Fprop and Dgrad then write zeros there (kOverwrite) or leave it
 // (kAdd); Wgrad reads tokens [0, sum M_e) only.
 //
-// CUDA, first version: one cuBLASLt GEMM per non-empty expert (plans cached per shape). The row
-// counts are read back to the host once per call, which synchronises the stream; a fused Hopper
-// kernel that reads them on the device is a later issue.
+// CUDA: DeepSeek-V3's pairings (see grouped_fp8_blockwise_counts_on_device) run as one CUTLASS
+// grouped launch per call that reads the row counts on the device. Everything else runs one
+// cuBLASLt GEMM per non-empty expert (plans cached per shape) from a host copy of the counts: the
+// caller's host_sizes, or a read of group_sizes, which synchronises the stream.
 #pragma once
 
 #include <vector>
@@ -89,5 +90,12 @@ struct GroupedWgradBf16Args {
   const std::vector<int64_t>* host_sizes = nullptr;  // as in GroupedGemmFp8Args
 };
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args);
+
+// True when this build runs DeepSeek-V3's grouped FP8 GEMMs on the context's device with the row
+// counts read on the device: Fprop / Dgrad (1x128 x 128x128, BF16 out) and Wgrad (1x128 x the
+// 128x128 copy of the scaling-aware transpose, F32 +=), E4M3, through CUTLASS on Hopper. A caller
+// that passes only such calls need not read the counts to the host (host_sizes may stay null); any
+// other call reads them itself when host_sizes is null, which synchronises the stream.
+bool grouped_fp8_blockwise_counts_on_device(const Context& ctx);
 
 }  // namespace octet

@@ -16,4 +16,14 @@ bool grouped_gemm_fp8_sm90_supports(const GroupedGemmFp8Args& args);
 // bounds; the host-checked path reports them instead).
 void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args);
 
+// True for DeepSeek-V3's Wgrad pairing: A (dY's column-wise copy) 1x128 along tokens, B (X's,
+// from the scaling-aware transpose) 128x128, both E4M3, dW F32 accumulated (+=), the token count a
+// multiple of 16 and K of 4 (16-byte rows).
+bool grouped_wgrad_fp8_sm90_supports(const GroupedWgradFp8Args& args);
+
+// Wgrad of grouped_gemm.h in one launch, the counts read on the device. Every non-empty expert must
+// start at a multiple of 128 tokens (grouped_gemm.h's rule; the caller's padded permute guarantees
+// it, and grouped_gemm.cpp checks it on the host when the counts are there).
+void grouped_wgrad_fp8_sm90(Context& ctx, const GroupedWgradFp8Args& args);
+
 }  // namespace octet::cuda

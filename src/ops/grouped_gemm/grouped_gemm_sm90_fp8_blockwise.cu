@@ -1,128 +1,27 @@
 // Hopper grouped FP8 GEMM with DeepSeek-V3's blockwise scaling (1x128 activations x 128x128
-// weights, FP32 promotion every 128 of K), from CUTLASS 4.2's pointer-array warp-specialized
-// cooperative kernel with blockwise scaling (the kernel of CUTLASS example 68). One launch for all
-// experts; the per-expert problem shapes, pointers, strides and scale layouts are built on the
-// device by a small kernel from the row counts, so nothing here reads them on the host.
+// weights, FP32 promotion every 128 of K) for Fprop and Dgrad: one CUTLASS launch for all experts
+// (grouped_gemm_sm90_config.cuh has the kernel configuration); the per-expert problem shapes,
+// pointers, strides and scale layouts are built on the device by a small kernel from the row
+// counts, so nothing here reads them on the host.
 //
 // Operands as octet lays them out (grouped_gemm.h): A (sum M_e, K) fp8 row-major with 1x128
 // scale_inv (rows, ceil(K/128)) row-major; B stacked (E * N, K) fp8 row-major (each expert's (N, K)
 // is CUTLASS's column-major K x N) with 128x128 scale_inv (E, ceil(N/128), ceil(K/128)); D (sum
 // M_e, N) bf16 row-major. Both scale tensors are K-major in CUTLASS's terms (consecutive K-blocks
 // adjacent), which the sm90 blockwise mainloop loads with cp.async.
-//
-// This translation unit is the only one that includes CUTLASS: one instantiation, about three
-// minutes of nvcc.
-#include <cutlass/cutlass.h>
-#include <cutlass/numeric_types.h>
-
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cute/tensor.hpp>
-#include <cutlass/detail/blockwise_scale_layout.hpp>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/dispatch_policy.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/dispatch_policy.hpp>
-#include <cutlass/gemm/group_array_problem_shape.hpp>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-#include <cutlass/util/packed_stride.hpp>
-
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "ops/grouped_gemm/grouped_gemm_sm90.h"
+#include "ops/grouped_gemm/grouped_gemm_sm90_config.cuh"
 
 namespace octet::cuda {
 namespace {
 
-using namespace cute;
-
-using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-using ElementA = cutlass::float_e4m3_t;
-using ElementB = cutlass::float_e4m3_t;
+using namespace sm90;
 using ElementD = cutlass::bfloat16_t;
-using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
-using LayoutB = cutlass::layout::ColumnMajor;  // K x N column-major == octet's (N, K) row-major
-using LayoutD = cutlass::layout::RowMajor;
-constexpr int kAlignA = 16, kAlignB = 16, kAlignD = 8;  // 16-byte TMA rows
-
-// CUTLASS example 68's configuration: 128x128x128 tiles, clusters of 1x2.
-using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
-using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
-// 1x128 activation scales and 128x128 weight scales, both K-major (octet's layouts).
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
-                                                              cute::GMMA::Major::K>;
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
-    ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::fusion::LinearCombination<ElementD, float, void>>::CollectiveOp;
-
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-    cute::tuple<LayoutA*, LayoutSFA*>, kAlignA, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
-    kAlignB, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
-
-using GemmKernel =
-    cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-
-using StrideA = typename GemmKernel::InternalStrideA;
-using StrideB = typename GemmKernel::InternalStrideB;
-using StrideD = typename GemmKernel::InternalStrideD;
-using Shape3 = typename ProblemShape::UnderlyingProblemShape;
-
-// The per-expert argument arrays, one device buffer laid out as this struct of arrays.
-struct DeviceArrays {
-  Shape3* shapes;
-  const ElementA** a;
-  const ElementB** b;
-  ElementD** d;
-  const float** sfa;
-  const float** sfb;
-  StrideA* stride_a;
-  StrideB* stride_b;
-  StrideD* stride_d;
-  LayoutSFA* layout_sfa;
-  LayoutSFB* layout_sfb;
-};
-
-template <typename T>
-size_t aligned_bytes(int64_t n) {
-  return (static_cast<size_t>(n) * sizeof(T) + 255) / 256 * 256;
-}
-
-size_t arrays_bytes(int64_t e) {
-  return aligned_bytes<Shape3>(e) + 5 * aligned_bytes<void*>(e) + aligned_bytes<StrideA>(e) +
-         aligned_bytes<StrideB>(e) + aligned_bytes<StrideD>(e) + aligned_bytes<LayoutSFA>(e) +
-         aligned_bytes<LayoutSFB>(e);
-}
-
-DeviceArrays carve(void* base, int64_t e) {
-  auto* p = static_cast<char*>(base);
-  auto take = [&](size_t bytes) {
-    char* r = p;
-    p += bytes;
-    return r;
-  };
-  DeviceArrays a;
-  a.shapes = reinterpret_cast<Shape3*>(take(aligned_bytes<Shape3>(e)));
-  a.a = reinterpret_cast<const ElementA**>(take(aligned_bytes<void*>(e)));
-  a.b = reinterpret_cast<const ElementB**>(take(aligned_bytes<void*>(e)));
-  a.d = reinterpret_cast<ElementD**>(take(aligned_bytes<void*>(e)));
-  a.sfa = reinterpret_cast<const float**>(take(aligned_bytes<void*>(e)));
-  a.sfb = reinterpret_cast<const float**>(take(aligned_bytes<void*>(e)));
-  a.stride_a = reinterpret_cast<StrideA*>(take(aligned_bytes<StrideA>(e)));
-  a.stride_b = reinterpret_cast<StrideB*>(take(aligned_bytes<StrideB>(e)));
-  a.stride_d = reinterpret_cast<StrideD*>(take(aligned_bytes<StrideD>(e)));
-  a.layout_sfa = reinterpret_cast<LayoutSFA*>(take(aligned_bytes<LayoutSFA>(e)));
-  a.layout_sfb = reinterpret_cast<LayoutSFB*>(take(aligned_bytes<LayoutSFB>(e)));
-  return a;
-}
+using Config = Sm90GroupedFp8<ElementD, void>;
+using Gemm = Config::Gemm;
+static_assert(strides_match<Config>(), "the argument arrays' stride types are the kernel's");
 
 struct SetupParams {
   const void* sizes;  // (E) int32 | int64
@@ -139,7 +38,7 @@ struct SetupParams {
 // One block: the prefix sum of the row counts (E is at most a few hundred), then one thread per
 // expert writes its arguments; afterwards the block zeroes D's rows past the experts' sum (the tail
 // of a padded layout), which only the device knows.
-__global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays out) {
+__global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays<ElementD> out) {
   __shared__ int64_t total;
   if (threadIdx.x == 0) {
     int64_t sum = 0;
@@ -175,17 +74,6 @@ __global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays out) {
   for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) tail_d[i] = 0;
 }
 
-cutlass::KernelHardwareInfo hardware_info(int device) {
-  // Querying occupancy costs host time; the answer does not change for a process.
-  static thread_local int cached_device = -1;
-  static thread_local cutlass::KernelHardwareInfo info;
-  if (cached_device != device) {
-    info = cutlass::KernelHardwareInfo::make_kernel_hardware_info<GemmKernel>(device);
-    cached_device = device;
-  }
-  return info;
-}
-
 }  // namespace
 
 bool grouped_gemm_fp8_sm90_supports(const GroupedGemmFp8Args& args) {
@@ -200,7 +88,7 @@ void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args) {
   const int64_t experts = args.group_sizes.numel(), n = args.d.cols(), k = args.a.cols();
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(arrays_bytes(experts))}, DType::kU8);
-  const DeviceArrays dev = carve(arrays.data(), experts);
+  const DeviceArrays<ElementD> dev = carve<ElementD>(arrays.data(), experts);
   SetupParams sp;
   sp.sizes = args.group_sizes.data();
   sp.sizes_i64 = args.group_sizes.dtype() == DType::kI64;
@@ -221,7 +109,7 @@ void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args) {
       {static_cast<int>(experts), dev.shapes, nullptr},  // problem shapes on the device only
       {dev.a, dev.stride_a, dev.b, dev.stride_b, dev.sfa, dev.layout_sfa, dev.sfb, dev.layout_sfb},
       {{}, nullptr, dev.stride_d, dev.d, dev.stride_d},
-      hardware_info(ctx.device_index)};
+      hardware_info<Config::GemmKernel>(ctx.device_index)};
   arguments.epilogue.thread.alpha = 1.0f;
   arguments.epilogue.thread.beta = 0.0f;
   Gemm gemm;

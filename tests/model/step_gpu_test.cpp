@@ -1,7 +1,8 @@
-// The training step's device memory: after the first step, later steps take nothing new from the
-// device. The CUDA backend allocates from a stream-ordered pool that keeps freed blocks (its
-// release threshold is unlimited), so the first step sizes the pool and every later step is served
-// from it: the pool's equivalent of a step arena (issue 11). Measured as the pool's reserved bytes.
+// The training step on the device: after the first step, later steps take no new device memory, and
+// the MoE layer never waits for the device. The CUDA backend allocates from a stream-ordered pool
+// that keeps freed blocks (its release threshold is unlimited), so the first step sizes the pool
+// and every later step is served from it: the pool's equivalent of a step arena (issue 11).
+// Measured as the pool's reserved bytes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,15 +12,19 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "backend/backend.h"
 #include "model/init.h"
 #include "model/model.h"
+#include "numerics/fp8.h"
+#include "ops/cast/cast.h"
+#include "ops/grouped_gemm/grouped_gemm.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
 namespace octet {
 namespace {
 
-TEST(StepMemoryGpu, LaterStepsReserveNoNewDeviceMemory) {
+TEST(StepGpu, LaterStepsReserveNoNewDeviceMemory) {
   OCTET_REQUIRE_GPU();
 #if OCTET_WITH_CUDA
   ModelConfig c = test::tiny_model_config();
@@ -63,6 +68,39 @@ TEST(StepMemoryGpu, LaterStepsReserveNoNewDeviceMemory) {
     EXPECT_EQ(after_last, after_first) << recipe << ": steps 2-5 reserved new device memory";
   }
 #endif
+}
+
+// The MoE layer of DeepSeek-V3's recipe on CUDA: its forward and backward never wait for the device
+// (no device-to-host copy, no synchronisation), since the grouped GEMMs read the row counts on the
+// device. The first pass builds plans and graphs; the second is counted.
+TEST(StepGpu, MoeLayerNeverWaitsForTheDevice) {
+  OCTET_REQUIRE_GPU();
+  if (!grouped_fp8_blockwise_counts_on_device(make_context(Device::kCuda)))
+    GTEST_SKIP() << "this build runs the grouped GEMMs per expert (no CUTLASS)";
+  ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;
+  c.moe_intermediate_size = 64;
+  Context gpu = make_context(Device::kCuda);
+  Model m(gpu, c, {recipe_preset("deepseek"), DType::kBF16});
+  m.load(gpu, init_parameters(c, 5));
+  m.prepare(gpu);
+  const int64_t B = 2, T = 96, moe = c.first_k_dense_replace;
+  const Tensor x =
+      cast(gpu, test::random_tensor({B * T, c.hidden_size}, DType::kF32, 9).to(gpu, Device::kCuda),
+           DType::kBF16);
+  DecoderLayer::Saved s;
+  for (int pass = 0; pass < 2; ++pass) {
+    gpu.synchronize();
+    const int64_t before = gpu.be().host_waits();
+    const Tensor y = m.layer(moe).forward(gpu, m.precision(), m.rope(), x, B, T, s);
+    const Tensor dx = m.layer(moe).backward(gpu, m.precision(), m.rope(), y, s);
+    const int64_t waits = gpu.be().host_waits() - before;
+    if (pass == 1)
+      EXPECT_EQ(waits, 0) << "the MoE layer waited for the device " << waits << " times";
+    const Tensor h = dx.to_host(gpu);
+    for (int64_t i = 0; i < h.numel(); i += 37)
+      ASSERT_TRUE(std::isfinite(bf16_to_float(h.data_as<const uint16_t>()[i])));
+  }
 }
 
 }  // namespace
