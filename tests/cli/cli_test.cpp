@@ -391,5 +391,26 @@ TEST_F(CliTest, QuantReportDemoShowsFineGrainedScalingWins) {
   EXPECT_GT(snr("1x128 e4m3"), snr("128x128 e4m3")) << r.out;
 }
 
+// A command never writes its output over its own input (issue 13): `quantize x x`, `dequantize x x`
+// and `gemm x x` are refused, also through another spelling of the path or a symbolic link, and the
+// input stays byte for byte as it was.
+TEST_F(CliTest, OutputOverInputIsRefusedAndTheInputKept) {
+  const io::NamedTensors input = round_trip_input();
+  io::write_safetensors(path("in.safetensors"), input, {{"origin", "test"}});
+  std::filesystem::create_symlink(path("in.safetensors"), path("link.safetensors"));
+  const std::string before = test::slurp(path("in.safetensors"));
+  const std::string dotted = (dir_ / "." / "in.safetensors").string();
+  for (const std::string& out : {path("in.safetensors"), dotted, path("link.safetensors")}) {
+    for (const std::string& cmd :
+         {std::string("quantize"), std::string("dequantize"), std::string("gemm")}) {
+      const std::string extra = cmd == "gemm" ? " --recipe bf16" : "";
+      const RunResult r = run(cmd + " " + path("in.safetensors") + " " + out + extra);
+      EXPECT_EQ(r.code, 1) << cmd << " " << out << "\n" << r.err;
+      EXPECT_NE(r.err.find("is the input file"), std::string::npos) << cmd << ": " << r.err;
+      EXPECT_EQ(test::slurp(path("in.safetensors")), before) << cmd << " changed its input";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace octet

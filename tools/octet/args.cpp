@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <filesystem>
 
 #include "cli.h"
 #include "core/check.h"
@@ -74,6 +75,13 @@ void Args::expect_positional(size_t min, size_t max, const std::string& usage) c
   OCTET_CHECK(positional_.size() >= min && positional_.size() <= max, "expected ",
               min == max ? std::to_string(min) : std::to_string(min) + " to " + std::to_string(max),
               " arguments, got ", positional_.size(), "; usage: ", usage);
+}
+
+void refuse_output_over_input(const std::string& in, const std::string& out) {
+  std::error_code ec;
+  const bool same = std::filesystem::equivalent(in, out, ec);
+  OCTET_CHECK(ec || !same, "output ", out, " is the input file ", in,
+              "; writing it would destroy the input: choose another output path");
 }
 
 }  // namespace octet::cli

@@ -36,6 +36,10 @@ class Args {
   std::set<std::string> switches_;
 };
 
+// Throws when `out` names the same file as `in` (through any path, link or hard link): a command
+// that writes OUT must never replace its own input, which it is still reading.
+void refuse_output_over_input(const std::string& in, const std::string& out);
+
 struct Command {
   std::string name;
   std::string summary;  // one line, for `octet --help`

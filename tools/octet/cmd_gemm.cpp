@@ -97,6 +97,7 @@ int run_gemm(const std::vector<std::string>& argv) {
       args.choice("out-dtype", {"bf16", "f32"}, "bf16") == "f32" ? DType::kF32 : DType::kBF16;
   const Device device =
       args.choice("device", {"cpu", "cuda"}, "cpu") == "cuda" ? Device::kCuda : Device::kCpu;
+  refuse_output_over_input(args.positional()[0], args.positional()[1]);
   const io::SafetensorsFile in = io::read_safetensors(args.positional()[0]);
   Context ctx = make_context(device);
   const Tensor d = run(ctx, in, recipe, out_dtype);

@@ -147,6 +147,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   Context ctx = make_context(parse_device(args));
   const std::string& in_path = args.positional()[0];
   const std::string& out_path = args.positional()[1];
+  refuse_output_over_input(in_path, out_path);
 
   const io::SafetensorsFile in = io::read_safetensors(in_path);
   std::map<std::string, DType> dtypes;
@@ -239,6 +240,7 @@ int run_dequantize(const std::vector<std::string>& argv) {
       args.choice("dtype", {"f32", "bf16"}, "f32") == "f32" ? DType::kF32 : DType::kBF16;
   Context ctx = make_context(parse_device(args));
   const std::string& out_path = args.positional()[1];
+  refuse_output_over_input(args.positional()[0], out_path);
   const io::SafetensorsFile in = io::read_safetensors(args.positional()[0]);
 
   std::map<std::string, const Tensor*> index;
