@@ -86,6 +86,12 @@ TEST_F(EvalCli, BadInputsAreOneClearError) {
   EXPECT_NE(r.err.find("bad.bin"), std::string::npos) << r.err;
   r = run("eval " + p("nope") + " --text " + p("text.txt") + " --device cpu");
   EXPECT_NE(r.code, 0);
+  // A negative batch limit scored nothing and printed "loss: -nan" with exit 0 (issue 13).
+  std::ofstream(p("some.txt")) << std::string(4000, 'a');
+  r = run("eval " + p("ckpt") + " --text " + p("some.txt") + " --device cpu --max-batches -1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--max-batches"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ int run_eval(const std::vector<std::string>& argv) {
   OCTET_CHECK(T >= 1 && T <= c.max_position_embeddings, "--seq-len must be in [1, ",
               c.max_position_embeddings, "] (max_position_embeddings), got ", T);
   OCTET_CHECK(B >= 1, "--batch must be >= 1, got ", B);
+  OCTET_CHECK(max_batches >= 0, "--max-batches must be >= 0 (0: all the data), got ", max_batches);
   const std::vector<int32_t> tokens = read_tokens(args, c.vocab_size);
   const int64_t windows = (static_cast<int64_t>(tokens.size()) - 1) / T;
   OCTET_CHECK(windows >= 1, "octet eval: the data has ", tokens.size(),
