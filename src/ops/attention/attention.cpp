@@ -65,6 +65,14 @@ void check_operand(Context& ctx, const Tensor& t, const char* name, DType dtype,
                 " must be 16-byte aligned on CUDA (cuDNN reads its rows in 16-byte chunks)");
 }
 
+// The softmax scale a call runs with: the given one, or 1/sqrt(Dqk) for 0.
+float resolve_scale(float scale, int64_t dqk) {
+  OCTET_CHECK(scale == 0.0f || (std::isfinite(scale) && scale > 0.0f),
+              "attention: softmax_scale must be 0 (default 1/sqrt(Dqk)) or finite and > 0, got ",
+              scale);
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk)));
+}
+
 // Shapes and dtypes of q, k, v (shared by forward and backward).
 AttentionShape validate_qkv(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                             float scale) {
@@ -89,10 +97,7 @@ AttentionShape validate_qkv(Context& ctx, const Tensor& q, const Tensor& k, cons
   OCTET_CHECK(s.seq <= (int64_t{1} << 21) && s.batch * s.heads <= INT32_MAX,
               "attention: T = ", s.seq, " (at most 2^21) or B * H = ", s.batch * s.heads,
               " out of range");
-  OCTET_CHECK(scale == 0.0f || (std::isfinite(scale) && scale > 0.0f),
-              "attention: softmax_scale must be 0 (default 1/sqrt(Dqk)) or finite and > 0, got ",
-              scale);
-  s.scale = scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.dqk)));
+  s.scale = resolve_scale(scale, s.dqk);
   return s;
 }
 
@@ -136,10 +141,12 @@ AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq,
   check_head_dim(dqk, "q", "Dqk");
   check_head_dim(dv, "v", "Dv");
   OCTET_CHECK(batch >= 0 && seq >= 0 && heads >= 0, "attention: negative shape");
-  OCTET_CHECK(softmax_scale == 0.0f || (std::isfinite(softmax_scale) && softmax_scale > 0.0f),
-              "attention: softmax_scale must be 0 or finite and > 0, got ", softmax_scale);
-  AttentionShape s{batch, seq, heads, static_cast<int>(dqk), static_cast<int>(dv), softmax_scale};
-  if (s.scale == 0.0f) s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dqk)));
+  const AttentionShape s{batch,
+                         seq,
+                         heads,
+                         static_cast<int>(dqk),
+                         static_cast<int>(dv),
+                         resolve_scale(softmax_scale, dqk)};
   AttentionWorkspace ws;
   if (batch * seq * heads == 0) return ws;
   dispatch(

@@ -13,15 +13,20 @@
 namespace octet {
 namespace {
 
-// The one device-to-host read of a call: the row counts, then their prefix sums.
-GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, const char* what,
-                        const std::vector<int64_t>* host_sizes) {
+// The row counts' tensor itself: what both the host-read and the device-read paths need.
+void check_group_sizes(const Context& ctx, const Tensor& sizes) {
   check_dtype(sizes, "grouped gemm group_sizes", {DType::kI32, DType::kI64});
   check_device(sizes, "grouped gemm group_sizes", ctx.device);
   OCTET_CHECK(sizes.rank() == 1 && sizes.numel() >= 1,
               "grouped gemm group_sizes: expected shape [E] with E >= 1, "
               "got ",
               shape_str(sizes.shape()));
+}
+
+// The one device-to-host read of a call: the row counts, then their prefix sums.
+GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, const char* what,
+                        const std::vector<int64_t>* host_sizes) {
+  check_group_sizes(ctx, sizes);
   OCTET_CHECK(host_sizes == nullptr || static_cast<int64_t>(host_sizes->size()) == sizes.numel(),
               "grouped gemm host_sizes: ", host_sizes ? host_sizes->size() : 0, " counts for ",
               sizes.numel(), " experts");
@@ -123,10 +128,7 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   // DeepSeek-V3's pairing on Hopper: one CUTLASS launch that reads the row counts on the device.
   if (ctx.device == Device::kCuda && args.a.rows() > 0 && args.a.cols() > 0 &&
       cuda::grouped_gemm_fp8_sm90_supports(args)) {
-    check_dtype(args.group_sizes, "grouped gemm group_sizes", {DType::kI32, DType::kI64});
-    check_device(args.group_sizes, "grouped gemm group_sizes", ctx.device);
-    OCTET_CHECK(args.group_sizes.rank() == 1, "grouped gemm group_sizes: expected shape [E], got ",
-                shape_str(args.group_sizes.shape()));
+    check_group_sizes(ctx, args.group_sizes);
     cuda::grouped_gemm_fp8_sm90(ctx, args);
     return;
   }
@@ -166,8 +168,7 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   // DeepSeek-V3's Wgrad pairing on Hopper: one CUTLASS launch that reads the counts on the device.
   // The counts' 128-token alignment is checked here when the caller has them on the host.
   if (ctx.device == Device::kCuda && cuda::grouped_wgrad_fp8_sm90_supports(args)) {
-    check_dtype(args.group_sizes, "grouped wgrad group_sizes", {DType::kI32, DType::kI64});
-    check_device(args.group_sizes, "grouped wgrad group_sizes", ctx.device);
+    check_group_sizes(ctx, args.group_sizes);
     if (args.host_sizes != nullptr)
       check_wgrad_offsets(read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A",
                                       args.host_sizes));
