@@ -43,6 +43,10 @@ class Backend {
   // (CUDA), or the process's peak resident set (CPU, which cannot be reset).
   virtual int64_t peak_bytes() const { return 0; }
   virtual void reset_peak() {}
+  // Memory a new allocation could still get: the GPU's free memory (CUDA), or the kernel's estimate
+  // of what the host can give without swapping, MemAvailable (CPU). -1 when unknown. Checked
+  // against a run's estimate before its first large allocation.
+  virtual int64_t available_bytes() const { return -1; }
   // Times the host has waited for the device: synchronize(), and copies that complete before
   // returning (to or from host memory). Counted on CUDA, 0 on the CPU; tests use it to prove that a
   // piece of the step never waits.

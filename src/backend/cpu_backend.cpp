@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -40,6 +42,15 @@ class CpuBackend final : public Backend {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);
     return static_cast<int64_t>(u.ru_maxrss) * 1024;  // kilobytes on Linux
+  }
+  int64_t available_bytes() const override {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit)
+      if (key == "MemAvailable:") return kb * 1024;
+    return -1;
   }
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
     OCTET_CHECK(kind == CopyKind::kHostToHost, "the cpu backend copies host memory only");

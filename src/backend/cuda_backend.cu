@@ -81,6 +81,14 @@ class CudaBackend final : public Backend {
     return p;
   }
   void free(void* ptr) override { cudaFreeAsync(ptr, stream_); }
+  int64_t available_bytes() const override {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return static_cast<int64_t>(free_b);
+  }
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
     const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
                              : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost

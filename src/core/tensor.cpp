@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -23,16 +24,22 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    OCTET_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "shape ", shape_str(s),
+                d < 0 ? ": negative dimension" : ": more elements than a 64-bit count holds");
   return n;
 }
 
-static void check_shape(const Shape& shape) {
-  for (int64_t d : shape) OCTET_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+// Shapes whose byte size a 64-bit count holds (with room for the 64-byte rounding of allocations).
+static void check_shape(const Shape& shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  int64_t bytes = 0;
+  OCTET_CHECK(!__builtin_mul_overflow(n, dtype_size(dtype), &bytes) && bytes <= INT64_MAX - 64,
+              "shape ", shape_str(shape), ": its size in bytes overflows a 64-bit count");
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  check_shape(shape);
+  check_shape(shape, dtype);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -48,7 +55,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
 
 Tensor Tensor::empty(Context& ctx, const Shape& shape, DType dtype) {
   if (ctx.device == Device::kCpu) return empty(shape, dtype);
-  check_shape(shape);
+  check_shape(shape, dtype);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -64,7 +71,7 @@ Tensor Tensor::empty(Context& ctx, const Shape& shape, DType dtype) {
 
 Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device,
                     std::shared_ptr<void> owner) {
-  check_shape(shape);
+  check_shape(shape, dtype);
   Tensor t;
   t.owner_ = std::move(owner);
   t.data_ = data;

@@ -258,21 +258,27 @@ void fsync_path(const fs::path& p) {
   ::close(fd);
 }
 
-// Files of an existing checkpoint directory that the new checkpoint replaces; everything else
-// (tokenizer, generation config, README, ...) is carried over.
-bool is_checkpoint_file(const std::string& name) {
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return name == kConfigName || name == kIndexName || ends_with(".safetensors") ||
-         name.find(".tmp.") != std::string::npos;
+// Files of an existing checkpoint directory `dir` that the new checkpoint replaces: its config,
+// its index and the weight files the index names, model.safetensors, and stale staging files.
+// Everything else (tokenizer, generation config, README, other .safetensors files, ...) is carried
+// over, except a file with the name of one the new checkpoint writes, which the new one replaces.
+std::set<std::string> old_checkpoint_files(const fs::path& dir) {
+  std::set<std::string> files = {kConfigName, kIndexName, kSingleName};
+  std::ifstream in(dir / kIndexName);
+  const Json index = in ? Json::parse(in, nullptr, false) : Json();
+  if (index.is_object() && index.contains("weight_map") && index["weight_map"].is_object())
+    for (const auto& [name, file] : index["weight_map"].items())
+      if (file.is_string()) files.insert(file.get<std::string>());
+  return files;
 }
 
 void carry_over(const fs::path& from, const fs::path& to) {
+  const std::set<std::string> replaced = old_checkpoint_files(from);
   for (const auto& e : fs::directory_iterator(from)) {
     const std::string name = e.path().filename().string();
-    if (is_checkpoint_file(name)) continue;
+    if (replaced.count(name) || name.find(".tmp.") != std::string::npos ||
+        fs::exists(fs::symlink_status(to / name)))
+      continue;
     std::error_code ec;
     if (e.is_regular_file() && !e.is_symlink()) fs::create_hard_link(e.path(), to / name, ec);
     if (ec || !e.is_regular_file() || e.is_symlink())

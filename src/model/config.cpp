@@ -87,6 +87,58 @@ void read_rope(Reader& r, ModelConfig& c, const std::string& source) {
 
 }  // namespace
 
+namespace {
+
+// Every count and byte size derived from a config is computed in int64_t. Each size field is
+// bounded so that a kernel's 32-bit row or column index holds it, and the parameter count (summed
+// here in long double, over-approximating describe.h's count_parameters) so that no product of
+// sizes can overflow: a config of absurd sizes is one clear error, never a wrapped count.
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+constexpr long double kMaxParameters = 1e15L;  // 1000x DeepSeek-V3's 671B
+
+void check_sizes(const ModelConfig& c) {
+  const std::pair<const char*, int64_t> dims[] = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"moe_intermediate_size", c.moe_intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"q_lora_rank", c.q_lora_rank.value_or(0)},
+      {"kv_lora_rank", c.kv_lora_rank},
+      {"qk_nope_head_dim", c.qk_nope_head_dim},
+      {"qk_rope_head_dim", c.qk_rope_head_dim},
+      {"v_head_dim", c.v_head_dim},
+      {"n_routed_experts", c.n_routed_experts},
+      {"n_shared_experts", c.n_shared_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"n_group", c.n_group},
+      {"num_nextn_predict_layers", c.num_nextn_predict_layers},
+  };
+  for (const auto& [name, v] : dims)
+    OCTET_CHECK(v <= kMaxDim, "config: ", name, " must be <= ", kMaxDim, ", got ", v);
+  using L = long double;
+  const L d = static_cast<L>(c.hidden_size), h = static_cast<L>(c.num_attention_heads);
+  const L blocks = static_cast<L>(c.num_hidden_layers + c.num_nextn_predict_layers);
+  const L q = static_cast<L>(c.q_lora_rank.value_or(0)) + d;
+  const L head = static_cast<L>(c.qk_head_dim() + c.v_head_dim);
+  const L attention = (d + h * head) * (q + static_cast<L>(c.kv_lora_rank + c.qk_rope_head_dim)) +
+                      h * static_cast<L>(c.v_head_dim) * d;
+  const L mlp = 3 * d *
+                    (static_cast<L>(c.intermediate_size) +
+                     static_cast<L>(c.moe_intermediate_size) *
+                         static_cast<L>(c.n_routed_experts + c.n_shared_experts)) +
+                (d + 1) * static_cast<L>(c.n_routed_experts);
+  const L total = 2 * static_cast<L>(c.vocab_size) * d + blocks * (attention + mlp + 2 * d) +
+                  static_cast<L>(c.num_nextn_predict_layers) * (2 * d * d + 3 * d) + d;
+  OCTET_CHECK(total <= kMaxParameters, "config: the model would have about ",
+              static_cast<double>(total), " parameters, more than octet handles (",
+              static_cast<double>(kMaxParameters), "); check the size fields");
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   auto positive = [](const char* name, int64_t v) {
     OCTET_CHECK(v > 0, "config: ", name, " must be > 0, got ", v);
@@ -103,6 +155,7 @@ void ModelConfig::validate() const {
   positive("v_head_dim", v_head_dim);
   positive("max_position_embeddings", max_position_embeddings);
   if (q_lora_rank) positive("q_lora_rank", *q_lora_rank);
+  check_sizes(*this);
   OCTET_CHECK(qk_rope_head_dim % 2 == 0,
               "config: qk_rope_head_dim must be even (RoPE rotates pairs), got ", qk_rope_head_dim);
   OCTET_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,

@@ -357,8 +357,11 @@ PreparedText prepare_text_shards(const PrepareTextArgs& args) {
 
 namespace {
 
-bool has_glob_chars(const std::string& s) {
-  return s.find_first_of("*?[") != std::string::npos;
+// A path with glob characters is a pattern unless a file or directory of exactly that name
+// exists ("notes [v2].txt" is a file name, not a character class).
+bool is_glob_pattern(const std::string& s) {
+  std::error_code ec;
+  return s.find_first_of("*?[") != std::string::npos && !fs::exists(s, ec);
 }
 bool is_bin(const std::string& path) {
   return fs::path(path).extension() == ".bin";
@@ -380,12 +383,12 @@ std::vector<std::string> files_in(const std::string& dir, const std::string& ext
 }
 
 std::vector<std::string> val_shards(const std::string& val_path) {
-  if (!has_glob_chars(val_path) && fs::is_directory(val_path)) {
+  if (!is_glob_pattern(val_path) && fs::is_directory(val_path)) {
     std::vector<std::string> v = files_in(val_path, ".bin", "val");
     OCTET_CHECK(!v.empty(), val_path, ": no *val*.bin shards in the validation directory");
     return v;
   }
-  if (has_glob_chars(val_path)) return expand_glob(val_path);
+  if (is_glob_pattern(val_path)) return expand_glob(val_path);
   OCTET_CHECK(fs::is_regular_file(val_path), val_path, ": validation shard not found");
   return {val_path};
 }
@@ -449,7 +452,7 @@ ShardSet resolve_data_source(const DataSourceArgs& args) {
   OCTET_CHECK(args.val_fraction >= 0 && args.val_fraction < 1,
               "data: val_fraction must be in [0, 1), got ", args.val_fraction);
   if (args.path.empty()) return prepare_cached(default_corpus(), args);
-  const bool glob = has_glob_chars(args.path);
+  const bool glob = is_glob_pattern(args.path);
   OCTET_CHECK(glob || fs::exists(args.path), args.path, ": data path not found");
 
   std::vector<std::string> files;

@@ -111,6 +111,7 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = number(*m.val_loss);
   if (m.shadow_bf16_loss) j["shadow_bf16_loss"] = number(*m.shadow_bf16_loss);
   if (m.shadow_gap) j["shadow_gap"] = number(*m.shadow_gap);
+  if (!m.config_changes.empty()) j["config_changes"] = m.config_changes;
   if (!m.sites.empty()) {
     ojson sites = ojson::object();
     for (const auto& [name, s] : m.sites) {
@@ -161,6 +162,14 @@ StepMetrics parse_metrics_line(const std::string& line, const std::string& where
   m.val_loss = read_optional(j, "val_loss", where);
   m.shadow_bf16_loss = read_optional(j, "shadow_bf16_loss", where);
   m.shadow_gap = read_optional(j, "shadow_gap", where);
+  if (j.contains("config_changes")) {
+    const json& a = j["config_changes"];
+    OCTET_CHECK(a.is_array(), where, ": field 'config_changes': expected an array of strings");
+    for (const json& c : a) {
+      OCTET_CHECK(c.is_string(), where, ": field 'config_changes': expected an array of strings");
+      m.config_changes.push_back(c.get<std::string>());
+    }
+  }
   if (j.contains("sites")) {
     OCTET_CHECK(j["sites"].is_object(), where, ": field 'sites': expected an object, got ",
                 j["sites"].dump());

@@ -14,7 +14,9 @@
 //   skipped (bool), skip_reason (string, only when skipped), mtp_loss (array, one per MTP depth,
 //   only with MTP), router_imbalance (max / mean expert load, only with MoE), val_loss (only on
 //   eval steps), shadow_bf16_loss and shadow_gap (only on shadow-BF16 steps),
-//   sites ({"<site>": {"amax", "saturated_share", "underflow_share"}}, only when collected).
+//   sites ({"<site>": {"amax", "saturated_share", "underflow_share"}}, only when collected),
+//   config_changes (["key: before -> after", ...], on the first step after a resume that changed
+//   the config).
 #pragma once
 
 #include <cstdint>
@@ -37,18 +39,19 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken after this one
   double loss = 0;   // main next-token loss of the step (mean over its tokens)
   double lr = 0;
-  double grad_norm = 0;                    // global L2 norm before clipping
-  double tokens_per_s = 0;                 // training tokens of the step / its wall time
-  double step_ms = 0;                      // wall time of the step
-  int64_t peak_mem_bytes = 0;              // device memory high-water mark so far
-  std::vector<double> mtp_loss;            // one per MTP depth; empty without MTP
-  std::optional<double> router_imbalance;  // max / mean tokens per expert, over MoE layers
-  bool skipped = false;                    // the optimizer update was not applied
-  std::string skip_reason;                 // why, when skipped (e.g. "non-finite grad norm")
-  std::optional<double> val_loss;          // only on eval steps
-  std::optional<double> shadow_bf16_loss;  // loss of the BF16 shadow forward, when run
-  std::optional<double> shadow_gap;        // (loss - shadow_bf16_loss) / shadow_bf16_loss
-  std::map<std::string, SiteStats> sites;  // per quantization site; empty when not collected
+  double grad_norm = 0;                     // global L2 norm before clipping
+  double tokens_per_s = 0;                  // training tokens of the step / its wall time
+  double step_ms = 0;                       // wall time of the step
+  int64_t peak_mem_bytes = 0;               // device memory high-water mark so far
+  std::vector<double> mtp_loss;             // one per MTP depth; empty without MTP
+  std::optional<double> router_imbalance;   // max / mean tokens per expert, over MoE layers
+  bool skipped = false;                     // the optimizer update was not applied
+  std::string skip_reason;                  // why, when skipped (e.g. "non-finite grad norm")
+  std::optional<double> val_loss;           // only on eval steps
+  std::optional<double> shadow_bf16_loss;   // loss of the BF16 shadow forward, when run
+  std::optional<double> shadow_gap;         // (loss - shadow_bf16_loss) / shadow_bf16_loss
+  std::map<std::string, SiteStats> sites;   // per quantization site; empty when not collected
+  std::vector<std::string> config_changes;  // "key: before -> after", first step after a resume
 };
 
 // One record as its metrics.jsonl line (no trailing newline).

@@ -265,6 +265,9 @@ std::vector<Key> make_keys() {
                           {"rollback", SpikeAction::kRollback}}));
   k.push_back(field("safety.shadow_bf16", "N: every Nth batch also in bf16; 0: off",
                     at(&C::safety, &SafetyConfig::shadow_bf16)));
+  k.push_back(field("safety.max_skipped_in_a_row",
+                    "stop as diverged after N skips in a row; 0: never",
+                    at(&C::safety, &SafetyConfig::max_skipped_in_a_row)));
 
   // Read before the other model keys (parse_train_config), and never written: to_toml writes the
   // model inline.
@@ -600,6 +603,23 @@ std::vector<std::string> train_config_keys() {
   return out;
 }
 
+std::vector<ConfigChange> config_changes(const TrainConfig& before, const TrainConfig& after) {
+  std::vector<ConfigChange> out;
+  for (const Key& k : keys()) {
+    if (!k.emitted) continue;
+    const std::string a = format_value(k.get(before)), b = format_value(k.get(after));
+    if (a != b) out.push_back({k.name, a, b});
+  }
+  return out;
+}
+
+bool resume_may_change(const std::string& key) {
+  static const std::set<std::string> safe = {"steps",      "checkpoint_every", "keep_checkpoints",
+                                             "log_every",  "sites_every",      "device",
+                                             "eval.every", "eval.batches"};
+  return safe.count(key) > 0 || section_of(key) == "safety";
+}
+
 LrSchedule TrainConfig::lr_schedule() const {
   LrSchedule s;
   s.kind = optim.schedule;
@@ -656,6 +676,16 @@ void TrainConfig::validate() const {
   at_least("grad_accum", grad_accum, 1);
   at_least("log_every", log_every, 1);
   at_least("sites_every", sites_every, 0);
+  // Token counts are int64 (and a micro-batch's rows a 32-bit GEMM dimension): no product wraps.
+  int64_t micro_tokens = 0, step_tokens = 0;
+  OCTET_CHECK(!__builtin_mul_overflow(batch_size, seq_len, &micro_tokens) &&
+                  micro_tokens <= (int64_t{1} << 31) - 1,
+              "batch_size * seq_len (", batch_size, " * ", seq_len,
+              ") must be <= 2147483647 tokens per micro-batch");
+  OCTET_CHECK(!__builtin_mul_overflow(micro_tokens, grad_accum, &step_tokens) &&
+                  step_tokens <= (int64_t{1} << 53),
+              "batch_size * seq_len * grad_accum must be <= 2^53 tokens per step, got ",
+              micro_tokens, " * ", grad_accum);
   OCTET_CHECK(seq_len <= model.max_position_embeddings, "seq_len (", seq_len,
               ") must be <= model.max_position_embeddings (", model.max_position_embeddings, ")");
   resolved_recipe();
@@ -691,6 +721,7 @@ void TrainConfig::validate() const {
   OCTET_CHECK(std::isfinite(safety.spike_threshold) && safety.spike_threshold > 0,
               "safety.spike_threshold must be > 0, got ", safety.spike_threshold);
   at_least("safety.shadow_bf16", safety.shadow_bf16, 0);
+  at_least("safety.max_skipped_in_a_row", safety.max_skipped_in_a_row, 0);
 
   try {
     model.validate();

@@ -75,6 +75,9 @@ struct SafetyConfig {
   double spike_threshold = 6.0;
   SpikeAction spike_action = SpikeAction::kLog;
   int64_t shadow_bf16 = 0;  // N > 0: every Nth batch is also run in the bf16 recipe, for comparison
+  // After this many skipped updates in a row the run stops as diverged (a non-zero exit) instead
+  // of spending its budget on steps that change nothing. 0: never.
+  int64_t max_skipped_in_a_row = 20;
 
   bool operator==(const SafetyConfig&) const = default;
 };
@@ -136,5 +139,17 @@ std::string default_train_config_toml();
 
 // Every dotted key parse_train_config and apply_set accept, in to_toml's order.
 std::vector<std::string> train_config_keys();
+
+// A key whose value differs between two configs, with both values as TOML text.
+struct ConfigChange {
+  std::string key, before, after;
+};
+// The keys (in to_toml's order) on which `after` differs from `before`.
+std::vector<ConfigChange> config_changes(const TrainConfig& before, const TrainConfig& after);
+
+// Whether a resumed run may change `key` without asking: how long it runs, how often it checks,
+// logs and saves, the safety nets and the device; never what a step computes (model, recipe,
+// data, batch, optimizer, seed) nor where the run lives.
+bool resume_may_change(const std::string& key);
 
 }  // namespace octet::train

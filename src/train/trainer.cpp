@@ -8,15 +8,18 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
 #include "backend/backend.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "model/describe.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "train/data.h"
@@ -37,14 +40,6 @@ std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
-}
-
-void check_writable_dir(const std::string& dir, const char* what) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  OCTET_CHECK(!ec && fs::is_directory(dir), what, " ", dir, ": cannot create the directory (",
-              ec.message(), ")");
-  OCTET_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, what, " ", dir, ": not writable");
 }
 
 Device pick_device(DeviceChoice d) {
@@ -82,6 +77,7 @@ struct Run {
   int64_t step = 0;  // optimizer steps done
   int64_t tokens_seen = 0;
   std::string ckpt_root;
+  std::string last_checkpoint;  // written by this process
 
   Run(const TrainConfig& c, std::ostream& o, Device device)
       : cfg(c), out(o), ctx(make_context(device)) {}
@@ -127,15 +123,21 @@ struct Run {
     fs::remove_all(final_dir, ec);
     fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
     io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(step) + "\n");
+    last_checkpoint = final_dir;
     prune_checkpoints();
   }
 
+  // The run directory is this run's alone (run_dir.h), so every step_N here is. Checkpoints
+  // after the current step are left alone: they are of a stretch this run abandoned by resuming
+  // from an earlier checkpoint, and are the user's to delete.
   void prune_checkpoints() {
     if (cfg.keep_checkpoints <= 0) return;
     std::vector<std::string> steps;
+    const std::string newest = step_dir_name(step);
     for (const auto& e : fs::directory_iterator(ckpt_root)) {
       const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos)
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos &&
+          n <= newest)
         steps.push_back(n);
     }
     std::sort(steps.begin(), steps.end());
@@ -229,38 +231,158 @@ std::string resolve_resume_dir(const std::string& path) {
   return dir.string();
 }
 
-RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
-  // Everything that can be wrong is checked before the first step.
-  cfg.validate();
-  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.recipe,
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
-              "deepseek");
-  check_writable_dir(cfg.run_dir, "run_dir");
-  const std::string resume = opt.resume_from.empty() ? "" : resolve_resume_dir(opt.resume_from);
-  DataSourceArgs da;
-  da.path = cfg.data.shards.empty() ? cfg.data.text : cfg.data.shards;
-  da.cache_dir = opt.cache_dir;
-  da.val_fraction = cfg.data.val_fraction;
-  const ShardSet shards = resolve_data_source(da);
-  const Device device = pick_device(cfg.device);
+ResumeTarget resolve_resume(const std::string& path) {
+  ResumeTarget t;
+  t.checkpoint = resolve_resume_dir(path);
+  t.run_dir = run_dir_of_checkpoint(t.checkpoint);
+  const fs::path saved = fs::path(t.run_dir) / "config.toml";
+  std::error_code ec;
+  OCTET_CHECK(!t.run_dir.empty() && fs::is_regular_file(saved, ec), "--resume ", path, ": ",
+              t.checkpoint,
+              " is not inside a run directory with a config.toml (RUN/checkpoints/step_N); a "
+              "resume continues a run where it lives");
+  std::ifstream f(saved);
+  OCTET_CHECK(f.good(), saved.string(), ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  t.config = parse_train_config(text, saved.string());
+  return t;
+}
 
+namespace {
+
+int64_t checkpoint_step(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / kTrainerStateFile);
+  const nlohmann::json st = nlohmann::json::parse(f, nullptr, false);
+  OCTET_CHECK(st.is_object() && st.contains("step") && st["step"].is_number_integer(), dir, "/",
+              kTrainerStateFile, ": no integer \"step\"");
+  return st["step"].get<int64_t>();
+}
+
+// The resume rules of RunOptions, checked before anything is written: the same run directory, no
+// change to what a step computes unless asked for, steps left to run. Returns every change (to
+// record in metrics.jsonl).
+std::vector<ConfigChange> check_resume(const TrainConfig& cfg, const RunOptions& opt,
+                                       const ResumeTarget& t) {
+  std::error_code ec;
+  OCTET_CHECK(fs::equivalent(cfg.run_dir, t.run_dir, ec), "--resume ", opt.resume_from,
+              ": the run lives in ", t.run_dir, " and continues there, but run_dir is ",
+              cfg.run_dir, "; leave run_dir as the run's config.toml has it");
+  std::vector<ConfigChange> changes = config_changes(t.config, cfg);
+  std::string refused;
+  for (const ConfigChange& c : changes)
+    if (!resume_may_change(c.key) && c.key != "run_dir")
+      refused += (refused.empty() ? "" : ", ") + c.key + " (" + c.before + " -> " + c.after + ")";
+  OCTET_CHECK(refused.empty() || opt.allow_config_change, "--resume ", opt.resume_from,
+              ": this would change what the run computes: ", refused,
+              "; a resume keeps the run's config.toml except steps, checkpointing, logging, "
+              "evaluation, safety and device. Pass --allow-config-change to change it anyway "
+              "(recorded in metrics.jsonl)");
+  const int64_t done = checkpoint_step(t.checkpoint);
+  OCTET_CHECK(done < cfg.steps, "--resume ", opt.resume_from, ": the run already finished (",
+              t.checkpoint, " is at step ", done, " of steps = ", cfg.steps,
+              "); to train longer, pass --set steps=N with N > ", done);
+  return changes;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// Before the first large allocation: the run's estimated memory (describe.h's estimate) against
+// what the device can still give.
+void check_memory(const TrainConfig& cfg, Backend& be, Device device) {
+  ModelConfig mc = cfg.model;
+  mc.recipe = cfg.recipe;
+  const MemoryEstimate m = estimate_memory(mc, cfg.resolved_recipe(), cfg.batch_size * cfg.seq_len);
+  const double need = m.weight_bytes + m.activation_bytes;
+  const int64_t have = be.available_bytes();
+  OCTET_CHECK(have < 0 || need <= static_cast<double>(have), "the run needs about ", gib(need),
+              " of ", device == Device::kCpu ? "host" : "GPU",
+              " memory (parameters, gradients "
+              "and optimizer state ",
+              gib(m.weight_bytes), ", activations of a micro-batch of ", cfg.batch_size, " x ",
+              cfg.seq_len, " tokens ", gib(m.activation_bytes), ") but ",
+              gib(static_cast<double>(have)),
+              " is available; reduce batch_size or seq_len (and "
+              "raise grad_accum), or the model");
+}
+
+void write_config(const TrainConfig& cfg, std::ostream& out) {
   const std::string resolved = to_toml(cfg);
   out << "# resolved configuration (saved as " << cfg.run_dir << "/config.toml)\n"
       << resolved << "\n";
   io::write_text_file_atomic(cfg.run_dir + "/config.toml", resolved);
+}
 
+bool stop_requested(const RunOptions& opt) {
+  return opt.stop && opt.stop->load() != 0;
+}
+
+}  // namespace
+
+RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
+  // Everything that can be wrong is checked before anything is written.
+  cfg.validate();
+  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.recipe,
+              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
+              "deepseek");
+  std::optional<ResumeTarget> target;
+  std::vector<ConfigChange> changes;
+  if (!opt.resume_from.empty()) {
+    target = resolve_resume(opt.resume_from);
+    changes = check_resume(cfg, opt, *target);
+  }
+  DataSourceArgs da;
+  da.path = cfg.data.shards.empty() ? cfg.data.text : cfg.data.shards;
+  da.cache_dir = opt.cache_dir;
+  da.val_fraction = cfg.data.val_fraction;
+  // A new run into a directory holding one is refused before any work (and again under the lock).
+  if (!target && opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir))
+    start_new_run(cfg.run_dir, opt.start);
+  const ShardSet shards = resolve_data_source(da);
+  const Device device = pick_device(cfg.device);
   Run run(cfg, out, device);
+  check_memory(cfg, run.ctx.be(), device);
+
+  // The run directory: locked, then claimed (a new run) or found as it was (a resume).
+  const RunDirLock lock = lock_run_dir(cfg.run_dir);
+  if (target) {
+    OCTET_CHECK(holds_run(cfg.run_dir), "--resume ", opt.resume_from, ": ", cfg.run_dir,
+                " no longer holds the run");
+    // Re-checked under the lock: another process may have moved the run on since.
+    check_resume(cfg, opt, *target);
+  } else if (opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir)) {
+    start_new_run(cfg.run_dir, opt.start);  // throws naming the run
+  }
   run.ckpt_root = cfg.run_dir + "/checkpoints";
-  check_writable_dir(run.ckpt_root, "checkpoint directory");
+  if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
+    out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
+        << run.ckpt_root << "\n";
   run.build(shards);
   std::unique_ptr<MetricsWriter> metrics;
-  if (resume.empty()) {
+  if (!target) {
     run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
+    // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
+    std::string removed;
+    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (!removed.empty()) out << removed << "\n";
+  } else {
+    run.load_checkpoint(target->checkpoint, true);  // a failure here has written nothing
+    ensure_run_record(cfg.run_dir);
+  }
+  std::error_code ec;
+  fs::create_directories(run.ckpt_root, ec);
+  OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
+  write_config(cfg, out);
+  if (!target) {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
   } else {
-    run.load_checkpoint(resume, true);
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
-    out << "resumed from " << resume << " at step " << run.step << "\n";
+    out << "resumed from " << target->checkpoint << " at step " << run.step << "\n";
+    for (const ConfigChange& c : changes)
+      out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
   }
   out << "device: " << device_name(device) << ", recipe: " << cfg.recipe << ", parameters: " <<
       [&] {
@@ -280,9 +402,13 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum);
   RunResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
-  int64_t rollbacks_in_a_row = 0;
+  int64_t rollbacks_in_a_row = 0, skipped_in_a_row = 0, steps_run = 0;
+  std::vector<std::string> pending_changes;  // recorded with the first step after the resume
+  pending_changes.reserve(changes.size());
+  for (const ConfigChange& c : changes)
+    pending_changes.push_back(c.key + ": " + c.before + " -> " + c.after);
 
-  while (run.step < cfg.steps) {
+  while (run.step < cfg.steps && !stop_requested(opt)) {
     const auto t0 = std::chrono::steady_clock::now();
     run.ctx.be().reset_peak();
     const double lr = lr_at(sched, run.step);
@@ -389,15 +515,46 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       sm.val_loss = run.validate_loss();
       result.final_val_loss = *sm.val_loss;
     }
+    sm.config_changes = std::move(pending_changes);
+    pending_changes.clear();
     metrics->write(sm);
     progress.update(sm);
+    ++steps_run;
     if (sm.skipped) ++result.skipped_steps;
+    skipped_in_a_row = sm.skipped ? skipped_in_a_row + 1 : 0;
     result.final_loss = loss;
-    if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) || run.step == cfg.steps)
+    if (cfg.safety.max_skipped_in_a_row > 0 &&
+        skipped_in_a_row >= cfg.safety.max_skipped_in_a_row) {
+      result.end = RunEnd::kDiverged;
+      result.end_reason =
+          std::to_string(skipped_in_a_row) + " updates in a row were skipped (the " +
+          "last for: " + sm.skip_reason +
+          "; safety.max_skipped_in_a_row = " + std::to_string(cfg.safety.max_skipped_in_a_row) +
+          ")";
+      break;
+    }
+    if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) ||
+        run.step == cfg.steps || stop_requested(opt))
       run.save_checkpoint();
   }
   progress.finish();
   result.steps_done = run.step;
+  result.last_checkpoint = run.last_checkpoint;
+  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && stop_requested(opt)) {
+    result.end = RunEnd::kInterrupted;
+    result.stop_signal = opt.stop->load();
+    result.end_reason = "stopped by signal " + std::to_string(result.stop_signal) + " at step " +
+                        std::to_string(run.step) + " of " + std::to_string(cfg.steps);
+  } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
+             result.skipped_steps == steps_run) {
+    result.end = RunEnd::kAllSkipped;
+    result.end_reason = "every one of the " + std::to_string(steps_run) +
+                        " steps was skipped; the weights never changed";
+  } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
+             !std::isfinite(result.final_loss)) {
+    result.end = RunEnd::kDiverged;
+    result.end_reason = "the last step's loss is not finite";
+  }
   return result;
 }
 

@@ -18,32 +18,68 @@
 // A resumed run (resume_from) continues bit-identically: the same batches, the same losses.
 #pragma once
 
+#include <atomic>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "train/progress.h"
+#include "train/run_dir.h"
 #include "train/train_config.h"
 
 namespace octet::train {
 
 struct RunOptions {
-  std::string resume_from;  // a run directory (its latest checkpoint) or a checkpoint directory
+  // A run directory (its latest checkpoint) or a checkpoint directory of one. The run continues
+  // in that run's directory (config.run_dir must name it) from that checkpoint; `config` may differ
+  // from the run's saved config.toml only in keys resume_may_change allows, unless
+  // allow_config_change (the changes are then recorded in metrics.jsonl).
+  std::string resume_from;
+  bool allow_config_change = false;
+  // A new run into a run_dir that already holds a run (run_dir.h).
+  RunStart start = RunStart::kRefuseExisting;
   ProgressStyle style = ProgressStyle::kLines;
   std::string cache_dir = ".cache/octet";  // prepared text shards
+  // Set (to a signal number) by a signal handler: the run finishes the step it is in, writes a
+  // checkpoint and returns RunEnd::kInterrupted.
+  const std::atomic<int>* stop = nullptr;
+};
+
+enum class RunEnd : uint8_t {
+  kCompleted,    // every step up to config.steps
+  kInterrupted,  // stopped by RunOptions::stop, after a checkpoint of the last step
+  kDiverged,     // safety.max_skipped_in_a_row skips in a row, or a non-finite last loss
+  kAllSkipped,   // every step this process ran was skipped
 };
 
 struct RunResult {
-  int64_t steps_done = 0;
+  int64_t steps_done = 0;  // the run's step count at the end (a resumed run counts from 0)
   double final_loss = 0;
   double final_val_loss = 0;  // NaN when never evaluated
   int64_t skipped_steps = 0;
+  RunEnd end = RunEnd::kCompleted;
+  std::string end_reason;       // why, for every end but kCompleted
+  int stop_signal = 0;          // kInterrupted: the signal number
+  std::string last_checkpoint;  // the newest checkpoint written, "" when none
 };
 
-// Validates everything it can before any work (config, data, run directory, device), then trains.
+// Validates everything it can before any work (config, resume rules, data, memory, run
+// directory, device), then trains. Nothing on disk changes before the run directory is locked
+// and, for a resume, the checkpoint has loaded.
 RunResult run_training(const TrainConfig& config, const RunOptions& options, std::ostream& out);
 
 // The checkpoint directory a --resume argument names: a checkpoint itself, or a run directory's
 // latest. Throws naming the path when there is none.
 std::string resolve_resume_dir(const std::string& path);
+
+// What a --resume argument continues: the checkpoint, the run directory holding it and that
+// run's saved configuration (its config.toml). Throws when the checkpoint is not inside a run
+// directory with a config.toml.
+struct ResumeTarget {
+  std::string checkpoint;
+  std::string run_dir;
+  TrainConfig config;
+};
+ResumeTarget resolve_resume(const std::string& path);
 
 }  // namespace octet::train

@@ -176,9 +176,9 @@ TEST_F(CliTest, QuantizeDequantizeRoundTrip) {
   for (const Case& c : cases) {
     const std::string fmt = c.format == Fp8Format::kE4M3 ? "e4m3" : "e5m2";
     SCOPED_TRACE(c.granularity_flag + " " + fmt + (c.pow2 ? " pow2" : ""));
-    const RunResult q =
-        run("quantize " + path("in.safetensors") + " " + path("q.safetensors") + " --format " +
-            fmt + " --granularity " + c.granularity_flag + (c.pow2 ? " --pow2-scales" : ""));
+    const RunResult q = run("quantize " + path("in.safetensors") + " " + path("q.safetensors") +
+                            " --format " + fmt + " --granularity " + c.granularity_flag +
+                            (c.pow2 ? " --pow2-scales" : "") + " --force");
     ASSERT_EQ(q.code, 0) << q.err;
     EXPECT_NE(q.out.find("quantized 4 tensors"), std::string::npos) << q.out;
     const io::SafetensorsFile qf = io::read_safetensors(path("q.safetensors"));
@@ -193,7 +193,8 @@ TEST_F(CliTest, QuantizeDequantizeRoundTrip) {
         check_quantized(qf, name, x, c, false);
     }
 
-    const RunResult d = run("dequantize " + path("q.safetensors") + " " + path("d.safetensors"));
+    const RunResult d =
+        run("dequantize --force " + path("q.safetensors") + " " + path("d.safetensors"));
     ASSERT_EQ(d.code, 0) << d.err;
     const io::SafetensorsFile df = io::read_safetensors(path("d.safetensors"));
     EXPECT_EQ(df.tensors.size(), input.size());
@@ -215,9 +216,9 @@ TEST_F(CliTest, ColumnwiseCopiesAreWrittenAndDropped) {
                         Case{"tensor", Granularity::kTensor, Fp8Format::kE4M3, false},
                         Case{"128x128", Granularity::k128x128, Fp8Format::kE4M3, false}}) {
     SCOPED_TRACE(c.granularity_flag);
-    const RunResult q =
-        run("quantize --columnwise --granularity=" + c.granularity_flag +
-            (c.pow2 ? " --pow2-scales " : " ") + path("in.safetensors") + " " + path("q"));
+    const RunResult q = run("quantize --columnwise --granularity=" + c.granularity_flag +
+                            (c.pow2 ? " --pow2-scales " : " ") + path("in.safetensors") + " " +
+                            path("q") + " --force");
     ASSERT_EQ(q.code, 0) << q.err;
     const io::SafetensorsFile qf = io::read_safetensors(path("q"));
     EXPECT_EQ(qf.tensors.size(), 4u * 4 + 1);
@@ -225,7 +226,7 @@ TEST_F(CliTest, ColumnwiseCopiesAreWrittenAndDropped) {
       if (name != "ids") check_quantized(qf, name, x, c, true);
     EXPECT_EQ(qf.at("empty_columnwise").shape(), (Shape{5, 0}));
 
-    const RunResult d = run("dequantize --dtype bf16 " + path("q") + " " + path("d"));
+    const RunResult d = run("dequantize --force --dtype bf16 " + path("q") + " " + path("d"));
     ASSERT_EQ(d.code, 0) << d.err;
     EXPECT_NE(d.out.find("dropped 4 column-wise copies"), std::string::npos) << d.out;
     const io::SafetensorsFile df = io::read_safetensors(path("d"));
@@ -305,9 +306,13 @@ TEST_F(CliTest, ErrorsAreOneLineAndLeaveNoOutput) {
   expect_failure("quantize", path("collide") + " " + out,
                  "two output tensors would be named 'x_scale_inv'", out);
 
-  // A failing command leaves an existing OUT untouched.
+  // An existing OUT is replaced only with --force, and a failing command leaves it untouched.
   std::ofstream(out) << "precious";
-  expect_failure("quantize", path("garbage") + " " + out, "not a safetensors file");
+  for (const std::string cmd : {"quantize", "dequantize"}) {
+    expect_failure(cmd, in + " " + out, "already exists; pass --force");
+    EXPECT_EQ(slurp(out), "precious");
+  }
+  expect_failure("quantize", path("garbage") + " " + out + " --force", "not a safetensors file");
   EXPECT_EQ(slurp(out), "precious");
 }
 

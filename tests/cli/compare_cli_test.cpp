@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -170,7 +171,8 @@ TEST_F(CompareCliTest, MissingOrEmptyRunsAreOneClearError) {
 TEST_F(CompareCliTest, HelpNamesTheFlags) {
   const RunResult r = run("--help");
   EXPECT_EQ(r.code, 0);
-  EXPECT_NE(r.out.find("usage: octet compare RUN_DIR... [--out FILE.png]"), std::string::npos)
+  EXPECT_NE(r.out.find("usage: octet compare RUN_DIR... [--out FILE.png [--force]]"),
+            std::string::npos)
       << r.out;
 }
 
@@ -196,10 +198,21 @@ TEST_F(CompareCliTest, OutWritesAPng) {
   const std::string bytes = slurp(png);
   ASSERT_GT(bytes.size(), 10000u);
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  // The script's output comes back through a pipe, not a file in the temporary directory (where a
+  // planted link could redirect it): a TMPDIR that does not exist changes nothing.
+  ::setenv("TMPDIR", path("no_such_tmp").c_str(), 1);
+  const RunResult no_tmp = run(path("bf16") + " --out " + path("cmp2.png"));
+  ::unsetenv("TMPDIR");
+  EXPECT_EQ(no_tmp.code, 0) << no_tmp.err;
+  EXPECT_FALSE(fs::exists(path("no_such_tmp")));
   // A failure inside the script is still one error line, with the script's reason.
   fs::create_directories(dir_ / "a_dir.png");
-  expect_failure(path("bf16") + " --out " + path("a_dir.png"), "plotting failed (");
-  expect_failure(path("bf16") + " --out " + path("a_dir.png"), "Is a directory");
+  expect_failure(path("bf16") + " --out " + path("a_dir.png"), "already exists; pass --force");
+  expect_failure(path("bf16") + " --out " + path("a_dir.png") + " --force", "plotting failed (");
+  expect_failure(path("bf16") + " --out " + path("a_dir.png") + " --force", "Is a directory");
+  // The plot never replaces a run's own files.
+  expect_failure(path("bf16") + " --out " + path("bf16/metrics.jsonl") + " --force",
+                 "writing it would destroy the input");
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
 }

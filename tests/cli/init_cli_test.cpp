@@ -181,6 +181,8 @@ TEST_F(InitCli, ErrorsAreOneLineAndLeaveOutDirUntouched) {
   // An existing checkpoint is kept, unless --force; other files in OUT_DIR survive either way.
   ASSERT_EQ(run(cfg + " " + out + " --seed 1").code, 0);
   std::ofstream(path("out/README.md")) << "notes";
+  // A .safetensors file that is not part of the checkpoint (its help says it is kept).
+  std::ofstream(path("out/adapter.safetensors")) << "not ours";
   const std::string before = slurp(path("out/model.safetensors"));
   expect_failure(cfg + " " + out + " --seed 2", "already holds a checkpoint (config.json)");
   expect_failure(path("bad.json") + " " + out + " --force", "multiple of n_group");
@@ -188,6 +190,26 @@ TEST_F(InitCli, ErrorsAreOneLineAndLeaveOutDirUntouched) {
   const RunResult r = run(cfg + " " + out + "/ --seed 2 --force");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(path("out/README.md")), "notes");
+  EXPECT_EQ(slurp(path("out/adapter.safetensors")), "not ours");
+  // A sharded checkpoint over it: the old model.safetensors goes (it was the checkpoint), the
+  // stranger stays.
+  ASSERT_EQ(run(cfg + " " + out + " --seed 2 --force --shard-bytes 20000").code, 0);
+  EXPECT_FALSE(fs::exists(path("out/model.safetensors")));
+  EXPECT_TRUE(fs::exists(path("out/model.safetensors.index.json")));
+  EXPECT_EQ(slurp(path("out/adapter.safetensors")), "not ours");
+  // Sizes that do not fit are one clear error, and nothing is written.
+  nlohmann::json huge = model_config_to_json(tiny_config());
+  huge["vocab_size"] = int64_t{1} << 62;
+  std::ofstream(path("huge.json")) << huge.dump();
+  expect_failure(path("huge.json") + " " + path("huge"), "vocab_size must be <= 2147483647");
+  EXPECT_FALSE(fs::exists(path("huge")));
+  huge = model_config_to_json(tiny_config());
+  huge["n_routed_experts"] = int64_t{1} << 30;
+  huge["n_group"] = 1;
+  huge["topk_group"] = 1;
+  std::ofstream(path("huge.json")) << huge.dump();
+  expect_failure(path("huge.json") + " " + path("huge"), "GiB of host memory");
+  EXPECT_FALSE(fs::exists(path("huge")));
   expect_equal_params(init_parameters(tiny_config(), 2), io::read_checkpoint(out).tensors);
 }
 

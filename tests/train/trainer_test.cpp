@@ -127,6 +127,7 @@ TEST(Trainer, NonFiniteLossSkipsTheStepAndGoesOn) {
   const RunResult r = run_training(c, quiet(dir + "/cache"), log);
   EXPECT_EQ(r.steps_done, 6);
   EXPECT_GT(r.skipped_steps, 0);
+  EXPECT_EQ(r.end, RunEnd::kDiverged) << "the last loss is not finite";
   bool logged = false;
   for (const StepMetrics& m : read_metrics(dir + "/run/metrics.jsonl"))
     if (m.skipped) logged = !m.skip_reason.empty();

@@ -84,4 +84,11 @@ void refuse_output_over_input(const std::string& in, const std::string& out) {
               "; writing it would destroy the input: choose another output path");
 }
 
+void refuse_existing_output(const std::string& out, bool force) {
+  std::error_code ec;
+  OCTET_CHECK(force || !std::filesystem::exists(std::filesystem::symlink_status(out, ec)),
+              "output ", out,
+              " already exists; pass --force to replace it, or choose another path");
+}
+
 }  // namespace octet::cli

@@ -40,6 +40,10 @@ class Args {
 // that writes OUT must never replace its own input, which it is still reading.
 void refuse_output_over_input(const std::string& in, const std::string& out);
 
+// Throws when `out` exists and `force` is not set: a command replaces an existing output only when
+// asked to (--force).
+void refuse_existing_output(const std::string& out, bool force);
+
 struct Command {
   std::string name;
   std::string summary;  // one line, for `octet --help`

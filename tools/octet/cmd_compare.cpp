@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -135,8 +136,8 @@ fs::path find_plot_script() {
               "/.. (it ships with the source tree)");
 }
 
-std::string last_line_of(const fs::path& p) {
-  std::ifstream in(p);
+std::string last_line_of(const std::string& text) {
+  std::istringstream in(text);
   std::string line, last;
   while (std::getline(in, line))
     if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
@@ -144,8 +145,8 @@ std::string last_line_of(const fs::path& p) {
 }
 
 // Runs the plot script with the project's venv python (scripts/setup.sh puts matplotlib there),
-// else python3 from PATH. Its output is kept in a log file and only its last line is reported, so
-// that a failure still reads as the one error line the CLI promises.
+// else python3 from PATH. Only the last line of its output is reported, so that a failure still
+// reads as the one error line the CLI promises.
 void plot(const fs::path& script, const std::vector<std::string>& run_dirs,
           const std::string& out) {
   std::error_code ec;
@@ -158,22 +159,32 @@ void plot(const fs::path& script, const std::vector<std::string>& run_dirs,
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 
-  const fs::path log =
-      fs::temp_directory_path() / ("octet_plot_compare." + std::to_string(::getpid()) + ".log");
+  // The child's output comes back through a pipe: no log file, so nothing in a shared temporary
+  // directory that a planted link could redirect.
+  int fds[2];
+  OCTET_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "cannot create a pipe: ", std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   pid_t pid = 0;
   const int err = posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (err != 0) ::close(fds[0]);
   OCTET_CHECK(err == 0, "cannot run ", python, ": ", std::strerror(err));
+  std::string output;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n > 0) output.append(buf, static_cast<size_t>(n));
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+  }
+  ::close(fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  const std::string last = last_line_of(log);
-  fs::remove(log, ec);
+  const std::string last = last_line_of(output);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   OCTET_CHECK(ok, "plotting failed (", python, " ", script.filename().string(),
               WIFEXITED(status) ? ", exit status " + std::to_string(WEXITSTATUS(status))
@@ -185,7 +196,7 @@ void plot(const fs::path& script, const std::vector<std::string>& run_dirs,
 }
 
 int run_compare(const std::vector<std::string>& argv) {
-  const Args args(argv, {"out"}, {});
+  const Args args(argv, {"out"}, {"force"});
   args.expect_positional(1, 64, "octet compare RUN_DIR... [--out FILE.png] (see --help)");
   const std::optional<std::string> out = args.get("out");
   fs::path script;
@@ -195,6 +206,11 @@ int run_compare(const std::vector<std::string>& argv) {
     std::error_code ec;
     OCTET_CHECK(fs::is_directory(parent, ec), *out, ": directory ", parent.string(),
                 " does not exist");
+    for (const std::string& dir : args.positional()) {
+      refuse_output_over_input((fs::path(dir) / "metrics.jsonl").string(), *out);
+      refuse_output_over_input((fs::path(dir) / "config.toml").string(), *out);
+    }
+    refuse_existing_output(*out, args.has("force"));
     script = find_plot_script();
   }
   std::vector<Run> runs;
@@ -208,7 +224,7 @@ int run_compare(const std::vector<std::string>& argv) {
 
 Command compare_command() {
   return {"compare", "compare training runs: final losses, relative error, speed, memory, plots",
-          "usage: octet compare RUN_DIR... [--out FILE.png]\n\n"
+          "usage: octet compare RUN_DIR... [--out FILE.png [--force]]\n\n"
           "Reads RUN_DIR/metrics.jsonl of each run (and the recipe from RUN_DIR/config.toml when\n"
           "present) and prints one row per run: the last step, skipped steps, the final train\n"
           "loss (mean over the last 10% of the steps), the last validation loss, the relative\n"
@@ -218,7 +234,8 @@ Command compare_command() {
           "flags:\n"
           "  --out FILE.png  also draw loss curves, relative loss error against the first run\n"
           "                  (with DeepSeek-V3's 0.25% bound) and tokens/s over the steps, with\n"
-          "                  scripts/plot_compare.py (matplotlib: run scripts/setup.sh once)",
+          "                  scripts/plot_compare.py (matplotlib: run scripts/setup.sh once)\n"
+          "  --force         replace FILE.png when it exists (default: refuse)",
           run_compare};
 }
 

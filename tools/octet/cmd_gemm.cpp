@@ -26,7 +26,8 @@ const char* kUsage =
     "`a_scale_inv` and `b_scale_inv` in the layout of `octet quantize` (the recipe names their\n"
     "granularity). FP8 accumulation is promoted into FP32 every 128 elements of K.\n"
     "  --out-dtype  bf16 (default) or f32\n"
-    "  --device     cpu (default; the reference) or cuda (cuBLASLt: K a multiple of 16)";
+    "  --device     cpu (default; the reference) or cuda (cuBLASLt: K a multiple of 16)\n"
+    "  --force      replace an existing OUT (default: refuse; OUT is never IN)";
 
 Tensor to_bf16(const Tensor& t, const char* name) {
   if (t.dtype() == DType::kBF16) return t;
@@ -89,7 +90,7 @@ Tensor run(Context& ctx, const io::SafetensorsFile& in, const std::string& recip
 }
 
 int run_gemm(const std::vector<std::string>& argv) {
-  const Args args(argv, {"recipe", "out-dtype", "device"}, {});
+  const Args args(argv, {"recipe", "out-dtype", "device"}, {"force"});
   args.expect_positional(2, 2, "octet gemm IN OUT --recipe bf16|tensor|row|blockwise");
   OCTET_CHECK(args.has("recipe"), "missing --recipe bf16|tensor|row|blockwise");
   const std::string recipe = args.choice("recipe", {"bf16", "tensor", "row", "blockwise"}, "");
@@ -98,6 +99,7 @@ int run_gemm(const std::vector<std::string>& argv) {
   const Device device =
       args.choice("device", {"cpu", "cuda"}, "cpu") == "cuda" ? Device::kCuda : Device::kCpu;
   refuse_output_over_input(args.positional()[0], args.positional()[1]);
+  refuse_existing_output(args.positional()[1], args.has("force"));
   const io::SafetensorsFile in = io::read_safetensors(args.positional()[0]);
   Context ctx = make_context(device);
   const Tensor d = run(ctx, in, recipe, out_dtype);

@@ -15,9 +15,11 @@
 #include <filesystem>
 #include <system_error>
 
+#include "backend/backend.h"
 #include "cli.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/describe.h"
 #include "model/init.h"
 
 namespace octet::cli {
@@ -69,6 +71,17 @@ void check_out_dir(const fs::path& out, bool force) {
               p.string(), " is not writable");
 }
 
+// The parameters are made in F32 on the host (and converted once more for bf16 / fp8): refused
+// before any allocation when they cannot fit.
+void check_host_memory(const ModelConfig& config) {
+  const double need = 4.0 * static_cast<double>(count_parameters(config).total) * 1.5;
+  const int64_t have = make_cpu_backend()->available_bytes();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  OCTET_CHECK(have < 0 || need <= static_cast<double>(have), "initialising this model needs about ",
+              need / gib, " GiB of host memory (F32 parameters and a converted copy) but ",
+              static_cast<double>(have) / gib, " GiB is available");
+}
+
 int run_init(const std::vector<std::string>& argv) {
   const Args args(argv, {"seed", "format", "shard-bytes"}, {"force"});
   args.expect_positional(2, 2, "octet init CONFIG_JSON OUT_DIR [flags] (see --help)");
@@ -85,6 +98,7 @@ int run_init(const std::vector<std::string>& argv) {
   const ModelConfig config = read_model_config(args.positional()[0]);
   const fs::path out = normalized(args.positional()[1]);
   check_out_dir(out, args.has("force"));
+  check_host_memory(config);
 
   // F32 values in every format: kBf16 and kFp8 round them once, as init_parameters(.., kBF16)
   // would.

@@ -134,7 +134,8 @@ void check_unique_names(const io::NamedTensors& tensors, const std::string& in_p
 }
 
 int run_quantize(const std::vector<std::string>& argv) {
-  const Args args(argv, {"format", "granularity", "device"}, {"pow2-scales", "columnwise"});
+  const Args args(argv, {"format", "granularity", "device"},
+                  {"pow2-scales", "columnwise", "force"});
   args.expect_positional(2, 2, "octet quantize IN OUT [flags] (see --help)");
   QuantizeOptions opt;
   const std::string format = args.choice("format", {"e4m3", "e5m2"}, "e4m3");
@@ -148,6 +149,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   const std::string& in_path = args.positional()[0];
   const std::string& out_path = args.positional()[1];
   refuse_output_over_input(in_path, out_path);
+  refuse_existing_output(out_path, args.has("force"));
 
   const io::SafetensorsFile in = io::read_safetensors(in_path);
   std::map<std::string, DType> dtypes;
@@ -234,13 +236,14 @@ Tensor dequantize_one(Context& ctx, const io::SafetensorsFile& in, const std::st
 }
 
 int run_dequantize(const std::vector<std::string>& argv) {
-  const Args args(argv, {"dtype", "device"}, {});
+  const Args args(argv, {"dtype", "device"}, {"force"});
   args.expect_positional(2, 2, "octet dequantize IN OUT [--dtype f32|bf16] [--device cpu|cuda]");
   const DType out_dtype =
       args.choice("dtype", {"f32", "bf16"}, "f32") == "f32" ? DType::kF32 : DType::kBF16;
   Context ctx = make_context(parse_device(args));
   const std::string& out_path = args.positional()[1];
   refuse_output_over_input(args.positional()[0], out_path);
+  refuse_existing_output(out_path, args.has("force"));
   const io::SafetensorsFile in = io::read_safetensors(args.positional()[0]);
 
   std::map<std::string, const Tensor*> index;
@@ -303,7 +306,8 @@ Command quantize_command() {
       "in\n"
       "__metadata__ (octet.format, octet.granularity, octet.granularity.<name>, ...) for "
       "dequantize.\n"
-      "OUT is written atomically: on error nothing is written and an existing OUT is kept.\n\n"
+      "OUT is written atomically: on error nothing is written and an existing OUT is kept.\n"
+      "An existing OUT is replaced only with --force; OUT is never IN.\n\n"
       "flags:\n"
       "  --format e4m3|e5m2      FP8 format (default e4m3)\n"
       "  --granularity G         tensor|row|1x128|128x1|128x128 (default 1x128)\n"
@@ -311,7 +315,8 @@ Command quantize_command() {
       "  --columnwise            also write <name>_columnwise, the transpose [cols, rows] "
       "quantized with\n"
       "                          the same granularity, and <name>_columnwise_scale_inv\n"
-      "  --device cpu|cuda       where to quantize (default cpu); results are bit-identical",
+      "  --device cpu|cuda       where to quantize (default cpu); results are bit-identical\n"
+      "  --force                 replace an existing OUT",
       run_quantize};
 }
 
@@ -326,10 +331,12 @@ Command dequantize_command() {
       "comes from the metadata written by `octet quantize`, or else from the scale's shape (files\n"
       "without metadata, such as DeepSeek-V3's released weights with 128x128 weight_scale_inv).\n"
       "Column-wise copies (<name>_columnwise) are dropped; every other tensor is copied through.\n"
-      "OUT is written atomically: on error nothing is written and an existing OUT is kept.\n\n"
+      "OUT is written atomically: on error nothing is written and an existing OUT is kept.\n"
+      "An existing OUT is replaced only with --force; OUT is never IN.\n\n"
       "flags:\n"
       "  --dtype f32|bf16        output dtype (default f32)\n"
-      "  --device cpu|cuda       where to dequantize (default cpu)",
+      "  --device cpu|cuda       where to dequantize (default cpu)\n"
+      "  --force                 replace an existing OUT",
       run_dequantize};
 }
 
