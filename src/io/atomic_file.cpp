@@ -1,18 +1,33 @@
 #include "io/atomic_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "core/check.h"
 
 namespace octet::io {
 
+// The temporary file is created new (O_EXCL): never an existing file, and never through a link
+// planted at its name. The name carries the pid and a random part, and is retried on a collision.
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
-  tmp_ = path_ + ".tmp." + std::to_string(::getpid());
-  file_ = std::fopen(tmp_.c_str(), "wb");
-  OCTET_CHECK(file_, path_, ": cannot create ", tmp_, ": ", std::strerror(errno));
+  std::random_device rd;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof suffix, ".%08x", static_cast<unsigned>(rd()));
+    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + suffix;
+    fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  OCTET_CHECK(fd >= 0, path_, ": cannot create ", tmp_, ": ", std::strerror(errno));
+  file_ = ::fdopen(fd, "wb");
+  if (!file_) ::close(fd);
+  OCTET_CHECK(file_, path_, ": cannot open ", tmp_, ": ", std::strerror(errno));
 }
 
 AtomicFile::~AtomicFile() {

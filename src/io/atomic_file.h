@@ -1,6 +1,7 @@
 // AtomicFile: every file octet writes appears whole or not at all.
 //
-// Data goes to `<path>.tmp.<pid>`; commit() flushes, fsyncs and renames it onto `path`. A writer
+// Data goes to a new file `<path>.tmp.<pid>.<random>` (created exclusively, so never through a
+// link); commit() flushes, fsyncs and renames it onto `path`. A writer
 // that throws (or is destroyed without commit) removes the temporary file, so a failure never
 // leaves a partial output and never damages an existing file of the same name.
 #pragma once

@@ -51,7 +51,8 @@ struct SafetensorsFile {
 SafetensorsFile read_safetensors(const std::string& path);
 
 // Writes host tensors (any of octet's dtypes, 0-d and empty included). Names must be unique,
-// non-empty and not "__metadata__". Atomic: writes `path.tmp.<pid>` and renames it onto `path`.
+// non-empty and not "__metadata__". Atomic: writes a new `path.tmp.<pid>.<random>` and renames it
+// onto `path`.
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
