@@ -129,6 +129,10 @@ std::vector<int64_t> token_counts(int64_t tokens, int64_t experts, bool skewed) 
   return m;
 }
 
+// One grouped shape, four GEMMs each against one dense GEMM of the same FLOPs: FP8 Fprop (1x128 x
+// 128x128 per expert, BF16 out), FP8 Wgrad (dY's column-wise 1x128 x X's 128x128 from the
+// scaling-aware transpose, F32 +=; dense: 1x128 x 1x128), BF16 Fprop (BF16 out) and BF16 Wgrad
+// from dY and X as the forward has them (F32 +=). Cells: grouped TFLOPS (grouped / dense).
 std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t experts, bool skewed,
                                      int64_t n, int64_t k) {
   Context& ctx = t.ctx;
@@ -136,29 +140,74 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
   Tensor sizes_h = Tensor::empty({experts}, DType::kI64);
   std::copy(sizes.begin(), sizes.end(), sizes_h.data_as<int64_t>());
   const Tensor sizes_d = sizes_h.to(ctx, ctx.device);
-  const QuantTensor qx = quant(ctx, random_host(tokens, k, 4, DType::kBF16).to(ctx, ctx.device),
-                               Granularity::k1x128, QuantizeOutput::kRowwise);
+  const Tensor x = random_host(tokens, k, 4, DType::kBF16).to(ctx, ctx.device);
+  const Tensor dy = random_host(tokens, n, 7, DType::kBF16).to(ctx, ctx.device);
+  const Tensor w = random_host(experts * n, k, 5, DType::kBF16).to(ctx, ctx.device);
+  const Tensor w1 = random_host(n, k, 6, DType::kBF16).to(ctx, ctx.device);
+  QuantizeArgs qa;
+  qa.input = x;
+  qa.granularity = Granularity::k1x128;
+  qa.rounding = ScaleRounding::kPow2;
+  qa.output = QuantizeOutput::kBoth;
+  QuantTensor qx = quantize(ctx, qa);
+  const QuantTensor qx_dense = quant(ctx, x, Granularity::k1x128, QuantizeOutput::kBoth);
+  const QuantTensor qdy = quant(ctx, dy, Granularity::k1x128, QuantizeOutput::kBoth);
   // Stacked weights: n % 128 == 0 here, so one 128x128 quantization of (E * n, k) has per-expert
   // blocks.
-  const QuantTensor qw =
-      quant(ctx, random_host(experts * n, k, 5, DType::kBF16).to(ctx, ctx.device),
-            Granularity::k128x128, QuantizeOutput::kRowwise);
-  const QuantTensor qw1 = quant(ctx, random_host(n, k, 6, DType::kBF16).to(ctx, ctx.device),
-                                Granularity::k128x128, QuantizeOutput::kRowwise);
+  const QuantTensor qw = quant(ctx, w, Granularity::k128x128, QuantizeOutput::kRowwise);
+  const QuantTensor qw1 = quant(ctx, w1, Granularity::k128x128, QuantizeOutput::kRowwise);
   Tensor y = Tensor::empty(ctx, {tokens, n}, DType::kBF16);
-  const double dense = t.tflops(tokens, n, k, [&] {
-    gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw1), y});
-  });
-  const double grouped = t.tflops(tokens, n, k, [&] {
-    grouped_gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw), sizes_d, y});
-  });
+  Tensor dw = Tensor::empty(ctx, {experts * n, k}, DType::kF32);
+  ctx.be().memset(dw.data(), 0, dw.nbytes());
+  Tensor dw1 = Tensor::empty(ctx, {n, k}, DType::kF32);
+  ctx.be().memset(dw1.data(), 0, dw1.nbytes());
+  const Tensor dw3 = dw.reshape({experts, n, k});
+
+  auto pair = [&](const std::function<void()>& dense, const std::function<void()>& grouped) {
+    const double d = t.tflops(tokens, n, k, dense), g = t.tflops(tokens, n, k, grouped);
+    return fmt(g, 0) + " (" + fmt(g / d, 2) + "x)";
+  };
+  const std::string fp8_fprop = pair(
+      [&] {
+        gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw1), y});
+      },
+      [&] {
+        grouped_gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw), sizes_d, y});
+      });
+  scaling_aware_transpose(ctx, qx);
+  const std::string fp8_wgrad = pair(
+      [&] {
+        gemm_fp8(ctx,
+                 {columnwise_operand(qdy), columnwise_operand(qx_dense), dw1, Accumulate::kAdd});
+      },
+      [&] {
+        grouped_wgrad_fp8(
+            ctx, {columnwise_operand(qdy), columnwise_operand(qx), sizes_d, dw3, Accumulate::kAdd});
+      });
+  const std::string bf16_fprop = pair(
+      [&] {
+        gemm_bf16(ctx, {x, w1, y});
+      },
+      [&] {
+        grouped_gemm_bf16(ctx, {x, w.reshape({experts, n, k}), sizes_d, y});
+      });
+  const std::string bf16_wgrad = pair(
+      [&] {
+        gemm_bf16(ctx,
+                  {dy, x, dw1, Accumulate::kAdd, OperandLayout::kMNMajor, OperandLayout::kMNMajor});
+      },
+      [&] {
+        grouped_wgrad_bf16(
+            ctx, {dy, x, sizes_d, dw3, Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+      });
   const auto [mn, mx] = std::minmax_element(sizes.begin(), sizes.end());
   return {std::to_string(experts) + (skewed ? " skewed" : " balanced"),
           std::to_string(tokens) + " x " + std::to_string(n) + " x " + std::to_string(k),
           std::to_string(*mn) + ".." + std::to_string(*mx),
-          fmt(dense, 0),
-          fmt(grouped, 0),
-          fmt(grouped / dense, 2) + "x"};
+          fp8_fprop,
+          fp8_wgrad,
+          bf16_fprop,
+          bf16_wgrad};
 }
 
 int run_gemm(const std::vector<std::string>& argv) {
@@ -191,9 +240,8 @@ int run_gemm(const std::vector<std::string>& argv) {
   }
   if (!args.has("no-grouped")) {
     std::printf(
-        "\ngrouped FP8 Fprop (1x128 x 128x128 per expert, BF16 out; on Hopper with CUTLASS one\n"
-        "launch reading the row counts on the device) vs one dense blockwise GEMM of the same "
-        "FLOPs:\n");
+        "\ngrouped GEMMs (on Hopper with CUTLASS one launch each, reading the row counts on the\n"
+        "device): TFLOPS (ratio to one dense GEMM of the same FLOPs and precision)\n");
     struct GroupedShape {
       int64_t tokens, experts;
       bool skewed;
@@ -212,8 +260,8 @@ int run_gemm(const std::vector<std::string>& argv) {
         const GroupedShape& g = grouped[i];
         rows.push_back(grouped_row(t, g.tokens, g.experts, g.skewed, g.n, g.k));
       }
-    print_table({"experts", "tokens x N x K", "tokens/expert", "dense TFLOPS", "grouped TFLOPS",
-                 "grouped/dense"},
+    print_table({"experts", "tokens x N x K", "tokens/expert", "FP8 Fprop",
+                 "FP8 Wgrad +=", "BF16 Fprop", "BF16 Wgrad +="},
                 rows);
   }
   return 0;

@@ -175,8 +175,8 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
     grouped_gemm_bf16(
         ctx, {dy, w_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});  // dX = dY W
-    grouped_wgrad_bf16(ctx, {transpose(ctx, dy), transpose(ctx, s.x), layout.sizes, grad3,
-                             Accumulate::kAdd, hs(layout)});  // dW += dY^T X
+    grouped_wgrad_bf16(ctx, {dy, s.x, layout.sizes, grad3, Accumulate::kAdd, hs(layout),
+                             OperandLayout::kMNMajor});  // dW += dY^T X
     return dx;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {

@@ -62,14 +62,18 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
       ctx, {s.route.topk_idx, E, fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
   s.layout.sizes = s.map.group_sizes;
   // DeepSeek-V3's dataflow (FP8 dispatch, blockwise expert GEMMs, SwiGLU quantized for the down
-  // projection, Wgrad operands from the scaling-aware transpose) runs its six grouped GEMMs with
-  // the row counts read on the device where the build allows: the layer then never synchronises.
-  // Other recipes read the counts to the host once per layer, shared by the six per-expert GEMM
-  // loops.
-  const bool device_counts = r.moe_dispatch == Storage::kFp8 &&
-                             r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Block &&
-                             r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block &&
-                             grouped_fp8_blockwise_counts_on_device(ctx);
+  // projection, Wgrad operands from the scaling-aware transpose) and the BF16 experts run their six
+  // grouped GEMMs with the row counts read on the device where the build allows: the layer then
+  // never synchronises. Other recipes (per-tensor FP8) read the counts to the host once per layer,
+  // shared by the six per-expert GEMM loops.
+  const bool fp8_block = r.moe_dispatch == Storage::kFp8 &&
+                         r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Block &&
+                         r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block &&
+                         grouped_fp8_blockwise_counts_on_device(ctx);
+  const bool bf16 = r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kBf16 &&
+                    r.at(GemmSite::kExpertDown).precision == GemmPrecision::kBf16 &&
+                    grouped_bf16_counts_on_device(ctx);
+  const bool device_counts = fp8_block || bf16;
   if (!device_counts) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/backend.h"
 #include "grouped_gemm_test_util.h"
 
 namespace octet::test {
@@ -129,6 +130,59 @@ TEST(GroupedGemmGpu, Bf16FpropMatchesCpu) {
   Tensor dg = dev(make_output(rows, n, DType::kF32, 0xFF));
   grouped_gemm_bf16(gpu(), {dev(a), dev(b), dev(group_sizes_tensor(sizes, DType::kI32)), dg});
   expect_close(dc, dg, 1e-5, "bf16 fprop");
+}
+
+// The BF16 experts as the MoE layer runs them on Hopper: BF16 D overwritten (a padded tail zeroed),
+// Wgrad from the forward's dY and X accumulated into F32, model shapes, empty and unaligned
+// experts; one grouped launch each with the counts read on the device (no host wait).
+TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
+  OCTET_REQUIRE_GPU();
+  std::vector<int64_t> sizes(32);
+  for (size_t e = 0; e < sizes.size(); ++e) sizes[e] = (e * 37) % 5 == 0 ? 0 : 3 + (e * 53) % 97;
+  const int64_t used = static_cast<int64_t>(total(sizes)), rows = used + 40, experts = 32;
+  for (const auto [n, k] : {std::pair<int64_t, int64_t>{1408, 1024}, {1024, 704}, {72, 200}}) {
+    const std::string shape = " N=" + std::to_string(n) + " K=" + std::to_string(k);
+    const Tensor a = random_tensor({rows, k}, DType::kBF16, 21),
+                 b = random_tensor({experts, n, k}, DType::kBF16, 22);
+    const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32);
+    Tensor dc = make_output(rows, n, DType::kBF16);
+    grouped_gemm_bf16(cpu(), {a, b, sizes_t, dc});
+    Tensor dg = dev(make_output(rows, n, DType::kBF16, 0xFF));
+    const Tensor ga = dev(a), gb = dev(b), gs = dev(sizes_t);
+    int64_t before = gpu().be().host_waits();
+    grouped_gemm_bf16(gpu(), {ga, gb, gs, dg});
+    EXPECT_EQ(gpu().be().host_waits(), before) << "the fprop read the counts on the host";
+    expect_close(dc, dg, 5e-3, "bf16 fprop, bf16 out" + shape);
+    const Tensor got = dg.to_host(gpu());
+    for (int64_t i = used * n; i < rows * n; ++i)
+      ASSERT_EQ(got.data_as<uint16_t>()[i], 0) << "padded tail not zeroed" << shape;
+
+    // Wgrad: dW_e += dY_e^T X_e with dY (rows, n) and X (rows, k) as the forward has them.
+    const Tensor dy = random_tensor({rows, n}, DType::kBF16, 23);
+    const Tensor init = random_tensor({experts * n, k}, DType::kF32, 24);
+    Tensor wc = init.to_host(cpu());
+    grouped_wgrad_bf16(cpu(), {dy, a, sizes_t, wc.reshape({experts, n, k}), Accumulate::kAdd,
+                               nullptr, OperandLayout::kMNMajor});
+    Tensor wg = dev(init);
+    const Tensor gdy = dev(dy);
+    before = gpu().be().host_waits();
+    grouped_wgrad_bf16(gpu(), {gdy, ga, gs, wg.reshape({experts, n, k}), Accumulate::kAdd, nullptr,
+                               OperandLayout::kMNMajor});
+    EXPECT_EQ(gpu().be().host_waits(), before) << "the wgrad read the counts on the host";
+    expect_close(wc, wg, 1e-5, "bf16 wgrad += from dY and X" + shape);
+    const Tensor w = wg.to_host(gpu());
+    for (int64_t e = 0; e < experts; ++e)
+      if (sizes[static_cast<size_t>(e)] == 0)
+        ASSERT_EQ(std::memcmp(w.data_as<float>() + e * n * k, init.data_as<float>() + e * n * k,
+                              static_cast<size_t>(n * k * 4)),
+                  0)
+            << "expert " << e << " has no tokens but its dW changed" << shape;
+    // Deterministic: the same bits again.
+    Tensor wg2 = dev(init);
+    grouped_wgrad_bf16(gpu(), {gdy, ga, gs, wg2.reshape({experts, n, k}), Accumulate::kAdd, nullptr,
+                               OperandLayout::kMNMajor});
+    EXPECT_TRUE(bitwise_equal(w, wg2.to_host(gpu()))) << "two runs differ" << shape;
+  }
 }
 
 // DeepSeek-V3's Wgrad pairing as the MoE layer makes it: dY's column-wise copy 1x128 along tokens,

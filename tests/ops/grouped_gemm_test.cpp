@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "grouped_gemm_test_util.h"
+#include "ops/cast/cast.h"
 
 namespace octet::test {
 namespace {
@@ -158,6 +159,29 @@ TEST(GroupedGemm, Bf16WgradEmptyExpertIsZero) {
   Tensor d0 = make_output(6, 8, DType::kF32);
   gemm_bf16(cpu_ctx(), {host_cols(a, 0, 5), host_cols(b, 0, 5), d0});
   EXPECT_TRUE(bitwise_equal(d0, host_rows(dw, 0, 6)));
+}
+
+// Wgrad from the forward's dY and X (kMNMajor) is the K-major Wgrad of their transposes, bitwise.
+TEST(GroupedGemm, Bf16WgradFromDyAndXIsTheTransposedCall) {
+  const std::vector<int64_t> sizes{5, 0, 9};
+  const Tensor dy = random_tensor({14, 6}, DType::kBF16, 3),
+               x = random_tensor({14, 8}, DType::kBF16, 4);
+  const Tensor init = random_tensor({3 * 6, 8}, DType::kF32, 5);
+  Tensor want = init.to_host(cpu_ctx()), got = init.to_host(cpu_ctx());
+  grouped_wgrad_bf16(cpu_ctx(), {transpose(cpu_ctx(), dy), transpose(cpu_ctx(), x),
+                                 group_sizes_tensor(sizes, DType::kI32), want.reshape({3, 6, 8})});
+  grouped_wgrad_bf16(cpu_ctx(),
+                     {dy, x, group_sizes_tensor(sizes, DType::kI32), got.reshape({3, 6, 8}),
+                      Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+  EXPECT_TRUE(bitwise_equal(want, got));
+  expect_error(
+      [&] {
+        grouped_wgrad_bf16(
+            cpu_ctx(),
+            {dy, host_rows(x, 0, 13), group_sizes_tensor(sizes, DType::kI32),
+             got.reshape({3, 6, 8}), Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+      },
+      "A has 14 tokens and B has 13");
 }
 
 TEST(GroupedGemmErrors, LayoutRules) {

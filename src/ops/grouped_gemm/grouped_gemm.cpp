@@ -4,6 +4,7 @@
 
 #include "backend/backend.h"
 #include "backend/dispatch.h"
+#include "ops/cast/cast.h"
 #include "ops/gemm/gemm_backends.h"
 #include "ops/grouped_gemm/grouped_gemm_backends.h"
 #if OCTET_WITH_CUTLASS
@@ -145,6 +146,13 @@ void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
               " and B has K = ", args.b.cols());
   const int64_t n = per_expert_rows(args.b.rows(), args.group_sizes.numel(), "B");
   check_gemm_output(args.d, args.a.rows(), n, args.accumulate, ctx.device);
+#if OCTET_WITH_CUTLASS
+  if (ctx.device == Device::kCuda && cuda::grouped_gemm_bf16_sm90_supports(args)) {
+    check_group_sizes(ctx, args.group_sizes);
+    cuda::grouped_gemm_bf16_sm90(ctx, args);
+    return;
+  }
+#endif
   const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A", args.host_sizes);
   OCTET_DISPATCH(ctx, grouped_gemm_bf16, ctx, args, l);
   zero_tail(ctx, args.d, l, args.accumulate);
@@ -197,19 +205,42 @@ bool grouped_fp8_blockwise_counts_on_device(const Context& ctx) {
   return OCTET_WITH_CUTLASS && ctx.device == Device::kCuda;
 }
 
+bool grouped_bf16_counts_on_device(const Context& ctx) {
+  return OCTET_WITH_CUTLASS && ctx.device == Device::kCuda;
+}
+
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args) {
   check_bf16(args.a, "grouped wgrad A", ctx.device);
   check_bf16(args.b, "grouped wgrad B", ctx.device);
-  OCTET_CHECK(args.a.cols() == args.b.cols(), "grouped wgrad: A has ", args.a.cols(),
-              " tokens and B has ", args.b.cols());
-  const int64_t experts = args.group_sizes.numel(), n = args.a.rows(), k = args.b.rows();
+  const bool mn = args.layout == OperandLayout::kMNMajor;
+  const int64_t tokens_a = mn ? args.a.rows() : args.a.cols(),
+                tokens_b = mn ? args.b.rows() : args.b.cols();
+  OCTET_CHECK(tokens_a == tokens_b, "grouped wgrad: A has ", tokens_a, " tokens and B has ",
+              tokens_b);
+  const int64_t experts = args.group_sizes.numel(), n = mn ? args.a.cols() : args.a.rows(),
+                k = mn ? args.b.cols() : args.b.rows();
   OCTET_CHECK(args.d.numel() == experts * n * k && args.d.cols() == k,
               "grouped wgrad D: expected shape [", experts, ", ", n, ", ", k, "], got ",
               shape_str(args.d.shape()));
   check_gemm_output(args.d, experts * n, k, args.accumulate, ctx.device);
+#if OCTET_WITH_CUTLASS
+  if (ctx.device == Device::kCuda && cuda::grouped_wgrad_bf16_sm90_supports(args)) {
+    check_group_sizes(ctx, args.group_sizes);
+    cuda::grouped_wgrad_bf16_sm90(ctx, args);
+    return;
+  }
+#endif
   const GroupLayout l =
-      read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A", args.host_sizes);
-  OCTET_DISPATCH(ctx, grouped_wgrad_bf16, ctx, args, l);
+      read_layout(ctx, args.group_sizes, tokens_a, "the token axis of A", args.host_sizes);
+  if (!mn) {
+    OCTET_DISPATCH(ctx, grouped_wgrad_bf16, ctx, args, l);
+    return;
+  }
+  GroupedWgradBf16Args kmajor = args;  // the per-expert paths read K-major operands
+  kmajor.a = transpose(ctx, args.a);
+  kmajor.b = transpose(ctx, args.b);
+  kmajor.layout = OperandLayout::kKMajor;
+  OCTET_DISPATCH(ctx, grouped_wgrad_bf16, ctx, kmajor, l);
 }
 
 }  // namespace octet

@@ -29,8 +29,9 @@
 // are a tail no expert owns. Fprop and Dgrad then write zeros there (kOverwrite) or leave it
 // (kAdd); Wgrad reads tokens [0, sum M_e) only.
 //
-// CUDA: DeepSeek-V3's pairings (see grouped_fp8_blockwise_counts_on_device) run as one CUTLASS
-// grouped launch per call that reads the row counts on the device. Everything else runs one
+// CUDA: DeepSeek-V3's pairings (see grouped_fp8_blockwise_counts_on_device) and the BF16 GEMMs
+// (grouped_bf16_counts_on_device) run as one CUTLASS grouped launch per call that reads the row
+// counts on the device. Everything else runs one
 // cuBLASLt GEMM per non-empty expert (plans cached per shape) from a host copy of the counts: the
 // caller's host_sizes, or a read of group_sizes, which synchronises the stream.
 #pragma once
@@ -82,12 +83,15 @@ struct GroupedWgradFp8Args {
 void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args);
 
 struct GroupedWgradBf16Args {
-  Tensor a;            // (N, sum M_e) bf16: dY^T
-  Tensor b;            // (K, sum M_e) bf16: X^T
+  Tensor a;            // (N, sum M_e) bf16: dY^T; kMNMajor: dY itself, (sum M_e, N)
+  Tensor b;            // (K, sum M_e) bf16: X^T; kMNMajor: X itself, (sum M_e, K)
   Tensor group_sizes;  // (E) int32 | int64
   Tensor d;            // (E, N, K)
   Accumulate accumulate = Accumulate::kAdd;
   const std::vector<int64_t>* host_sizes = nullptr;  // as in GroupedGemmFp8Args
+  // kMNMajor: a and b are the forward's dY and X (no transposed copies); the CUDA grouped kernel
+  // reads them as they are, every other path transposes them first.
+  OperandLayout layout = OperandLayout::kKMajor;
 };
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args);
 
@@ -97,5 +101,10 @@ void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args);
 // that passes only such calls need not read the counts to the host (host_sizes may stay null); any
 // other call reads them itself when host_sizes is null, which synchronises the stream.
 bool grouped_fp8_blockwise_counts_on_device(const Context& ctx);
+
+// The same for the BF16 grouped GEMMs: Fprop / Dgrad with BF16 D overwritten, and Wgrad from the
+// forward's dY and X (OperandLayout::kMNMajor) accumulated into F32 dW, with N and K multiples of
+// 8 (16-byte rows).
+bool grouped_bf16_counts_on_device(const Context& ctx);
 
 }  // namespace octet

@@ -1,6 +1,5 @@
-// Internal (CUDA builds with CUTLASS only): the Hopper grouped FP8 GEMM of
-// grouped_gemm_sm90_fp8_blockwise.cu, which reads the row counts on the device (no host read, no
-// synchronisation).
+// Internal (CUDA builds with CUTLASS only): the Hopper grouped GEMMs of grouped_gemm_sm90_*.cu,
+// which read the row counts on the device (no host read, no synchronisation).
 #pragma once
 
 #include "ops/grouped_gemm/grouped_gemm.h"
@@ -25,5 +24,15 @@ bool grouped_wgrad_fp8_sm90_supports(const GroupedWgradFp8Args& args);
 // start at a multiple of 128 tokens (grouped_gemm.h's rule; the caller's padded permute guarantees
 // it, and grouped_gemm.cpp checks it on the host when the counts are there).
 void grouped_wgrad_fp8_sm90(Context& ctx, const GroupedWgradFp8Args& args);
+
+// BF16 Fprop / Dgrad (grouped_gemm_sm90_bf16.cu): A and B bf16 with K % 8 == 0, D bf16
+// overwritten with N % 8 == 0; D's rows past the experts' sum are zeroed.
+bool grouped_gemm_bf16_sm90_supports(const GroupedGemmBf16Args& args);
+void grouped_gemm_bf16_sm90(Context& ctx, const GroupedGemmBf16Args& args);
+
+// BF16 Wgrad from the forward's dY (R, N) and X (R, K) (OperandLayout::kMNMajor), dW (E, N, K) f32
+// accumulated, N and K multiples of 8. Experts may start at any row.
+bool grouped_wgrad_bf16_sm90_supports(const GroupedWgradBf16Args& args);
+void grouped_wgrad_bf16_sm90(Context& ctx, const GroupedWgradBf16Args& args);
 
 }  // namespace octet::cuda
