@@ -690,8 +690,9 @@ void TrainConfig::validate() const {
               ") must be <= model.max_position_embeddings (", model.max_position_embeddings, ")");
   resolved_recipe();
 
-  OCTET_CHECK(std::isfinite(optim.lr) && optim.lr > 0, "optim.lr must be finite and > 0, got ",
-              optim.lr);
+  // The optimizer runs in FP32: a rate past FP32's range would become infinity there.
+  OCTET_CHECK(std::isfinite(optim.lr) && optim.lr > 0 && optim.lr <= 3.4e38,
+              "optim.lr must be > 0 and finite in FP32 (<= 3.4e38), got ", optim.lr);
   in_range("optim.min_lr", optim.min_lr, 0, optim.lr, "in [0, optim.lr]");
   at_least("optim.warmup_steps", optim.warmup_steps, 0);
   OCTET_CHECK(optim.warmup_steps <= steps, "optim.warmup_steps (", optim.warmup_steps,

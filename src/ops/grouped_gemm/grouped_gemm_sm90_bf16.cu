@@ -125,10 +125,9 @@ __device__ int64_t clipped_count(const Setup& p, int e, int64_t offset) {
   return m < 0 ? 0 : (offset + m > p.rows ? p.rows - offset : m);
 }
 
-// One block: the prefix sum on one thread (E is at most a few hundred), then a thread per expert;
-// afterwards D's rows past the experts' sum are zeroed (kOverwrite's tail contract).
+// One block: the prefix sum on one thread (E is at most a few hundred), then a thread per expert.
+// The experts' row sum goes to offsets[E] for the kernel that zeroes D's rows past it.
 __global__ void fprop_setup_kernel(Setup p, Arrays<Fprop, Bf16> out, int64_t* offsets) {
-  __shared__ int64_t total;
   if (threadIdx.x == 0) {
     int64_t sum = 0;
     for (int e = 0; e < p.experts; ++e) {
@@ -137,7 +136,7 @@ __global__ void fprop_setup_kernel(Setup p, Arrays<Fprop, Bf16> out, int64_t* of
       out.shapes[e] = Shape3{static_cast<int>(m), p.n, p.k};
       sum += m;
     }
-    total = sum;
+    offsets[p.experts] = sum;
   }
   __syncthreads();
   auto* d = static_cast<Bf16*>(p.d);
@@ -151,9 +150,6 @@ __global__ void fprop_setup_kernel(Setup p, Arrays<Fprop, Bf16> out, int64_t* of
     out.stride_b[e] = cutlass::make_cute_packed_stride(Fprop::StrideB{}, {p.n, p.k, 1});
     out.stride_d[e] = cutlass::make_cute_packed_stride(Fprop::StrideD{}, {m, p.n, 1});
   }
-  const int64_t tail = (p.rows - total) * p.n;
-  auto* tail_d = reinterpret_cast<uint16_t*>(d + total * p.n);
-  for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) tail_d[i] = 0;
 }
 
 // Wgrad: expert e is M = N (dW rows), N = K (dW columns), K = M_e; none: an empty problem.
@@ -241,12 +237,14 @@ void grouped_gemm_bf16_sm90(Context& ctx, const GroupedGemmBf16Args& args) {
   const int64_t experts = args.group_sizes.numel(), n = args.d.cols(), k = args.a.cols();
   using A = Arrays<Fprop, Bf16>;
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(A::bytes(experts))}, DType::kU8);
-  Tensor offsets = Tensor::empty(ctx, {experts}, DType::kI64);
+  Tensor offsets = Tensor::empty(ctx, {experts + 1}, DType::kI64);
   const A dev = A::carve(arrays.data(), experts);
   fprop_setup_kernel<<<1, 256, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
       make_setup(args.group_sizes, n, k, args.d.rows(), args.a, args.b, args.d), dev,
       offsets.data_as<int64_t>());
   OCTET_CUDA_CHECK_LAUNCH();
+  zero_tail_rows(ctx, args.d.data(), n * 2, args.d.rows(),
+                 offsets.data_as<const int64_t>() + experts);  // kOverwrite's padded tail
   typename Fprop::Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {static_cast<int>(experts), dev.shapes, nullptr},  // problem shapes on the device only

@@ -36,10 +36,10 @@ struct SetupParams {
 };
 
 // One block: the prefix sum of the row counts (E is at most a few hundred), then one thread per
-// expert writes its arguments; afterwards the block zeroes D's rows past the experts' sum (the tail
-// of a padded layout), which only the device knows.
-__global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays<ElementD> out) {
-  __shared__ int64_t total;
+// expert writes its arguments. The experts' row sum goes to `total` for the kernel that zeroes D's
+// rows past it (the tail of a padded layout), which only the device knows.
+__global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays<ElementD> out,
+                                         int64_t* total) {
   if (threadIdx.x == 0) {
     int64_t sum = 0;
     for (int e = 0; e < p.experts; ++e) {
@@ -50,7 +50,7 @@ __global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays<ElementD> o
       out.a[e] = reinterpret_cast<const ElementA*>(sum);      // offsets for now
       sum += m;
     }
-    total = sum;
+    *total = sum;
   }
   __syncthreads();
   const int64_t kb = (p.k + 127) / 128, nb = (p.n + 127) / 128;
@@ -68,10 +68,6 @@ __global__ void grouped_fp8_setup_kernel(SetupParams p, DeviceArrays<ElementD> o
     out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, p.n, p.k, 1));
     out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, p.n, p.k, 1));
   }
-  // The padded tail: rows [total, rows) of D are zero (grouped_gemm.h's kOverwrite contract).
-  const int64_t tail = (p.rows - total) * p.n;
-  auto* tail_d = reinterpret_cast<uint16_t*>(p.d + total * p.n);
-  for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) tail_d[i] = 0;
 }
 
 }  // namespace
@@ -101,8 +97,12 @@ void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args) {
   sp.d = args.d.data_as<ElementD>();
   sp.sfa = args.a.scale_inv.data_as<const float>();
   sp.sfb = args.b.scale_inv.data_as<const float>();
-  grouped_fp8_setup_kernel<<<1, 256, 0, stream>>>(sp, dev);
+  Tensor total = Tensor::empty(ctx, {1}, DType::kI64);
+  grouped_fp8_setup_kernel<<<1, 256, 0, stream>>>(sp, dev, total.data_as<int64_t>());
   OCTET_CUDA_CHECK_LAUNCH();
+  // The padded tail: rows [total, rows) of D are zero (grouped_gemm.h's kOverwrite contract).
+  zero_tail_rows(ctx, args.d.data(), n * static_cast<int64_t>(sizeof(ElementD)), args.d.rows(),
+                 total.data_as<const int64_t>());
 
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,

@@ -95,11 +95,15 @@ void moe_seq_balance_loss_forward(Context& ctx, const SeqBalanceLossArgs& args, 
   const int64_t rows = args.logits.rows(), E = args.logits.cols(), k = args.topk_idx.cols();
   const int64_t B = args.num_sequences;
   const BalanceScratch s = balance_stats(ctx, args);
+  Tensor share = Tensor::empty(ctx, {rows, E}, DType::kF32);
+  kernels::balance_share_kernel<<<blocks_for(rows * E, 256), 256, 0, stream_of(ctx)>>>(
+      args.logits.data_as<const float>(), s.score_sum.data_as<const float>(), rows * E,
+      static_cast<int>(E), share.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
   Tensor terms = Tensor::empty(ctx, {B * E}, DType::kI64);  // FP64 storage (no F64 dtype)
-  kernels::balance_terms_kernel<<<blocks_for(B * E, 128), 128, 0, stream_of(ctx)>>>(
-      args.logits.data_as<const float>(), s.score_sum.data_as<const float>(),
-      s.counts.data_as<const int32_t>(), B, static_cast<int>(E), static_cast<int>(k), rows / B,
-      terms.data_as<double>());
+  kernels::balance_terms_kernel<<<blocks_for(B * E, 32), 32, 0, stream_of(ctx)>>>(
+      share.data_as<const float>(), s.counts.data_as<const int32_t>(), B, static_cast<int>(E),
+      static_cast<int>(k), rows / B, terms.data_as<double>());
   OCTET_CUDA_CHECK_LAUNCH();
   kernels::balance_sum_kernel<<<1, 32, 0, stream_of(ctx)>>>(terms.data_as<const double>(), B * E,
                                                             static_cast<double>(args.alpha), B,

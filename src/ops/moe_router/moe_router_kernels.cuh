@@ -176,9 +176,20 @@ __global__ void balance_stats_kernel(const float* __restrict__ logits,
   }
 }
 
-// Pass 2 of the forward, one thread per (sequence b, expert e): f_{b,e} * P_{b,e} in FP64.
-__global__ void balance_terms_kernel(const float* __restrict__ logits,
-                                     const float* __restrict__ score_sum,
+// Pass 2a of the forward, one thread per (token, expert): the token's normalised score
+// s_{t,e} / S_t in FP32, the operand pass 2b sums. Split from the sum so that the expensive,
+// correctly rounded sigmoid and division run in parallel over every element instead of inside a
+// sequential loop per (sequence, expert).
+__global__ void balance_share_kernel(const float* __restrict__ logits,
+                                     const float* __restrict__ score_sum, int64_t n, int experts,
+                                     float* __restrict__ share) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) share[i] = rn::div(rn::sigmoid_rn(logits[i]), score_sum[i / experts]);
+}
+
+// Pass 2b, one thread per (sequence b, expert e): f_{b,e} * P_{b,e} in FP64, P summed over the
+// sequence's tokens in token order (the CPU reference's order, so the result is bitwise the same).
+__global__ void balance_terms_kernel(const float* __restrict__ share,
                                      const int32_t* __restrict__ counts, int64_t sequences,
                                      int experts, int k, int64_t seq_len,
                                      double* __restrict__ terms) {
@@ -187,8 +198,7 @@ __global__ void balance_terms_kernel(const float* __restrict__ logits,
   const int64_t b = i / experts, e = i % experts;
   double p = 0.0;
   for (int64_t t = b * seq_len; t < (b + 1) * seq_len; ++t)
-    p = rn::add(
-        p, static_cast<double>(rn::div(rn::sigmoid_rn(logits[t * experts + e]), score_sum[t])));
+    p = rn::add(p, static_cast<double>(share[t * experts + e]));
   const double f = rn::div(rn::mul(static_cast<double>(experts), static_cast<double>(counts[i])),
                            rn::mul(static_cast<double>(k), static_cast<double>(seq_len)));
   terms[i] = rn::mul(f, rn::div(p, static_cast<double>(seq_len)));
