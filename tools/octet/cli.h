@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace octet::cli {
@@ -39,6 +40,12 @@ class Args {
 // Throws when `out` names the same file as `in` (through any path, link or hard link): a command
 // that writes OUT must never replace its own input, which it is still reading.
 void refuse_output_over_input(const std::string& in, const std::string& out);
+
+// `text` (a tensor name, a path: anything read from a file) made safe to print on a terminal: every
+// byte a terminal would act on (C0 controls such as ESC, DEL, the C1 controls U+0080..U+009F) and
+// every byte that is not part of valid UTF-8 is written as \xNN, and a backslash as \\, so the
+// output shows the name unambiguously and can never move the cursor or recolour the terminal.
+std::string printable(std::string_view text);
 
 struct Command {
   std::string name;
