@@ -121,6 +121,20 @@ std::optional<uint64_t> checked_nbytes(const Shape& shape, DType dtype) {
   return n;
 }
 
+// Whether the nonzero dimensions, times the element size, fit in int64_t: a Tensor multiplies its
+// dimensions in order (numel, rows, nbytes), so an empty shape such as [2^61, 2^61, 0] would
+// overflow on the way to its zero (UBSan under fuzz/fuzz_safetensors).
+bool addressable(const Shape& shape, DType dtype) {
+  auto n = static_cast<uint64_t>(dtype_size(dtype));
+  for (int64_t d : shape) {
+    if (d == 0) continue;
+    if (n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / static_cast<uint64_t>(d))
+      return false;
+    n *= static_cast<uint64_t>(d);
+  }
+  return true;
+}
+
 Entry parse_entry(const std::string& name, const ParsedJson& v, const std::string& path) {
   const std::string where = tensor_where(path, name);
   OCTET_CHECK(v.is_object(), where, ": expected an object with dtype, shape and data_offsets, got ",
@@ -144,6 +158,10 @@ Entry parse_entry(const std::string& name, const ParsedJson& v, const std::strin
   OCTET_CHECK(e.begin <= e.end, where, ": data_offsets ", offsets_str(e.begin, e.end),
               " has begin after end");
   const std::optional<uint64_t> need = checked_nbytes(e.shape, e.dtype);
+  // A non-empty shape is bounded by the bytes it needs (below); an empty one is not.
+  OCTET_CHECK(need != uint64_t{0} || addressable(e.shape, e.dtype), where, ": shape ",
+              shape_str(e.shape), " of ", dtype_name(e.dtype),
+              " is too large: its nonzero dimensions come to 2^63 bytes or more");
   OCTET_CHECK(need && *need == e.end - e.begin, where, ": data_offsets ",
               offsets_str(e.begin, e.end), " span ", e.end - e.begin, " bytes, but shape ",
               shape_str(e.shape), " of ", dtype_name(e.dtype), " needs ",

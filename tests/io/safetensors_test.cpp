@@ -333,6 +333,26 @@ TEST_F(SafetensorsTest, RejectsBadWritesAndKeepsExistingFiles) {
   EXPECT_EQ(listing(), (std::vector<std::string>{"adir", "out"}));
 }
 
+// An empty tensor whose other dimensions multiply past 2^63 made Tensor's element count overflow
+// (undefined behaviour, reported by UBSan in fuzz/fuzz_safetensors on the input kept as
+// fuzz/corpus/safetensors/crash_empty_huge_dims). Such a shape is refused; large empty shapes that
+// fit still read.
+TEST_F(SafetensorsTest, RejectsEmptyShapesWhoseOtherDimensionsOverflow) {
+  expect_read_error(
+      write_raw(R"({"a":{"dtype":"U8","shape":[4611686018427387903,4611686018427387903,0],)"
+                R"("data_offsets":[0,0]}})",
+                ""),
+      {"tensor 'a'", "shape [4611686018427387903, 4611686018427387903, 0] of U8 is too large"});
+  expect_read_error(
+      write_raw(R"({"a":{"dtype":"F32","shape":[0,3037000500,3037000500],"data_offsets":[0,0]}})",
+                ""),
+      {"tensor 'a'", "too large"});
+  const SafetensorsFile f = read_safetensors(write_raw(
+      R"({"a":{"dtype":"F32","shape":[0,1073741824,1073741824],"data_offsets":[0,0]}})", "", "ok"));
+  EXPECT_EQ(f.at("a").shape(), (Shape{0, 1073741824, 1073741824}));
+  EXPECT_EQ(f.at("a").numel(), 0);
+}
+
 // 80k tensors (issue 13: reading such a header took 15 s, quadratic in the tensor count): a file
 // written by octet and a hand-built header whose keys come in the reverse of the data order both
 // read back whole, every tensor with its name, dtype, shape and bytes.
