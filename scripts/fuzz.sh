@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     --smoke) limit=(-max_total_time=8) ;;
     --runs) limit=(-runs="${2:?--runs needs a count}"); shift ;;
     --time) limit=(-max_total_time="${2:?--time needs seconds}"); shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1") ;;
   esac
