@@ -414,6 +414,17 @@ TEST_F(CliTest, QuantReportEscapesTerminalControlsInNames) {
   EXPECT_NE(r.out.find("note: '" + shown + "': 1 non-finite"), std::string::npos) << r.out;
 }
 
+// The error line quotes the name too, and escapes it the same way.
+TEST_F(CliTest, ErrorsEscapeTerminalControlsInNames) {
+  const std::string header =
+      R"({"\u001b[2Jx\u0007":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})";
+  std::string len(8, '\0');
+  len[0] = static_cast<char>(header.size());
+  std::ofstream(path("esc"), std::ios::binary) << len << header << std::string(8, '\0');
+  expect_failure("quant-report", path("esc"), "tensor '\\x1b[2Jx\\x07': unsupported dtype 'F64'");
+  EXPECT_EQ(run("quant-report " + path("esc")).err.find('\x1b'), std::string::npos);
+}
+
 // A command never writes its output over its own input (issue 13): `quantize x x`, `dequantize x x`
 // and `gemm x x` are refused, also through another spelling of the path or a symbolic link, and the
 // input stays byte for byte as it was.
