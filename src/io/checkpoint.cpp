@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "io/atomic_file.h"
+#include "io/json_keys.h"
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 
@@ -532,36 +533,56 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const N
 
 namespace {
 
-Json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  OCTET_CHECK(in, path.string(), ": cannot open");
+// The whole of a small text file (an index): a FIFO or device would block or never end.
+std::string read_small_text(const fs::path& path) {
+  std::error_code ec;
+  OCTET_CHECK(fs::is_regular_file(path, ec), path.string(), ": cannot open: not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  OCTET_CHECK(in, path.string(), ": cannot open: ", std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
-  try {
-    return Json::parse(ss.str());
-  } catch (const Json::exception& e) {
-    OCTET_THROW(path.string(), ": not valid JSON: ", e.what());
-  }
+  return ss.str();
 }
 
-// The index's name -> file map; every file must be a plain name inside the directory.
+// The index's name -> file map.
 std::map<std::string, std::string> read_index(const fs::path& index) {
-  const Json j = read_json(index);
+  return parse_checkpoint_index(read_small_text(index), index.string());
+}
+
+}  // namespace
+
+std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
+                                                          const std::string& source) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    OCTET_THROW(source, ": not valid JSON: ", e.what());
+  }
   auto wm = j.is_object() ? j.find("weight_map") : j.end();
-  OCTET_CHECK(wm != j.end() && wm->is_object(), index.string(),
+  OCTET_CHECK(wm != j.end() && wm->is_object(), source,
               ": expected an object with a \"weight_map\" object");
+  // The parsed object kept one of two equal keys: a tensor listed twice is seen in the text.
+  if (const std::optional<DuplicateKey> d = find_duplicate_key(text)) {
+    OCTET_CHECK(d->depth != 2 || d->parent != "weight_map", source, ": weight_map lists tensor '",
+                d->key, "' twice");
+    OCTET_THROW(source, ": duplicate key '", d->key, "'");
+  }
   std::map<std::string, std::string> map;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
-    OCTET_CHECK(it.value().is_string(), index.string(), ": weight_map['", it.key(),
+    OCTET_CHECK(it.value().is_string(), source, ": weight_map['", it.key(),
                 "'] must be a file name, got ", it.value().dump());
     const std::string file = it.value().get<std::string>();
-    OCTET_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
-                index.string(), ": weight_map['", it.key(), "'] = '", file,
+    OCTET_CHECK(!file.empty() && file.find('/') == std::string::npos &&
+                    file.find('\0') == std::string::npos && file != "." && file != "..",
+                source, ": weight_map['", it.key(), "'] = '", file,
                 "' is not a file name inside the checkpoint directory");
     map[it.key()] = file;
   }
   return map;
 }
+
+namespace {
 
 // Every tensor of the checkpoint, checked against the index: each listed tensor in its file, each
 // file's tensors listed there, no tensor twice.

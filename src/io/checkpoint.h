@@ -48,6 +48,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/quant_tensor.h"
@@ -147,5 +148,11 @@ struct LoadedCheckpoint {
 // extra or misshapen tensor, a weight_map entry whose file is missing or lacks the tensor, a tensor
 // in two shards, a shard tensor the index does not list.
 LoadedCheckpoint read_checkpoint(const std::string& dir, const CheckpointReadOptions& options = {});
+
+// The weight_map (tensor name -> shard file) of the text of a model.safetensors.index.json, which
+// read_checkpoint reads with it. Every file must be a plain name inside the directory and no tensor
+// may be listed twice; errors name `source`.
+std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
+                                                          const std::string& source);
 
 }  // namespace octet::io

@@ -50,6 +50,10 @@ struct SafetensorsFile {
 // buffer.
 SafetensorsFile read_safetensors(const std::string& path);
 
+// The same, from the bytes of a whole file in memory; errors name `name` where read_safetensors
+// names the path.
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name);
+
 // Writes host tensors (any of octet's dtypes, 0-d and empty included). Names must be unique,
 // non-empty and not "__metadata__". Atomic: writes a new `path.tmp.<pid>.<random>` and renames it
 // onto `path`.

@@ -87,9 +87,20 @@ TokenShard TokenShard::open(const std::string& path, int64_t vocab_size) {
       std::shared_ptr<const void>(base, [bytes = static_cast<size_t>(file_bytes)](const void* p) {
         ::munmap(const_cast<void*>(p), bytes);
       });
+  const std::span<const std::byte> bytes(static_cast<const std::byte*>(base),
+                                         static_cast<size_t>(file_bytes));
+  return from_bytes(path, std::move(mapping), bytes, vocab_size);
+}
 
+TokenShard TokenShard::from_bytes(const std::string& path, std::shared_ptr<const void> owner,
+                                  std::span<const std::byte> bytes, int64_t vocab_size) {
+  OCTET_CHECK(reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) == 0, path,
+              ": token shard bytes must be 2-byte aligned");
+  const auto file_bytes = static_cast<int64_t>(bytes.size());
+  OCTET_CHECK(file_bytes >= kShardHeaderBytes, path, ": truncated token shard: ", file_bytes,
+              " bytes, less than the ", kShardHeaderBytes, "-byte header");
   int32_t header[3];
-  std::memcpy(header, base, sizeof(header));
+  std::memcpy(header, bytes.data(), sizeof(header));
   OCTET_CHECK(header[0] != kLlama3ShardMagic, path, ": llm.c Llama-3 token shard (magic ",
               kLlama3ShardMagic, ", uint32 tokens) is not supported; expected magic ", kShardMagic,
               " (uint16 tokens)");
@@ -108,9 +119,9 @@ TokenShard TokenShard::open(const std::string& path, int64_t vocab_size) {
 
   TokenShard s;
   s.path_ = path;
-  s.tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(base) + kShardHeaderBytes);
+  s.tokens_ = reinterpret_cast<const uint16_t*>(bytes.data() + kShardHeaderBytes);
   s.size_ = n;
-  s.mapping_ = std::move(mapping);
+  s.mapping_ = std::move(owner);
   if (vocab_size > 0) check_token_bound(path, s.tokens_, n, vocab_size);
   return s;
 }

@@ -10,6 +10,7 @@
 // the token ids mean whatever the tokenizer that wrote them meant, and the reader only bounds them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -40,6 +41,11 @@ class TokenShard {
   // every token must also be below vocab_size (one pass over the data; the error names the first
   // offending token and its index).
   static TokenShard open(const std::string& path, int64_t vocab_size = 0);
+  // The same checks on the bytes of a whole shard file (2-byte aligned), which stay valid as long
+  // as `owner` lives: the shard keeps `owner` and reads its tokens from `bytes`. Errors name
+  // `path`.
+  static TokenShard from_bytes(const std::string& path, std::shared_ptr<const void> owner,
+                               std::span<const std::byte> bytes, int64_t vocab_size = 0);
 
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }  // tokens

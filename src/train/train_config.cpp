@@ -475,6 +475,102 @@ std::string format_value(const Value& v) {
   return out + "]";
 }
 
+// toml++ 3.3 (Debian 12's) reaches __builtin_unreachable, undefined behaviour, when it asks whether
+// some non-ASCII code points (U+00A1..U+0499 among them) are whitespace: marzer/tomlplusplus
+// issues 190 and 295, found again here by fuzz/fuzz_train_config. It asks only at places where
+// TOML allows ASCII alone, and in a multi-line basic string after a backslash. So before toml++
+// sees a text: non-ASCII outside strings and comments is refused (TOML 1.0 allows it only there),
+// as is non-ASCII right after a backslash (no escape starts so), and the first character after a
+// line-ending backslash, when not ASCII, is written as its \U escape, which means the same.
+std::string guard_toml_text(std::string_view text, const std::string& source) {
+  enum class In : uint8_t { kTop, kComment, kBasic, kMultiBasic, kLiteral, kMultiLiteral };
+  In in = In::kTop;
+  std::string out;
+  out.reserve(text.size());
+  int64_t line = 1, column = 1;
+  size_t i = 0;
+  auto non_ascii = [&](size_t at) { return static_cast<unsigned char>(text[at]) >= 0x80; };
+  auto fail = [&](const char* what) { OCTET_THROW(source, ":", line, ":", column, ": ", what); };
+  auto take = [&](size_t n) {  // copies n bytes, counting lines and columns
+    for (size_t k = 0; k < n && i < text.size(); ++k, ++i) {
+      out += text[i];
+      if (text[i] == '\n') {
+        ++line;
+        column = 1;
+      } else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) {
+        ++column;
+      }
+    }
+  };
+  auto starts = [&](std::string_view s) { return text.substr(i, s.size()) == s; };
+  auto space = [](char c) { return c == ' ' || c == '\t'; };
+  if (starts("\xEF\xBB\xBF")) take(3);  // a byte order mark, which toml++ skips
+  while (i < text.size()) {
+    const char ch = text[i];
+    if (in == In::kTop) {
+      if (non_ascii(i)) fail("non-ASCII character outside a string or comment");
+      if (starts(R"(""")") || starts("'''")) {
+        in = ch == '"' ? In::kMultiBasic : In::kMultiLiteral;
+        take(3);
+        continue;
+      }
+      if (ch == '#') in = In::kComment;
+      if (ch == '"') in = In::kBasic;
+      if (ch == '\'') in = In::kLiteral;
+      take(1);
+    } else if (in == In::kComment) {
+      if (ch == '\n') in = In::kTop;
+      take(1);
+    } else if (in == In::kBasic || in == In::kLiteral) {
+      if (in == In::kBasic && ch == '\\') {
+        if (i + 1 < text.size() && non_ascii(i + 1)) fail("non-ASCII character after '\\'");
+        take(2);
+        continue;
+      }
+      if (ch == '\n' || ch == (in == In::kBasic ? '"' : '\'')) in = In::kTop;
+      take(1);
+    } else {
+      const std::string_view close = in == In::kMultiBasic ? R"(""")" : "'''";
+      if (starts(close)) {
+        size_t n = 3;  // up to two more quotes belong to the string
+        while (n < 5 && i + n < text.size() && text[i + n] == close[0]) ++n;
+        take(n);
+        in = In::kTop;
+        continue;
+      }
+      if (in == In::kMultiLiteral || ch != '\\') {
+        take(1);
+        continue;
+      }
+      if (i + 1 < text.size() && non_ascii(i + 1)) fail("non-ASCII character after '\\'");
+      size_t j = i + 1;
+      while (j < text.size() && space(text[j])) ++j;
+      if (j >= text.size() || (text[j] != '\n' && text[j] != '\r')) {
+        take(2);  // an escape: the backslash and the ASCII character after it
+        continue;
+      }
+      while (j < text.size() && (space(text[j]) || text[j] == '\n' || text[j] == '\r')) ++j;
+      take(j - i);  // the line-ending backslash and the whitespace it removes
+      if (i >= text.size() || !non_ascii(i)) continue;
+      const auto c0 = static_cast<unsigned char>(text[i]);
+      const size_t n = c0 >= 0xF0 ? 4 : c0 >= 0xE0 ? 3 : c0 >= 0xC0 ? 2 : 1;
+      if (n == 1 || i + n > text.size()) {
+        take(1);  // not UTF-8: toml++'s reader refuses it before asking about whitespace
+        continue;
+      }
+      uint32_t cp = c0 & (0x7Fu >> n);
+      for (size_t k = 1; k < n; ++k)
+        cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3Fu);
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "\\U%08X", static_cast<unsigned>(cp));
+      out += buf;
+      i += n;
+      ++column;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 bool operator==(const TrainConfig& a, const TrainConfig& b) {
@@ -489,8 +585,9 @@ bool operator==(const TrainConfig& a, const TrainConfig& b) {
 
 TrainConfig parse_train_config(std::string_view text, const std::string& source) {
   toml::table root;
+  const std::string guarded = guard_toml_text(text, source);
   try {
-    root = toml::parse(text, source);
+    root = toml::parse(guarded, source);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     OCTET_THROW(source, ":", b.line, ":", b.column, ": ", e.description());
@@ -544,8 +641,9 @@ void apply_set(TrainConfig& c, std::string_view assignment) {
   // The value is TOML when it parses as one value; a string key also takes bare text.
   std::optional<toml::table> parsed;
   try {
-    parsed = toml::parse("v = " + raw);
+    parsed = toml::parse(guard_toml_text("v = " + raw, where));
   } catch (const toml::parse_error&) {
+  } catch (const Error&) {  // not TOML (guard_toml_text): bare text
   }
   const toml::node* n = parsed && parsed->size() == 1 ? parsed->get("v") : nullptr;
   Value v;

@@ -26,6 +26,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/trainer_state.h"
 
 namespace octet::train {
 namespace {
@@ -154,21 +155,16 @@ struct Run {
       out << "warning: " << w << "\n";
     optim->load_state_dict(ctx, io::read_safetensors(dir + "/" + kOptimizerFile).tensors);
     model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
-    std::ifstream f(dir + "/" + kTrainerStateFile);
-    OCTET_CHECK(f.good(), dir, ": no ", kTrainerStateFile, " (not a training checkpoint)");
-    nlohmann::json st;
-    try {
-      f >> st;
-    } catch (const std::exception& e) {
-      OCTET_THROW(dir, "/", kTrainerStateFile, ": not valid JSON: ", e.what());
-    }
-    step = st.at("step").get<int64_t>();
+    const std::string state_file = dir + "/" + kTrainerStateFile;
+    std::error_code ec;
+    OCTET_CHECK(fs::exists(state_file, ec), dir, ": no ", kTrainerStateFile,
+                " (not a training checkpoint)");
+    const TrainerState st = read_trainer_state(state_file);
+    step = st.step;
     if (!data) return;
-    tokens_seen = st.at("tokens_seen").get<int64_t>();
-    const auto s = st.at("sampler").get<std::vector<int64_t>>();
-    sampler->set_state(SamplerState::from_array(s));
-    spike_window.clear();
-    for (double v : st.at("spike_window").get<std::vector<double>>()) spike_window.push_back(v);
+    tokens_seen = st.tokens_seen;
+    sampler->set_state(st.sampler);
+    spike_window.assign(st.spike_window.begin(), st.spike_window.end());
   }
 
   double validate_loss() {
@@ -251,11 +247,7 @@ ResumeTarget resolve_resume(const std::string& path) {
 namespace {
 
 int64_t checkpoint_step(const std::string& dir) {
-  std::ifstream f(fs::path(dir) / kTrainerStateFile);
-  const nlohmann::json st = nlohmann::json::parse(f, nullptr, false);
-  OCTET_CHECK(st.is_object() && st.contains("step") && st["step"].is_number_integer(), dir, "/",
-              kTrainerStateFile, ": no integer \"step\"");
-  return st["step"].get<int64_t>();
+  return read_trainer_state((fs::path(dir) / kTrainerStateFile).string()).step;
 }
 
 // The resume rules of RunOptions, checked before anything is written: the same run directory, no

@@ -396,6 +396,40 @@ TEST_F(CliTest, QuantReportDemoShowsFineGrainedScalingWins) {
   EXPECT_GT(snr("1x128 e4m3"), snr("128x128 e4m3")) << r.out;
 }
 
+// A tensor name is data from the file: quant-report prints its control characters (ESC, BEL, CR, a
+// C1 CSI) and invalid UTF-8 as \xNN escapes, never raw (issue 13), and keeps printable UTF-8.
+TEST_F(CliTest, QuantReportEscapesTerminalControlsInNames) {
+  const std::string hostile =
+      "x\x1b[2J\x1b]0;pwned\x07\r\xc2\x9b"
+      "31m\\";
+  Tensor t = test::random_tensor({4, 8}, DType::kF32, 7);
+  Tensor u = test::random_tensor({4, 8}, DType::kF32, 8);
+  u.data_as<float>()[0] = INFINITY;  // so the name also appears in a note
+  io::write_safetensors(path("in"), {{hostile, u}, {"caf\xc3\xa9", t}});
+  const RunResult r = run("quant-report " + path("in"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char c : r.out)
+    EXPECT_FALSE((c >= 0 && c < 0x20 && c != '\n') || c == 0x7F)
+        << "control byte " << int(c) << " in the output";
+  EXPECT_EQ(r.out.find("\xc2\x9b"), std::string::npos) << "a raw C1 CSI in the output";
+  const std::string shown = "x\\x1b[2J\\x1b]0;pwned\\x07\\x0d\\xc2\\x9b31m\\\\";
+  const auto rows = report_rows(r.out);
+  EXPECT_TRUE(rows.count(shown + " | tensor e4m3")) << r.out;
+  EXPECT_TRUE(rows.count("caf\xc3\xa9 | tensor e4m3")) << r.out;
+  EXPECT_NE(r.out.find("note: '" + shown + "': 1 non-finite"), std::string::npos) << r.out;
+}
+
+// The error line quotes the name too, and escapes it the same way.
+TEST_F(CliTest, ErrorsEscapeTerminalControlsInNames) {
+  const std::string header =
+      R"({"\u001b[2Jx\u0007":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})";
+  std::string len(8, '\0');
+  len[0] = static_cast<char>(header.size());
+  std::ofstream(path("esc"), std::ios::binary) << len << header << std::string(8, '\0');
+  expect_failure("quant-report", path("esc"), "tensor '\\x1b[2Jx\\x07': unsupported dtype 'F64'");
+  EXPECT_EQ(run("quant-report " + path("esc")).err.find('\x1b'), std::string::npos);
+}
+
 // A command never writes its output over its own input (issue 13): `quantize x x`, `dequantize x x`
 // and `gemm x x` are refused, also through another spelling of the path or a symbolic link, and the
 // input stays byte for byte as it was.

@@ -5,6 +5,7 @@
 #include "io/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -479,6 +480,41 @@ TEST_F(CheckpointCorruptionTest, TruncatedShard) {
   const std::string shard = shard_of("model.layers.1.self_attn.o_proj.weight");
   fs::resize_file(file(shard), fs::file_size(file(shard)) - 7);
   expect_read_error(dir(), {shard});
+}
+
+// The index as read_checkpoint reads it (parse_checkpoint_index, also the fuzz harness's entry): a
+// tensor listed twice and a file name that is not a plain name inside the directory are refused,
+// naming the index; a FIFO in the index's place is refused instead of blocking the reader.
+TEST_F(CheckpointCorruptionTest, IndexListsATensorTwiceOrAFileOutsideTheDirectory) {
+  const std::string name = "model.norm.weight";
+  std::string text = index_.dump();
+  const std::string entry = "\"" + name + "\":\"" + shard_of(name) + "\"";
+  ASSERT_NE(text.find(entry), std::string::npos);
+  text.insert(text.find(entry), "\"" + name + "\":\"" + shard_of("lm_head.weight") + "\",");
+  std::ofstream(file("model.safetensors.index.json"), std::ios::trunc) << text;
+  expect_read_error(dir(), {"model.safetensors.index.json", "lists tensor '" + name + "' twice"});
+
+  const std::map<std::string, std::string> map =
+      parse_checkpoint_index(index_.dump(), "index.json");
+  EXPECT_EQ(map.size(), index_.at("weight_map").size());
+  EXPECT_EQ(map.at(name), shard_of(name));
+  for (const std::string& bad : {std::string("../x.safetensors"), std::string(".."),
+                                 std::string("."), std::string(), std::string("a\0b", 3)}) {
+    nlohmann::json j = index_;
+    j["weight_map"][name] = bad;
+    try {
+      parse_checkpoint_index(j.dump(), "index.json");
+      ADD_FAILURE() << "accepted file name '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("index.json: weight_map['" + name + "']"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+
+  fs::remove(file("model.safetensors.index.json"));
+  ASSERT_EQ(::mkfifo(file("model.safetensors.index.json").c_str(), 0600), 0);
+  expect_read_error(dir(), {"model.safetensors.index.json", "not a regular file"});
 }
 
 TEST_F(CheckpointTest, WriteRejectsMissingMisshapenAndDuplicateParams) {

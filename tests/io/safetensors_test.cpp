@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 namespace octet::io {
@@ -330,6 +331,99 @@ TEST_F(SafetensorsTest, RejectsBadWritesAndKeepsExistingFiles) {
   write_safetensors(out, {{"a", t}});
   expect_same_tensor(t, read_safetensors(out).at("a"), "a");
   EXPECT_EQ(listing(), (std::vector<std::string>{"adir", "out"}));
+}
+
+// An empty tensor whose other dimensions multiply past 2^63 made Tensor's element count overflow
+// (undefined behaviour, reported by UBSan in fuzz/fuzz_safetensors on the input kept as
+// fuzz/corpus/safetensors/crash_empty_huge_dims). Such a shape is refused; large empty shapes that
+// fit still read.
+TEST_F(SafetensorsTest, RejectsEmptyShapesWhoseOtherDimensionsOverflow) {
+  expect_read_error(
+      write_raw(R"({"a":{"dtype":"U8","shape":[4611686018427387903,4611686018427387903,0],)"
+                R"("data_offsets":[0,0]}})",
+                ""),
+      {"tensor 'a'", "shape [4611686018427387903, 4611686018427387903, 0] of U8 is too large"});
+  expect_read_error(
+      write_raw(R"({"a":{"dtype":"F32","shape":[0,3037000500,3037000500],"data_offsets":[0,0]}})",
+                ""),
+      {"tensor 'a'", "too large"});
+  const SafetensorsFile f = read_safetensors(write_raw(
+      R"({"a":{"dtype":"F32","shape":[0,1073741824,1073741824],"data_offsets":[0,0]}})", "", "ok"));
+  EXPECT_EQ(f.at("a").shape(), (Shape{0, 1073741824, 1073741824}));
+  EXPECT_EQ(f.at("a").numel(), 0);
+}
+
+// 80k tensors (issue 13: reading such a header took 15 s, quadratic in the tensor count): a file
+// written by octet and a hand-built header whose keys come in the reverse of the data order both
+// read back whole, every tensor with its name, dtype, shape and bytes.
+TEST_F(SafetensorsTest, EightyThousandTensorsReadAndWrite) {
+  constexpr int kCount = 80'000;
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kU8, DType::kI64};
+  NamedTensors tensors;
+  for (int i = 0; i < kCount; ++i) {
+    // Names not in layout order, so the writer really sorts them.
+    const std::string name = "model.layers." + std::to_string((i * 7919) % kCount) + ".w";
+    tensors.emplace_back(name, random_bytes({1 + i % 3}, dtypes[i % 4], static_cast<uint64_t>(i)));
+  }
+  write_safetensors(path("many"), tensors, {{"format", "pt"}});
+  const SafetensorsFile f = read_safetensors(path("many"));
+  ASSERT_EQ(f.tensors.size(), tensors.size());
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : f.tensors) by_name[name] = &t;
+  ASSERT_EQ(by_name.size(), tensors.size());
+  for (const auto& [name, t] : tensors) expect_same_tensor(t, *by_name.at(name), name);
+  // The reference layout: widest dtype first (I64, F32, BF16, U8), then by name.
+  EXPECT_EQ(f.tensors.front().second.dtype(), DType::kI64);
+  EXPECT_EQ(f.tensors.back().second.dtype(), DType::kU8);
+  EXPECT_LT(f.tensors[0].first, f.tensors[1].first);
+
+  // Hand-built: tensor i holds the 4 bytes of i, listed from the last to the first.
+  std::string header = "{", data;
+  for (int i = kCount - 1; i >= 0; --i) {
+    header += (i == kCount - 1 ? "" : ",") + std::string("\"t") + std::to_string(i) +
+              R"(":{"dtype":"I32","shape":[1],"data_offsets":[)" + std::to_string(4 * i) + "," +
+              std::to_string(4 * i + 4) + "]}";
+  }
+  header += "}";
+  for (int i = 0; i < kCount; ++i) data.append(reinterpret_cast<const char*>(&i), 4);
+  const SafetensorsFile g = read_safetensors(write_raw(header, data));
+  ASSERT_EQ(g.tensors.size(), static_cast<size_t>(kCount));
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_EQ(g.tensors[i].first, "t" + std::to_string(i));  // in data order
+    ASSERT_EQ(g.tensors[i].second.data_as<int32_t>()[0], i);
+  }
+}
+
+// parse_safetensors (what the fuzz harness calls) reads bytes in memory exactly as
+// read_safetensors reads the file, and its errors name the name it is given.
+TEST_F(SafetensorsTest, ParsesFromMemoryAsFromAFile) {
+  const NamedTensors tensors = {{"a", random_bytes({3, 5}, DType::kBF16, 1)},
+                                {"b", random_bytes({}, DType::kF32, 2)},
+                                {"c", random_bytes({0, 4}, DType::kE4M3, 3)}};
+  write_safetensors(path("f"), tensors, {{"k", "v"}});
+  const std::string bytes = read_bytes(path("f"));
+  const SafetensorsFile f = parse_safetensors(bytes, "in memory");
+  EXPECT_EQ(f.path, "in memory");
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+  ASSERT_EQ(f.tensors.size(), 3u);
+  for (const auto& [name, t] : tensors) expect_same_tensor(t, f.at(name), name);
+  for (const std::string& bad : {bytes.substr(0, bytes.size() - 1), bytes + "x", bytes.substr(0, 5),
+                                 std::string("\x03\0\0\0\0\0\0\0{}", 10)}) {
+    std::string from_file, from_memory;
+    try {
+      read_safetensors(write_bytes(bad, "bad"));
+    } catch (const Error& e) {
+      from_file = e.what();
+    }
+    try {
+      parse_safetensors(bad, path("bad"));
+    } catch (const Error& e) {
+      from_memory = e.what();
+    }
+    EXPECT_FALSE(from_file.empty());
+    EXPECT_EQ(from_memory, from_file);
+  }
 }
 
 TEST(SafetensorsDtypes, NamesMapBothWays) {

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "core/check.h"
@@ -95,6 +98,43 @@ TEST_F(TokenShardTest, EmptyShardAndCopiesShareTheMapping) {
   }
   fs::remove(path("b.bin"));  // the mapping outlives both the name and the first handle
   EXPECT_EQ(copy.tokens()[9], some_tokens(10)[9]);
+}
+
+// from_bytes (what open() checks the mapping with, and the fuzz harness's entry) accepts the bytes
+// of a good shard with the same tokens and refuses a damaged one with open()'s message.
+TEST_F(TokenShardTest, FromBytesChecksAsOpenDoes) {
+  const std::vector<uint16_t> tokens = some_tokens(300);
+  write_token_shard(path("good.bin"), tokens);
+  std::ifstream in(path("good.bin"), std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  auto owner = std::make_shared<std::vector<uint16_t>>(bytes.size() / 2 + 1);
+  std::memcpy(owner->data(), bytes.data(), bytes.size());
+  const std::span<const std::byte> view(reinterpret_cast<const std::byte*>(owner->data()),
+                                        bytes.size());
+  const TokenShard s = TokenShard::from_bytes("mem", owner, view, 50257);
+  EXPECT_EQ(s.path(), "mem");
+  ASSERT_EQ(s.size(), 300);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), s.tokens().begin()));
+
+  for (const size_t cut : {size_t{0}, size_t{1023}, bytes.size() - 1}) {
+    const std::string file = path("cut.bin");
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes.substr(0, cut);
+    std::string from_file, from_memory;
+    try {
+      TokenShard::open(file, 50257);
+    } catch (const Error& e) {
+      from_file = e.what();
+    }
+    try {
+      TokenShard::from_bytes(file, owner, view.first(cut), 50257);
+    } catch (const Error& e) {
+      from_memory = e.what();
+    }
+    EXPECT_FALSE(from_memory.empty()) << cut;
+    if (cut > 0) EXPECT_EQ(from_memory, from_file);  // open() refuses an empty file before mmap
+  }
+  const auto* odd = reinterpret_cast<const std::byte*>(owner->data()) + 1;
+  EXPECT_THROW(TokenShard::from_bytes("mem", owner, {odd, 1024}), Error);
 }
 
 TEST_F(TokenShardTest, RejectsMissingAndNonRegular) {

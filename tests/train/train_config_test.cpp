@@ -115,6 +115,39 @@ TEST(TrainConfig, ParseErrorsNameTheKeyAndThePlace) {
   EXPECT_MESSAGE_HAS(parse("[model]\nconfig = \"/nonexistent/config.json\"\n"), "model.config");
 }
 
+// toml++ 3.3 reaches undefined behaviour (__builtin_unreachable) when it asks whether some
+// non-ASCII characters are whitespace (found by fuzz/fuzz_train_config: the input kept as
+// fuzz/corpus/train_config/crash_toml_nonascii_after_key). Non-ASCII outside strings and comments
+// is refused first with a clear error; inside strings and comments it reads as before, also right
+// after a line-ending backslash of a multi-line string (toml++ issue 190's case).
+TEST(TrainConfig, NonAsciiIsRefusedOutsideStringsAndKeptInside) {
+  auto parse = [](const std::string& text) {
+    return error_of([&] { parse_train_config(text, "t.toml"); });
+  };
+  EXPECT_EQ(parse("sze0\xc3\x9bj=~)7\n"),
+            "t.toml:1:5: non-ASCII character outside a string or comment");
+  EXPECT_EQ(parse("steps = 3\n\xc2\xa7 = 1\n"),
+            "t.toml:2:1: non-ASCII character outside a string or comment");
+  EXPECT_EQ(parse("run_dir = \"a\\\xc3\xa9\"\n"), "t.toml:1:13: non-ASCII character after '\\'");
+
+  const TrainConfig c = parse_train_config(
+      "\xEF\xBB\xBF# caf\xc3\xa9 \xc2\xa7\n"
+      "run_dir = \"runs/caf\xc3\xa9\"  # \xc3\x9b\n"
+      "[data]\n"
+      "text = '''\xc2\xa7 notes'''\n"
+      "shards = \"\"\"\\\n   \xc2\xa7x\\\n\n\xef\xad\x80y\"\"\"\n",
+      "t.toml");
+  EXPECT_EQ(c.run_dir, "runs/caf\xc3\xa9");
+  EXPECT_EQ(c.data.text, "\xc2\xa7 notes");
+  EXPECT_EQ(c.data.shards, "\xc2\xa7x\xef\xad\x80y");
+
+  TrainConfig s;
+  apply_set(s, "run_dir=\xc2\xa7runs");  // not TOML: bare text
+  EXPECT_EQ(s.run_dir, "\xc2\xa7runs");
+  apply_set(s, "run_dir=\"caf\xc3\xa9\"");
+  EXPECT_EQ(s.run_dir, "caf\xc3\xa9");
+}
+
 TEST(TrainConfig, SetOverridesAreTypeChecked) {
   TrainConfig c;
   apply_set(c, "optim.lr=1e-3");

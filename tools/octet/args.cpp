@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 
@@ -89,6 +91,68 @@ void refuse_existing_output(const std::string& out, bool force) {
   OCTET_CHECK(force || !std::filesystem::exists(std::filesystem::symlink_status(out, ec)),
               "output ", out,
               " already exists; pass --force to replace it, or choose another path");
+}
+
+namespace {
+
+// Length of the valid UTF-8 sequence at the start of `s` (1 to 4), or 0 when it is not one
+// (overlong forms, surrogates and code points above U+10FFFF included).
+size_t utf8_length(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = b(0);
+  size_t n = 0;
+  uint32_t cp = 0;
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+    cp = c & 0x1Fu;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    cp = c & 0x0Fu;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    cp = c & 0x07u;
+  } else {
+    return 0;
+  }
+  if (s.size() < n) return 0;
+  for (size_t i = 1; i < n; ++i) {
+    if ((b(i) & 0xC0u) != 0x80u) return 0;
+    cp = (cp << 6) | (b(i) & 0x3Fu);
+  }
+  const uint32_t min = n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u;
+  if (cp < min || cp > 0x10FFFFu || (cp >= 0xD800u && cp <= 0xDFFFu)) return 0;
+  return n;
+}
+
+void append_hex(std::string& out, unsigned char c) {
+  static const char kHex[] = "0123456789abcdef";
+  out += "\\x";
+  out += kHex[c >> 4];
+  out += kHex[c & 0xFu];
+}
+
+}  // namespace
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    const auto c = static_cast<unsigned char>(text[0]);
+    const size_t n = utf8_length(text);
+    // C1 controls are U+0080..U+009F: encoded as C2 80..C2 9F.
+    const bool c1 = n == 2 && c == 0xC2 && static_cast<unsigned char>(text[1]) < 0xA0;
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (n == 0 || c < 0x20 || c == 0x7F || c1) {
+      for (size_t i = 0; i < std::max<size_t>(n, 1); ++i)
+        append_hex(out, static_cast<unsigned char>(text[i]));
+    } else {
+      out.append(text.substr(0, n));
+    }
+    text.remove_prefix(std::max<size_t>(n, 1));
+  }
+  return out;
 }
 
 }  // namespace octet::cli

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace octet::cli {
@@ -43,6 +44,12 @@ void refuse_output_over_input(const std::string& in, const std::string& out);
 // Throws when `out` exists and `force` is not set: a command replaces an existing output only when
 // asked to (--force).
 void refuse_existing_output(const std::string& out, bool force);
+
+// `text` (a tensor name, a path: anything read from a file) made safe to print on a terminal: every
+// byte a terminal would act on (C0 controls such as ESC, DEL, the C1 controls U+0080..U+009F) and
+// every byte that is not part of valid UTF-8 is written as \xNN, and a backslash as \\, so the
+// output shows the name unambiguously and can never move the cursor or recolour the terminal.
+std::string printable(std::string_view text);
 
 struct Command {
   std::string name;

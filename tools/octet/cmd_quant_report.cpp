@@ -134,7 +134,8 @@ std::string fmt(const char* f, double v) {
 
 using Table = std::vector<std::vector<std::string>>;
 
-// Appends one row per recipe for the host tensor `t` (f32 or bf16, numel > 0).
+// Appends one row per recipe for the host tensor `t` (f32 or bf16, numel > 0). Names come from the
+// file and are printed through printable(): a name may hold terminal escape sequences.
 void report_tensor(Context& ctx, const std::string& name, const Tensor& t, Table& table,
                    std::vector<std::string>& notes) {
   const int64_t rows = t.rows(), cols = t.cols();
@@ -152,13 +153,13 @@ void report_tensor(Context& ctx, const std::string& name, const Tensor& t, Table
     if (deq.device() != Device::kCpu) deq = deq.to_host(ctx);
     const Stats s = measure(x, deq.data_as<const float>(), rows, cols, r);
     nonfinite = s.nonfinite;
-    table.push_back({name, shape_str(t.shape()), std::string(dtype_name(t.dtype())), r.name,
-                     std::isinf(s.snr_db) ? std::string("inf") : fmt("%.2f", s.snr_db),
+    table.push_back({printable(name), shape_str(t.shape()), std::string(dtype_name(t.dtype())),
+                     r.name, std::isinf(s.snr_db) ? std::string("inf") : fmt("%.2f", s.snr_db),
                      fmt("%.4f%%", 100.0 * s.flushed), fmt("%.4f%%", 100.0 * s.saturated),
                      fmt("%.2e", s.max_rel_err)});
   }
   if (nonfinite)
-    notes.push_back("'" + name + "': " + std::to_string(nonfinite) +
+    notes.push_back("'" + printable(name) + "': " + std::to_string(nonfinite) +
                     " non-finite values left out of the statistics");
 }
 

@@ -43,10 +43,10 @@ int main(int argc, char** argv) {
     }
     try {
       return c.run(rest);
-    } catch (const octet::Error& e) {
-      std::fprintf(stderr, "octet %s: error: %s\n", c.name.c_str(), e.what());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "octet %s: error: %s\n", c.name.c_str(), e.what());
+      // Messages quote names read from files, which may hold terminal escape sequences.
+      std::fprintf(stderr, "octet %s: error: %s\n", c.name.c_str(),
+                   octet::cli::printable(e.what()).c_str());
     }
     return 1;
   }
