@@ -28,8 +28,7 @@ void DecoderLayer::prepare(Context& ctx, const Precision& p) {
 Tensor DecoderLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope,
                              const Tensor& x, int64_t B, int64_t T, Saved& s) {
   Tensor h = attn.forward(ctx, p, rope, input_norm.forward(ctx, x, s.input_norm), B, T, s.attn);
-  add_into(ctx, h, x);  // residual
-  const Tensor hn = post_norm.forward(ctx, h, s.post_norm);
+  const Tensor hn = post_norm.forward(ctx, h, s.post_norm, x);  // h += x (residual), then the norm
   Tensor y = mlp ? mlp->forward(ctx, p, hn, s.mlp) : moe->forward(ctx, p, hn, B, s.moe);
   add_into(ctx, y, h);  // residual
   return y;
@@ -38,12 +37,9 @@ Tensor DecoderLayer::forward(Context& ctx, const Precision& p, const RopeTable& 
 Tensor DecoderLayer::backward(Context& ctx, const Precision& p, const RopeTable& rope,
                               const Tensor& dy, const Saved& s) {
   const Tensor dhn = mlp ? mlp->backward(ctx, p, dy, s.mlp) : moe->backward(ctx, p, dy, s.moe);
-  Tensor dh = post_norm.backward(ctx, dhn, s.post_norm);
-  add_into(ctx, dh, dy);  // residual
+  const Tensor dh = post_norm.backward(ctx, dhn, s.post_norm, dy);  // + dy (residual)
   const Tensor dxn = attn.backward(ctx, p, rope, dh, s.attn);
-  Tensor dx = input_norm.backward(ctx, dxn, s.input_norm);
-  add_into(ctx, dx, dh);  // residual
-  return dx;
+  return input_norm.backward(ctx, dxn, s.input_norm, dh);  // + dh (residual)
 }
 
 }  // namespace octet

@@ -61,9 +61,11 @@ struct NormLayer {
     Tensor x;     // the input
     Tensor rstd;  // (rows) f32
   };
-  Tensor forward(Context& ctx, const Tensor& x, Saved& saved) const;
-  // dx (=); param->grad += ...
-  Tensor backward(Context& ctx, const Tensor& dy, const Saved& saved) const;
+  // With `residual`: x += residual first, in place (the residual stream), and the norm of the sum.
+  Tensor forward(Context& ctx, const Tensor& x, Saved& saved, const Tensor& residual = {}) const;
+  // dx (=), plus `residual_grad` when given (the residual stream's gradient); param->grad += ...
+  Tensor backward(Context& ctx, const Tensor& dy, const Saved& saved,
+                  const Tensor& residual_grad = {}) const;
 };
 
 }  // namespace octet

@@ -13,6 +13,7 @@
 
 #include "norm_act_test_util.h"
 #include "ops/rmsnorm/rmsnorm.h"
+#include "rmsnorm_residual_check.h"
 
 namespace octet {
 namespace {
@@ -118,6 +119,41 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, RmsNormGpu,
                                             ::testing::Values(7, 129, 1000, 4099),
                                             ::testing::Values(DType::kBF16, DType::kF32),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
+
+// The model's widths (the vectorised BF16 kernels: D a multiple of 8), with rows that leave a
+// partial block of warps and a partial last dw part.
+INSTANTIATE_TEST_SUITE_P(ModelWidths, RmsNormGpu,
+                         ::testing::Combine(::testing::Values(1, 8, 1481, 4133),
+                                            ::testing::Values(8, 256, 384, 1024, 1536),
+                                            ::testing::Values(DType::kBF16),
+                                            ::testing::Values(DType::kBF16)));
+
+// The fused residual adds give the bits of add_into followed by the plain call, on the vectorised
+// path (BF16, D % 8 == 0) and on the general one.
+TEST(RmsNormGpuResidual, FusedEqualsAddIntoThenNorm) {
+  OCTET_REQUIRE_GPU();
+  Context& gpu = devices().gpu;
+  for (const auto& [rows, d] : {std::pair<int64_t, int64_t>{16384, 1024},
+                                {1000, 384},
+                                {37, 7168},
+                                {129, 1000},
+                                {64, 7},
+                                {33, 129}})
+    for (DType dt : {DType::kBF16, DType::kF32})
+      test::expect_residual_fusion_exact(gpu, rows, d, dt, 900 + rows + d);
+}
+
+// Many BF16 rows on the vectorised path: 256 dw parts of 256 rows.
+TEST(RmsNormGpuWide, ManyRowsBf16) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const Tensor x = random_tensor({65536, 256}, DType::kBF16, 610, Dist::kGaussian);
+  const Tensor w = random_tensor({256}, DType::kF32, 611);
+  const Tensor dy = random_tensor({65536, 256}, DType::kBF16, 612);
+  const Tensor dw0 = random_tensor({256}, DType::kF32, 613);
+  compare(x, dy, run(cpu, x, w, dy, dw0, DType::kBF16), run(gpu, x, w, dy, dw0, DType::kBF16),
+          "65536 rows BF16");
+}
 
 // DeepSeek-V3's hidden size, and a width whose dw partial needs the opt-in shared memory (> 48
 // KiB).

@@ -6,6 +6,7 @@
 
 #include "norm_act_test_util.h"
 #include "ops/rmsnorm/rmsnorm.h"
+#include "rmsnorm_residual_check.h"
 
 namespace octet {
 namespace {
@@ -160,6 +161,15 @@ TEST(RmsNorm, RejectsBadArguments) {
         rmsnorm_backward(cpu, {x, x, w, rstd, y, Tensor::empty({8}, DType::kBF16)});
       },
       {"rmsnorm dweight", "F32"});
+}
+
+// The fused residual adds give the bits of add_into followed by the plain call.
+TEST(RmsNorm, FusedResidualEqualsAddIntoThenNorm) {
+  Context ctx = make_context(Device::kCpu);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    test::expect_residual_fusion_exact(ctx, 5, 24, dt, 70);
+    test::expect_residual_fusion_exact(ctx, 3, 7, dt, 80);
+  }
 }
 
 }  // namespace

@@ -46,6 +46,12 @@ void rmsnorm_forward(Context& ctx, const RmsNormForwardArgs& args) {
   check_dtype(args.y, "rmsnorm y", {DType::kBF16, DType::kF32});
   check_device(args.y, "rmsnorm y", ctx.device);
   check_shape(args.y, "rmsnorm y", args.x.shape());
+  if (args.residual.defined()) {
+    check_defined(args.residual, "rmsnorm residual");
+    check_dtype(args.residual, "rmsnorm residual", {args.x.dtype()});
+    check_device(args.residual, "rmsnorm residual", ctx.device);
+    check_shape(args.residual, "rmsnorm residual", args.x.shape());
+  }
   if (args.x.rows() == 0) return;
   OCTET_DISPATCH(ctx, rmsnorm_forward, ctx, args);
 }
@@ -66,6 +72,12 @@ void rmsnorm_backward(Context& ctx, const RmsNormBackwardArgs& args) {
   check_shape(args.dweight, "rmsnorm dweight", {args.x.cols()});
   OCTET_CHECK(args.dx.data() != args.dweight.data() || args.dx.numel() == 0,
               "rmsnorm: dx and dweight must not alias");
+  if (args.residual_grad.defined()) {
+    check_defined(args.residual_grad, "rmsnorm residual_grad");
+    check_dtype(args.residual_grad, "rmsnorm residual_grad", {args.dy.dtype()});
+    check_device(args.residual_grad, "rmsnorm residual_grad", ctx.device);
+    check_shape(args.residual_grad, "rmsnorm residual_grad", args.x.shape());
+  }
   if (args.x.rows() == 0) return;  // dw += 0
   OCTET_DISPATCH(ctx, rmsnorm_backward, ctx, args);
 }

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "numerics/fp8.h"
+#include "ops/cast/cast_backends.h"
 #include "ops/rmsnorm/rmsnorm_backends.h"
 
 namespace octet::cpu {
@@ -20,10 +21,17 @@ void store(const Tensor& t, int64_t i, double v) {
     t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
 }
 
+// t[i] = round(t[i] + r[i]) over the whole tensor: add_into's element (ops/cast).
+void add_residual(const Tensor& t, const Tensor& r) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    store(t, i, add_element(static_cast<float>(load(t, i)), static_cast<float>(load(r, i))));
+}
+
 }  // namespace
 
 void rmsnorm_forward(Context&, const RmsNormForwardArgs& a) {
   const int64_t rows = a.x.rows(), d = a.x.cols();
+  if (a.residual.defined()) add_residual(a.x, a.residual);
   const float* w = a.weight.data_as<const float>();
   float* rstd = a.rstd.data_as<float>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -55,6 +63,7 @@ void rmsnorm_backward(Context&, const RmsNormBackwardArgs& a) {
   float* dweight = a.dweight.data_as<float>();
   for (int64_t j = 0; j < d; ++j)
     dweight[j] = static_cast<float>(dweight[j] + dw[static_cast<size_t>(j)]);  // +=
+  if (a.residual_grad.defined()) add_residual(a.dx, a.residual_grad);
 }
 
 }  // namespace octet::cpu

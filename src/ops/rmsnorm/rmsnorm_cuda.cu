@@ -6,6 +6,7 @@
 
 #include "backend/cuda_check.h"
 #include "numerics/scale.h"
+#include "ops/cast/cast_backends.h"
 #include "ops/rmsnorm/rmsnorm_backends.h"
 #include "ops/rmsnorm/rmsnorm_kernels.cuh"
 
@@ -37,6 +38,62 @@ void launch_forward(Context& ctx, const RmsNormForwardArgs& a) {
   k::rmsnorm_forward_kernel<XT, YT, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(
       a.x.data_as<const XT>(), a.weight.data_as<const float>(), rows, d, a.epsilon,
       a.y.data_as<YT>(), a.rstd.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0;
+}
+
+// The vectorised BF16 kernels: every tensor BF16 (the weight F32), D a multiple of 8, 16-byte
+// aligned rows.
+bool bf16x8(const Tensor& x, std::initializer_list<const Tensor*> others, const Tensor& w) {
+  if (x.dtype() != DType::kBF16 || x.cols() % k::kVec != 0 || !aligned16(x) || !aligned16(w))
+    return false;
+  for (const Tensor* t : others)
+    if (t->defined() && (t->dtype() != DType::kBF16 || !aligned16(*t))) return false;
+  return true;
+}
+
+// The dw partition of the vectorised backward: parts of at least 64 rows, at most 256 parts; a
+// function of the row count alone.
+constexpr int64_t kMinRowsPerPartX8 = 64;
+constexpr int64_t kMaxPartsX8 = 256;
+
+void forward_bf16x8(Context& ctx, const RmsNormForwardArgs& a) {
+  const int64_t rows = a.x.rows(), d = a.x.cols();
+  const auto grid = static_cast<unsigned>(ceil_div(rows, int64_t{k::kRowWarps}));
+  k::rmsnorm_forward_bf16x8_kernel<<<grid, k::kRowWarps * 32, 0, stream_of(ctx)>>>(
+      a.x.data_as<uint16_t>(),
+      a.residual.defined() ? a.residual.data_as<const uint16_t>() : nullptr,
+      a.weight.data_as<const float>(), rows, d, a.epsilon, a.y.data_as<uint16_t>(),
+      a.rstd.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void backward_bf16x8(Context& ctx, const RmsNormBackwardArgs& a) {
+  const int64_t rows = a.x.rows(), d = a.x.cols();
+  const cudaStream_t st = stream_of(ctx);
+  const auto grid = static_cast<unsigned>(ceil_div(rows, int64_t{k::kRowWarps}));
+  k::rmsnorm_backward_bf16x8_kernel<<<grid, k::kRowWarps * 32, 0, st>>>(
+      a.dy.data_as<const uint16_t>(), a.x.data_as<const uint16_t>(),
+      a.weight.data_as<const float>(), a.rstd.data_as<const float>(),
+      a.residual_grad.defined() ? a.residual_grad.data_as<const uint16_t>() : nullptr, rows, d,
+      a.dx.data_as<uint16_t>());
+  OCTET_CUDA_CHECK_LAUNCH();
+  int64_t parts = std::min(ceil_div(rows, kMinRowsPerPartX8), kMaxPartsX8);
+  const int64_t rows_per_part = ceil_div(rows, parts);
+  parts = ceil_div(rows, rows_per_part);
+  Tensor partials = Tensor::empty(ctx, {parts, d}, DType::kF32);  // freed stream-ordered after use
+  const dim3 dw_grid(static_cast<unsigned>(ceil_div(d, int64_t{k::kVecColumns})),
+                     static_cast<unsigned>(parts));
+  k::rmsnorm_dweight_bf16x8_kernel<<<dw_grid, k::kRowWarps * 32, 0, st>>>(
+      a.dy.data_as<const uint16_t>(), a.x.data_as<const uint16_t>(), a.rstd.data_as<const float>(),
+      rows, d, rows_per_part, partials.data_as<float>());
+  OCTET_CUDA_CHECK_LAUNCH();
+  k::rmsnorm_dweight_reduce_kernel<<<static_cast<unsigned>(ceil_div(d, int64_t{256})), 256, 0,
+                                     st>>>(partials.data_as<const float>(), parts, d,
+                                           a.dweight.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -89,6 +146,8 @@ void backward_typed(Context& ctx, const RmsNormBackwardArgs& a) {
 }  // namespace
 
 void rmsnorm_forward(Context& ctx, const RmsNormForwardArgs& a) {
+  if (bf16x8(a.x, {&a.y, &a.residual}, a.weight)) return forward_bf16x8(ctx, a);
+  if (a.residual.defined()) add_into(ctx, a.x, a.residual);  // the general path: add, then norm
   const bool xf = a.x.dtype() == DType::kF32, yf = a.y.dtype() == DType::kF32;
   if (xf && yf)
     forward_typed<float, float>(ctx, a);
@@ -101,6 +160,7 @@ void rmsnorm_forward(Context& ctx, const RmsNormForwardArgs& a) {
 }
 
 void rmsnorm_backward(Context& ctx, const RmsNormBackwardArgs& a) {
+  if (bf16x8(a.x, {&a.dy, &a.dx, &a.residual_grad}, a.weight)) return backward_bf16x8(ctx, a);
   const bool xf = a.x.dtype() == DType::kF32, gf = a.dy.dtype() == DType::kF32;
   if (xf && gf)
     backward_typed<float, float>(ctx, a);
@@ -110,6 +170,7 @@ void rmsnorm_backward(Context& ctx, const RmsNormBackwardArgs& a) {
     backward_typed<uint16_t, float>(ctx, a);
   else
     backward_typed<uint16_t, uint16_t>(ctx, a);
+  if (a.residual_grad.defined()) add_into(ctx, a.dx, a.residual_grad);  // the general path
 }
 
 }  // namespace octet::cuda

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "numerics/fp8.h"
+#include "ops/cast/cast_backends.h"
 
 namespace octet::cuda::rmsnorm_kernels {
 
@@ -87,6 +88,154 @@ __global__ void __launch_bounds__(256)
   float s = 0.0f;
   for (int64_t p = 0; p < parts; ++p) s += partials[p * d + j];
   dw[j] += s;
+}
+
+// ---- BF16 rows whose width is a multiple of 8 (every model width): 16-byte vectors -------------
+//
+// A warp owns a row; lane l reads the 8 columns [c, c + 8) for c = 8 l, 8 l + 256, ... in order, so
+// its partial sums have a fixed order, and the warp's butterfly leaves the same bits in every lane.
+// The row is read twice (the sum, then the output); the second read hits the cache.
+
+constexpr int kVec = 8;                 // BF16 elements per 16-byte vector
+constexpr int kRowWarps = 8;            // rows (warps) per block
+constexpr int kVecColumns = 32 * kVec;  // columns a warp covers per step
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[kVec]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = bf16_to_float(static_cast<uint16_t>(w[i] & 0xFFFFu));
+    f[2 * i + 1] = bf16_to_float(static_cast<uint16_t>(w[i] >> 16));
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&f)[kVec]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = static_cast<uint32_t>(float_to_bf16(f[2 * i])) |
+           (static_cast<uint32_t>(float_to_bf16(f[2 * i + 1])) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// y = x * rstd * w; with `res`: x += res first (add_into's element, rounded to BF16, stored back).
+__global__ void __launch_bounds__(kRowWarps * 32)
+    rmsnorm_forward_bf16x8_kernel(uint16_t* __restrict__ x, const uint16_t* __restrict__ res,
+                                  const float* __restrict__ w, int64_t rows, int64_t d, float eps,
+                                  uint16_t* __restrict__ y, float* __restrict__ rstd) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  uint16_t* xr = x + r * d;
+  float ss = 0.0f;
+  for (int64_t c = lane * kVec; c < d; c += kVecColumns) {
+    float v[kVec];
+    unpack8(*reinterpret_cast<const uint4*>(xr + c), v);
+    if (res != nullptr) {
+      float q[kVec];
+      unpack8(*reinterpret_cast<const uint4*>(res + r * d + c), q);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = bf16_to_float(float_to_bf16(add_element(v[i], q[i])));
+      *reinterpret_cast<uint4*>(xr + c) = pack8(v);
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) ss = fmaf(v[i], v[i], ss);
+  }
+  ss = warp_sum(ss);
+  const float rs = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+  if (lane == 0) rstd[r] = rs;
+  for (int64_t c = lane * kVec; c < d; c += kVecColumns) {
+    float v[kVec];
+    unpack8(*reinterpret_cast<const uint4*>(xr + c), v);
+    const float4 w0 = *reinterpret_cast<const float4*>(w + c);
+    const float4 w1 = *reinterpret_cast<const float4*>(w + c + 4);
+    const float wv[kVec] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = v[i] * rs * wv[i];
+    *reinterpret_cast<uint4*>(y + r * d + c) = pack8(v);
+  }
+}
+
+// dx = rstd (dy w - xhat mean(dy w xhat)); with `res`: dx = round(round(dx) + res). No dw here
+// (rmsnorm_dweight_bf16x8_kernel).
+__global__ void __launch_bounds__(kRowWarps * 32)
+    rmsnorm_backward_bf16x8_kernel(const uint16_t* __restrict__ dy, const uint16_t* __restrict__ x,
+                                   const float* __restrict__ w, const float* __restrict__ rstd,
+                                   const uint16_t* __restrict__ res, int64_t rows, int64_t d,
+                                   uint16_t* __restrict__ dx) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const float rs = rstd[r];
+  float dot = 0.0f;
+  for (int64_t c = lane * kVec; c < d; c += kVecColumns) {
+    float g[kVec], v[kVec];
+    unpack8(*reinterpret_cast<const uint4*>(dy + r * d + c), g);
+    unpack8(*reinterpret_cast<const uint4*>(x + r * d + c), v);
+    const float4 w0 = *reinterpret_cast<const float4*>(w + c);
+    const float4 w1 = *reinterpret_cast<const float4*>(w + c + 4);
+    const float wv[kVec] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) dot = fmaf(g[i] * wv[i], v[i] * rs, dot);
+  }
+  const float mean = warp_sum(dot) / static_cast<float>(d);
+  for (int64_t c = lane * kVec; c < d; c += kVecColumns) {
+    float g[kVec], v[kVec];
+    unpack8(*reinterpret_cast<const uint4*>(dy + r * d + c), g);
+    unpack8(*reinterpret_cast<const uint4*>(x + r * d + c), v);
+    const float4 w0 = *reinterpret_cast<const float4*>(w + c);
+    const float4 w1 = *reinterpret_cast<const float4*>(w + c + 4);
+    const float wv[kVec] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = rs * (g[i] * wv[i] - (v[i] * rs) * mean);
+    if (res != nullptr) {
+      float q[kVec];
+      unpack8(*reinterpret_cast<const uint4*>(res + r * d + c), q);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = add_element(bf16_to_float(float_to_bf16(v[i])), q[i]);
+    }
+    *reinterpret_cast<uint4*>(dx + r * d + c) = pack8(v);
+  }
+}
+
+// dw partials: block (column chunk of kVecColumns, part p) sums dy * x * rstd over the part's rows
+// [p rows_per_part, ...): warp k takes the rows k, k + kRowWarps, ... of the part in order (lane l
+// its 8 columns), then the warps' sums are added in warp order. partials[p, j] = that sum.
+__global__ void __launch_bounds__(kRowWarps * 32)
+    rmsnorm_dweight_bf16x8_kernel(const uint16_t* __restrict__ dy, const uint16_t* __restrict__ x,
+                                  const float* __restrict__ rstd, int64_t rows, int64_t d,
+                                  int64_t rows_per_part, float* __restrict__ partials) {
+  __shared__ float sums[kRowWarps][kVecColumns];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecColumns + lane * kVec;
+  const int64_t p = blockIdx.y;
+  const int64_t r0 = p * rows_per_part, r1 = min(rows, r0 + rows_per_part);
+  float acc[kVec] = {};
+  if (c < d) {
+    for (int64_t r = r0 + warp; r < r1; r += kRowWarps) {
+      float g[kVec], v[kVec];
+      unpack8(*reinterpret_cast<const uint4*>(dy + r * d + c), g);
+      unpack8(*reinterpret_cast<const uint4*>(x + r * d + c), v);
+      const float rs = rstd[r];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = fmaf(g[i], v[i] * rs, acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) sums[warp][lane * kVec + i] = acc[i];
+  __syncthreads();
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kVecColumns + threadIdx.x;
+  if (threadIdx.x < kVecColumns && j < d) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRowWarps; ++k) s += sums[k][threadIdx.x];
+    partials[p * d + j] = s;
+  }
 }
 
 }  // namespace octet::cuda::rmsnorm_kernels
