@@ -72,39 +72,35 @@ void GroupedLinearLayer::prepare(Context& ctx, const Precision& p) {
   }
   if (r.precision == GemmPrecision::kBf16) {
     w_ = cast(ctx, param->value, p.act);
-    w_t_ = Tensor::empty(ctx, {E, I, O}, p.act);
-    for (int64_t e = 0; e < E; ++e)
-      copy_into(ctx, w_t_, e * I * O, transpose(ctx, row_slice(w_.reshape({E * O, I}), e * O, O)));
+    w_t_ = transpose_batched(ctx, w_.reshape({E, O, I}));  // (E, In, Out): W_e^T stacked
     return;
   }
   // fp8-block: 128x128 blocks per expert, both copies, stacked.
   const int64_t so = ceil_div(O, kGroup), si = ceil_div(I, kGroup);
   const DType d8 = fp8_dtype(r.forward_format);
-  fp8_ = {Tensor::empty(ctx, {E * O, I}, d8), Tensor::empty(ctx, {E, so, si}, DType::kF32),
-          Granularity::k128x128, r.forward_format};
-  fp8_t_ = {Tensor::empty(ctx, {E * I, O}, d8), Tensor::empty(ctx, {E, si, so}, DType::kF32),
-            Granularity::k128x128, r.forward_format};
+  fp8_ = {Tensor(), Tensor(), Granularity::k128x128, r.forward_format};
+  fp8_t_ = fp8_;
   QuantizeArgs qa;
   qa.format = r.forward_format;
   qa.granularity = Granularity::k128x128;
   qa.output = QuantizeOutput::kBoth;
   if (O % kGroup == 0) {
-    // No block straddles two experts: one quantization of the stacked (E Out, In) matrix. Its
-    // column-wise copy (In, E Out) holds W_e^T side by side; Dgrad wants them stacked (E In, Out),
-    // which is a strided copy of bytes and of scales (the same blocks, so the same values).
+    // No block straddles two experts: one quantization of the stacked (E Out, In) matrix, row-wise
+    // only. W_e^T has the same 128x128 blocks, so the same scales and the same FP8 values: Dgrad's
+    // stacked (E In, Out) copy is each expert's bytes and scales transposed (one launch each).
     qa.input = param->value.reshape({E * O, I});
+    qa.output = QuantizeOutput::kRowwise;
     const QuantTensor q = quantize(ctx, qa);
-    copy_into(ctx, fp8_.data, 0, q.data);
-    copy_into(ctx, fp8_.scale_inv, 0, q.scale_inv);
-    for (int64_t e = 0; e < E; ++e) {
-      ctx.be().copy_2d(fp8_t_.data.data_as<uint8_t>() + e * I * O, O,
-                       q.columnwise_data.data_as<const uint8_t>() + e * O, E * O, O, I);
-      ctx.be().copy_2d(fp8_t_.scale_inv.data_as<float>() + e * si * so, so * 4,
-                       q.columnwise_scale_inv.data_as<const float>() + e * so, E * so * 4, so * 4,
-                       si);
-    }
+    fp8_.data = q.data;
+    fp8_.scale_inv = q.scale_inv.reshape({E, so, si});
+    fp8_t_.data = transpose_batched(ctx, q.data.reshape({E, O, I})).reshape({E * I, O});
+    fp8_t_.scale_inv = transpose_batched(ctx, fp8_.scale_inv);
     return;
   }
+  fp8_.data = Tensor::empty(ctx, {E * O, I}, d8);
+  fp8_.scale_inv = Tensor::empty(ctx, {E, so, si}, DType::kF32);
+  fp8_t_.data = Tensor::empty(ctx, {E * I, O}, d8);
+  fp8_t_.scale_inv = Tensor::empty(ctx, {E, si, so}, DType::kF32);
   for (int64_t e = 0; e < E; ++e) {  // each expert on its own
     qa.input = row_slice(param->value.reshape({E * O, I}), e * O, O);
     const QuantTensor q = quantize(ctx, qa);

@@ -112,6 +112,25 @@ TEST(CastGpu, TransposeOfATallMatrixBeyondOneGridColumn) {
   EXPECT_TRUE(test::bitwise_equal(transpose(cpu, x), got));
 }
 
+// The grouped layers' weight relayout: FP8 bytes, F32 scales and BF16 weights of many experts.
+TEST(CastGpu, TransposeBatchedMatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  Context& cpu = devices().cpu;
+  Context& gpu = devices().gpu;
+  for (const Shape& s : {Shape{32, 1408, 1024}, Shape{3, 33, 65}, Shape{7, 1, 129}, Shape{32, 11, 8}})
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kE4M3}) {
+      const Tensor x = input(s[0] * s[1], s[2], dt == DType::kE4M3 ? DType::kBF16 : dt, 17)
+                           .reshape(dt == DType::kE4M3 ? Shape{s[0], s[1], s[2] * 2} : s);
+      const Tensor xr = dt == DType::kE4M3
+                            ? Tensor::wrap(x.data(), x.shape(), DType::kE4M3, Device::kCpu)
+                            : x;
+      const Tensor want = transpose_batched(cpu, xr);
+      poison_pool(xr.nbytes());
+      const Tensor got = transpose_batched(gpu, xr.to(gpu, Device::kCuda)).to_host(gpu);
+      EXPECT_TRUE(test::bitwise_equal(want, got)) << shape_str(s) << " " << dtype_name(dt);
+    }
+}
+
 TEST(CastGpu, AddIntoMatchesCpuBitwise) {
   OCTET_REQUIRE_GPU();
   Context& cpu = devices().cpu;

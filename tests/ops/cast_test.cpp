@@ -64,6 +64,26 @@ TEST(Cast, RoundTripsAndSameDtypeCopies) {
   EXPECT_TRUE(test::bitwise_equal(x, cast(cpu(), x, DType::kF32)));
 }
 
+TEST(Cast, TransposeBatchedTransposesEachMatrix) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kU8}) {
+    Tensor x = Tensor::empty({3, 5, 7}, dt);
+    for (int64_t i = 0; i < x.nbytes(); ++i)
+      static_cast<unsigned char*>(x.data())[i] = static_cast<unsigned char>(i * 7 % 251);
+    const Tensor t = transpose_batched(cpu(), x);
+    ASSERT_EQ(t.shape(), (Shape{3, 7, 5}));
+    const int64_t es = dtype_size(dt);
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t i = 0; i < 5; ++i)
+        for (int64_t j = 0; j < 7; ++j)
+          ASSERT_EQ(std::memcmp(static_cast<const char*>(t.data()) + ((b * 7 + j) * 5 + i) * es,
+                                static_cast<const char*>(x.data()) + ((b * 5 + i) * 7 + j) * es, es),
+                    0)
+              << dtype_name(dt) << " at (" << b << ", " << i << ", " << j << ")";
+  }
+  test::expect_error([&] { transpose_batched(cpu(), random_tensor({4, 4}, DType::kF32, 1)); },
+                     {"expected (batch, rows, cols)"});
+}
+
 TEST(Cast, TransposeOfTheMatrixView) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Shape& s : {Shape{1, 7}, Shape{127, 1}, Shape{33, 65}, Shape{2, 3, 17}}) {

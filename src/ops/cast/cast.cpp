@@ -42,6 +42,19 @@ Tensor transpose(Context& ctx, const Tensor& x) {
   return out;
 }
 
+Tensor transpose_batched(Context& ctx, const Tensor& x) {
+  OCTET_CHECK(x.data() != nullptr || x.numel() == 0, "transpose_batched input: tensor has no storage");
+  check_dtype(x, "transpose_batched input",
+              {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2, DType::kU8});
+  check_device(x, "transpose_batched input", ctx.device);
+  OCTET_CHECK(x.rank() == 3, "transpose_batched input: expected (batch, rows, cols), got shape ",
+              shape_str(x.shape()));
+  Tensor out = Tensor::empty(ctx, {x.size(0), x.size(2), x.size(1)}, x.dtype());
+  if (x.numel() == 0) return out;
+  OCTET_DISPATCH(ctx, transpose_batched, ctx, x, out);
+  return out;
+}
+
 void add_into(Context& ctx, Tensor& y, const Tensor& x) {
   check_input(ctx, y, "add_into y");
   check_input(ctx, x, "add_into x");

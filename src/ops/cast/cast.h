@@ -26,6 +26,11 @@ Tensor cast(Context& ctx, const Tensor& x, DType to);
 // x (rows, cols) f32 or bf16, leading dimensions flattened into rows -> (cols, rows), x's dtype.
 Tensor transpose(Context& ctx, const Tensor& x);
 
+// x (batch, rows, cols) -> (batch, cols, rows): each matrix transposed, one launch. Moves element
+// bytes (never rounds): f32, bf16 and the 1-byte types (e4m3, e5m2, u8), so FP8 data and its
+// scales relayout without a copy per matrix.
+Tensor transpose_batched(Context& ctx, const Tensor& x);
+
 // y (any shape) f32 or bf16 += x (y's shape) f32 or bf16, elementwise; y and x must not overlap.
 void add_into(Context& ctx, Tensor& y, const Tensor& x);
 

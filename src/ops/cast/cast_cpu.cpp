@@ -41,6 +41,17 @@ void transpose(Context&, const Tensor& x, const Tensor& out) {
                   src + static_cast<size_t>(i * cols + j) * es, es);
 }
 
+void transpose_batched(Context& ctx, const Tensor& x, const Tensor& out) {
+  const int64_t batch = x.size(0), rows = x.size(1), cols = x.size(2);
+  const int64_t bytes = rows * cols * dtype_size(x.dtype());
+  for (int64_t b = 0; b < batch; ++b) {
+    auto* src = static_cast<char*>(x.data()) + b * bytes;
+    auto* dst = static_cast<char*>(out.data()) + b * bytes;
+    transpose(ctx, Tensor::wrap(src, {rows, cols}, x.dtype(), Device::kCpu),
+              Tensor::wrap(dst, {cols, rows}, x.dtype(), Device::kCpu));
+  }
+}
+
 void add_into(Context&, const Tensor& y, const Tensor& x) {
   const int64_t n = y.numel();
   for (int64_t i = 0; i < n; ++i) store(y, i, add_element(load(y, i), load(x, i)));  // +=

@@ -45,11 +45,15 @@ void launch_add(Context& ctx, const Tensor& y, const Tensor& x) {
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
+// `batch` matrices of (rows, cols), one per grid z.
 template <typename T>
-void launch_transpose(Context& ctx, const Tensor& x, const Tensor& out) {
-  const int64_t rows = x.rows(), cols = x.cols();
+void launch_transpose(Context& ctx, const Tensor& x, const Tensor& out, int64_t batch = 1) {
+  const int64_t rows = batch > 1 ? x.size(1) : x.rows(), cols = x.cols();
+  OCTET_CHECK(batch <= kMaxGridY, "transpose_batched: at most ", kMaxGridY, " matrices, got ",
+              batch);
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)),
-                  static_cast<unsigned>(std::min(ceil_div(rows, kTile), kMaxGridY)));
+                  static_cast<unsigned>(std::min(ceil_div(rows, kTile), kMaxGridY)),
+                  static_cast<unsigned>(batch));
   const dim3 block(kTile, kRowsPerPass);
   k::transpose_tiled_kernel<T, kTile, kRowsPerPass>
       <<<grid, block, 0, stream_of(ctx)>>>(x.data_as<const T>(), rows, cols, out.data_as<T>());
@@ -75,6 +79,18 @@ void transpose(Context& ctx, const Tensor& x, const Tensor& out) {
     launch_transpose<uint32_t>(ctx, x, out);
   else
     launch_transpose<uint16_t>(ctx, x, out);
+}
+
+void transpose_batched(Context& ctx, const Tensor& x, const Tensor& out) {
+  const int64_t batch = x.size(0);
+  switch (dtype_size(x.dtype())) {
+    case 4:
+      return launch_transpose<uint32_t>(ctx, x, out, batch);
+    case 2:
+      return launch_transpose<uint16_t>(ctx, x, out, batch);
+    default:
+      return launch_transpose<uint8_t>(ctx, x, out, batch);
+  }
 }
 
 void add_into(Context& ctx, const Tensor& y, const Tensor& x) {

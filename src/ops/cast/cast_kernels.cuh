@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
   static_assert(kTile % kRowsPerPass == 0, "whole passes per tile");
   static_assert(kTile == 32, "one warp per tile row: coalesced 32-element segments");
   __shared__ T tile[kTile][kTile + 1];
+  x += static_cast<int64_t>(blockIdx.z) * rows * cols;  // one matrix of a batch per z
+  out += static_cast<int64_t>(blockIdx.z) * rows * cols;
   const int64_t tiles_r = (rows + kTile - 1) / kTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int64_t tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
