@@ -88,7 +88,10 @@ TEST_P(AdamWGpu, StepsMatchCpuBitwise) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, AdamWGpu, ::testing::Values(1, 127, 1481, 4097, (1 << 20) + 3));
+// Multiples of 4 take the 4-wide kernel, the others the scalar one.
+INSTANTIATE_TEST_SUITE_P(Sizes, AdamWGpu,
+                         ::testing::Values(1, 127, 1481, 4097, (1 << 20) + 3, 4, 1024,
+                                           (1 << 20) + 4));
 
 TEST(GradNormGpu, MatchesCpuBitwiseOverManyTensors) {
   OCTET_REQUIRE_GPU();

@@ -117,13 +117,13 @@ TEST(CastGpu, TransposeBatchedMatchesCpuBitwise) {
   OCTET_REQUIRE_GPU();
   Context& cpu = devices().cpu;
   Context& gpu = devices().gpu;
-  for (const Shape& s : {Shape{32, 1408, 1024}, Shape{3, 33, 65}, Shape{7, 1, 129}, Shape{32, 11, 8}})
+  for (const Shape& s : {Shape{32, 176, 128}, Shape{3, 33, 65}, Shape{7, 1, 129}, Shape{32, 11, 8}})
     for (DType dt : {DType::kF32, DType::kBF16, DType::kE4M3}) {
-      const Tensor x = input(s[0] * s[1], s[2], dt == DType::kE4M3 ? DType::kBF16 : dt, 17)
-                           .reshape(dt == DType::kE4M3 ? Shape{s[0], s[1], s[2] * 2} : s);
-      const Tensor xr = dt == DType::kE4M3
-                            ? Tensor::wrap(x.data(), x.shape(), DType::kE4M3, Device::kCpu)
-                            : x;
+      // FP8: the bytes of a BF16 input (specials included) read as twice as many E4M3 elements.
+      const bool fp8 = dt == DType::kE4M3;
+      const Tensor x = input(s[0] * s[1], s[2], fp8 ? DType::kBF16 : dt, 17);
+      const Tensor xr =
+          Tensor::wrap(x.data(), {s[0], s[1], fp8 ? 2 * s[2] : s[2]}, dt, Device::kCpu);
       const Tensor want = transpose_batched(cpu, xr);
       poison_pool(xr.nbytes());
       const Tensor got = transpose_batched(gpu, xr.to(gpu, Device::kCuda)).to_host(gpu);

@@ -75,13 +75,17 @@ TEST(Cast, TransposeBatchedTransposesEachMatrix) {
     for (int64_t b = 0; b < 3; ++b)
       for (int64_t i = 0; i < 5; ++i)
         for (int64_t j = 0; j < 7; ++j)
-          ASSERT_EQ(std::memcmp(static_cast<const char*>(t.data()) + ((b * 7 + j) * 5 + i) * es,
-                                static_cast<const char*>(x.data()) + ((b * 5 + i) * 7 + j) * es, es),
-                    0)
+          ASSERT_EQ(
+              std::memcmp(static_cast<const char*>(t.data()) + ((b * 7 + j) * 5 + i) * es,
+                          static_cast<const char*>(x.data()) + ((b * 5 + i) * 7 + j) * es, es),
+              0)
               << dtype_name(dt) << " at (" << b << ", " << i << ", " << j << ")";
   }
-  test::expect_error([&] { transpose_batched(cpu(), random_tensor({4, 4}, DType::kF32, 1)); },
-                     {"expected (batch, rows, cols)"});
+  test::expect_error(
+      [&] {
+        transpose_batched(cpu(), random_tensor({4, 4}, DType::kF32, 1));
+      },
+      {"expected (batch, rows, cols)"});
 }
 
 TEST(Cast, TransposeOfTheMatrixView) {

@@ -143,7 +143,7 @@ TEST(RmsNormGpuResidual, FusedEqualsAddIntoThenNorm) {
       test::expect_residual_fusion_exact(gpu, rows, d, dt, 900 + rows + d);
 }
 
-// Many BF16 rows on the vectorised path: 256 dw parts of 256 rows.
+// Many BF16 rows on the vectorised path: 128 dw parts of 512 rows.
 TEST(RmsNormGpuWide, ManyRowsBf16) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();

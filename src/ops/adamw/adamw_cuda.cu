@@ -43,8 +43,23 @@ std::vector<kernels::TensorBatch> make_batches(const std::vector<Tensor>& grads)
 
 }  // namespace
 
+bool aligned(const Tensor& t, uintptr_t bytes) {
+  return t.data() == nullptr || reinterpret_cast<uintptr_t>(t.data()) % bytes == 0;
+}
+
 void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
   const int64_t n = a.param.numel();
+  if (n % 4 == 0 && aligned(a.param, 16) && aligned(a.grad, 16) && aligned(a.exp_avg, 8) &&
+      aligned(a.exp_avg_sq, 8) && aligned(a.param_bf16, 8)) {
+    kernels::adamw_x4_kernel<<<stride_blocks(ctx, n / 4, 256), 256, 0, stream_of(ctx)>>>(
+        a.param.data_as<float4>(), a.grad.data_as<const float4>(), a.exp_avg.data_as<uint2>(),
+        a.exp_avg_sq.data_as<uint2>(),
+        a.param_bf16.data() ? a.param_bf16.data_as<uint2>() : nullptr,
+        a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
+        a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n / 4, k);
+    OCTET_CUDA_CHECK_LAUNCH();
+    return;
+  }
   kernels::adamw_kernel<<<stride_blocks(ctx, n, 256), 256, 0, stream_of(ctx)>>>(
       a.param.data_as<float>(), a.grad.data_as<const float>(), a.exp_avg.data_as<uint16_t>(),
       a.exp_avg_sq.data_as<uint16_t>(),

@@ -43,7 +43,8 @@ Tensor transpose(Context& ctx, const Tensor& x) {
 }
 
 Tensor transpose_batched(Context& ctx, const Tensor& x) {
-  OCTET_CHECK(x.data() != nullptr || x.numel() == 0, "transpose_batched input: tensor has no storage");
+  OCTET_CHECK(x.data() != nullptr || x.numel() == 0,
+              "transpose_batched input: tensor has no storage");
   check_dtype(x, "transpose_batched input",
               {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2, DType::kU8});
   check_device(x, "transpose_batched input", ctx.device);

@@ -8,11 +8,11 @@
 
 namespace octet {
 
-#define OCTET_CAST_BACKEND_DECLS                                    \
-  void cast(Context& ctx, const Tensor& x, const Tensor& out);      \
-  void transpose(Context& ctx, const Tensor& x, const Tensor& out); \
+#define OCTET_CAST_BACKEND_DECLS                                            \
+  void cast(Context& ctx, const Tensor& x, const Tensor& out);              \
+  void transpose(Context& ctx, const Tensor& x, const Tensor& out);         \
   void transpose_batched(Context& ctx, const Tensor& x, const Tensor& out); \
-  void add_into(Context& ctx, const Tensor& y, const Tensor& x);    \
+  void add_into(Context& ctx, const Tensor& y, const Tensor& x);            \
   void round_to_storage(Context& ctx, const Tensor& x, ExMyFormat f, const Tensor& out);
 
 namespace cpu {

@@ -40,6 +40,15 @@ void launch_cast(Context& ctx, const Tensor& x, const Tensor& out) {
 template <typename YT, typename XT>
 void launch_add(Context& ctx, const Tensor& y, const Tensor& x) {
   const int64_t n = y.numel();
+  if constexpr (sizeof(YT) == 2 && sizeof(XT) == 2) {
+    if (n % 8 == 0 && reinterpret_cast<uintptr_t>(y.data()) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(x.data()) % 16 == 0) {
+      k::add_into_bf16x8_kernel<<<elementwise_grid(n / 8), kThreads, 0, stream_of(ctx)>>>(
+          y.data_as<uint4>(), x.data_as<const uint4>(), n / 8);
+      OCTET_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   k::add_into_elementwise_kernel<YT, XT><<<elementwise_grid(n), kThreads, 0, stream_of(ctx)>>>(
       y.data_as<YT>(), x.data_as<const XT>(), n);
   OCTET_CUDA_CHECK_LAUNCH();

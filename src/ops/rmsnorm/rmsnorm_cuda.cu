@@ -55,10 +55,10 @@ bool bf16x8(const Tensor& x, std::initializer_list<const Tensor*> others, const 
   return true;
 }
 
-// The dw partition of the vectorised backward: parts of at least 64 rows, at most 256 parts; a
+// The dw partition of the vectorised backward: parts of at least 128 rows, at most 128 parts; a
 // function of the row count alone.
-constexpr int64_t kMinRowsPerPartX8 = 64;
-constexpr int64_t kMaxPartsX8 = 256;
+constexpr int64_t kMinRowsPerPartX8 = 128;
+constexpr int64_t kMaxPartsX8 = 128;
 
 void forward_bf16x8(Context& ctx, const RmsNormForwardArgs& a) {
   const int64_t rows = a.x.rows(), d = a.x.cols();
@@ -91,9 +91,9 @@ void backward_bf16x8(Context& ctx, const RmsNormBackwardArgs& a) {
       a.dy.data_as<const uint16_t>(), a.x.data_as<const uint16_t>(), a.rstd.data_as<const float>(),
       rows, d, rows_per_part, partials.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
-  k::rmsnorm_dweight_reduce_kernel<<<static_cast<unsigned>(ceil_div(d, int64_t{256})), 256, 0,
-                                     st>>>(partials.data_as<const float>(), parts, d,
-                                           a.dweight.data_as<float>());
+  k::rmsnorm_dweight_reduce_x8_kernel<<<static_cast<unsigned>(ceil_div(d, int64_t{32})), 256, 0,
+                                        st>>>(partials.data_as<const float>(), parts, d,
+                                              a.dweight.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -238,4 +238,25 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
+// dw[j] += sum_p partials[p, j] for the vectorised path: block (32 columns) x (8 part lanes);
+// part lane k sums the parts k, k + 8, ... in order, then the 8 lane sums are added in lane order.
+__global__ void __launch_bounds__(256)
+    rmsnorm_dweight_reduce_x8_kernel(const float* __restrict__ partials, int64_t parts, int64_t d,
+                                     float* __restrict__ dw) {
+  __shared__ float sums[8][32];
+  const int col = static_cast<int>(threadIdx.x % 32), k = static_cast<int>(threadIdx.x / 32);
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + col;
+  float s = 0.0f;
+  if (j < d)
+    for (int64_t p = k; p < parts; p += 8) s += partials[p * d + j];
+  sums[k][col] = s;
+  __syncthreads();
+  if (k == 0 && j < d) {
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) t += sums[i][col];
+    dw[j] += t;
+  }
+}
+
 }  // namespace octet::cuda::rmsnorm_kernels
