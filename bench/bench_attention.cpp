@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "numerics/fp8.h"
 #include "ops/attention/attention.h"
+#include "ops/rope/rope.h"
 
 namespace octet::bench {
 namespace {
@@ -26,6 +27,39 @@ Tensor random_bf16(Context& ctx, const Shape& shape, uint64_t seed) {
   auto* p = h.data_as<uint16_t>();
   for (int64_t i = 0; i < h.numel(); ++i) p[i] = float_to_bf16(next() + next() + next());
   return h.to(ctx, ctx.device);
+}
+
+// MLA's RoPE on the attention inputs of the first shape: q (B, T, H, 96) with the rope part at 64,
+// and the shared key row (B, T, kv_lora 256 + 32) with it at 256, forward and backward.
+// Memory-bound (the whole row is written, the non-rope channels copied): GB/s of input read +
+// output written, against the device copy bandwidth.
+void rope_table(Context& ctx, int64_t B, int64_t T, int64_t H, int warmup, int runs) {
+  const double copy_gbs = copy_bandwidth_gbs(ctx, int64_t{1} << 30, runs);
+  L2Flusher flush(ctx);
+  const RopeTable tb = make_rope_table(ctx, T, 32, 10000.0);
+  struct RopeShape {
+    const char* name;
+    Shape shape;
+    int64_t offset;
+  };
+  const RopeShape shapes[] = {{"q (B, T, H, 64 + 32)", {B, T, H, 96}, 64},
+                              {"k_pe row (B, T, 256 + 32)", {B, T, 288}, 256}};
+  std::vector<std::vector<std::string>> table;
+  for (const RopeShape& rs : shapes) {
+    const Tensor x = random_bf16(ctx, rs.shape, 5);
+    for (bool forward : {true, false}) {
+      const RopeArgs a{x, tb, RopePairing::kHalf, rs.offset};
+      const double ms = time_op(
+                            ctx, [&] { forward ? rope_forward(ctx, a) : rope_backward(ctx, a); },
+                            warmup, runs, flush)
+                            .median_ms;
+      const double gbs = 2.0 * static_cast<double>(x.nbytes()) / (ms * 1e-3) / 1e9;
+      table.push_back({rs.name, forward ? "forward" : "backward", fmt(ms * 1e3, 1), fmt(gbs, 0),
+                       fmt(100.0 * gbs / copy_gbs, 1) + "%"});
+    }
+  }
+  std::printf("\nrope (BF16, rope dim 32; device copy %.0f GB/s):\n", copy_gbs);
+  print_table({"tensor", "direction", "us", "GB/s", "of copy"}, table);
 }
 
 int run(const std::vector<std::string>& argv) {
@@ -87,6 +121,8 @@ int run(const std::vector<std::string>& argv) {
   print_table({"B x T x H (Dqk, Dv)", "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS", "bwd/fwd",
                "workspace MiB fwd / bwd"},
               table);
+  if (dev == "cuda")
+    rope_table(ctx, shapes.front().B, shapes.front().T, shapes.front().H, warmup, runs);
   return 0;
 }
 
@@ -105,7 +141,9 @@ Suite attention_suite() {
           "FLOPs\n"
           "(see bench_attention.cpp). Median of --runs (default 20). scripts/peer_attention.py "
           "times\n"
-          "cuDNN's attention through PyTorch on the same shapes.",
+          "cuDNN's attention through PyTorch on the same shapes. On CUDA, then RoPE on the "
+          "first shape's\n"
+          "q and shared-key tensors in GB/s against the device copy bandwidth.",
           run};
 }
 

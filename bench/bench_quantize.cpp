@@ -38,6 +38,54 @@ Tensor random_bf16(Context& ctx, int64_t rows, int64_t cols) {
   return h.to(ctx, ctx.device);
 }
 
+// The tile kernel (1x128 with the column-wise copy) on the shapes the deepseek recipe quantizes in
+// configs/baseline-h100.toml (B*T = 16384 tokens, top-4 routing: 65536 expert rows): x and dy of
+// the MLA projections, the dense MLP and the shared expert (kBoth), the o_proj input re-quantized
+// for Wgrad (kColumnwise), and the grouped experts' x and dy.
+std::vector<std::vector<std::string>> model_shapes_table(Context& ctx, double copy_gbs, int warmup,
+                                                         int runs, L2Flusher& flush) {
+  struct Shape2 {
+    int64_t rows, cols;
+    QuantizeOutput out;
+  };
+  const std::vector<Shape2> shapes = {
+      {16384, 1024, QuantizeOutput::kBoth},       {16384, 384, QuantizeOutput::kBoth},
+      {16384, 256, QuantizeOutput::kBoth},        {16384, 288, QuantizeOutput::kBoth},
+      {16384, 1536, QuantizeOutput::kBoth},       {16384, 2048, QuantizeOutput::kBoth},
+      {16384, 704, QuantizeOutput::kBoth},        {16384, 2816, QuantizeOutput::kBoth},
+      {16384, 1024, QuantizeOutput::kColumnwise}, {65536, 1024, QuantizeOutput::kBoth},
+      {65536, 1408, QuantizeOutput::kBoth}};
+  std::vector<std::vector<std::string>> table;
+  for (const Shape2& sh : shapes) {
+    const Tensor x = random_bf16(ctx, sh.rows, sh.cols);
+    const double n = static_cast<double>(sh.rows) * static_cast<double>(sh.cols);
+    const bool both = sh.out == QuantizeOutput::kBoth;
+    const double scales =
+        4.0 * static_cast<double>(
+                  shape_numel(scale_shape(Granularity::k1x128, sh.cols, sh.rows)) +
+                  (both ? shape_numel(scale_shape(Granularity::k1x128, sh.rows, sh.cols)) : 0));
+    const double bytes = 2 * n + (both ? 2 : 1) * n + scales;
+    const double ms = time_op(
+                          ctx,
+                          [&] {
+                            quantize(ctx, {x,
+                                           Fp8Format::kE4M3,
+                                           Granularity::k1x128,
+                                           ScaleRounding::kPow2,
+                                           0.0f,
+                                           sh.out,
+                                           {}});
+                          },
+                          warmup, runs, flush)
+                          .median_ms;
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    table.push_back({both ? "1x128 + column-wise" : "1x128 column-wise only",
+                     std::to_string(sh.rows) + " x " + std::to_string(sh.cols), fmt(ms * 1e3, 1),
+                     fmt(gbs, 0), fmt(100.0 * gbs / copy_gbs, 1) + "%"});
+  }
+  return table;
+}
+
 int run(const std::vector<std::string>& argv) {
   cli::Args args(argv, {"device", "rows", "cols", "runs", "warmup"}, {});
   args.expect_positional(0, 0,
@@ -141,6 +189,13 @@ int run(const std::vector<std::string>& argv) {
   print_table(
       {"shape", "transpose ms", "GB/s", "dequantize ms", "requantize ms", "deq+req ms", "speedup"},
       transpose_table);
+  if (dev == "cuda" && !args.get("rows") && !args.get("cols")) {
+    std::printf(
+        "\nbf16 -> fp8 E4M3 1x128 (pow2) with the column-wise copy on the model's shapes "
+        "(configs/baseline-h100.toml):\n");
+    print_table({"op", "shape", "us", "GB/s", "of copy"},
+                model_shapes_table(ctx, copy_gbs, warmup, runs, flush));
+  }
   return 0;
 }
 
@@ -156,8 +211,11 @@ Suite quantize_suite() {
           "and as a share\n"
           "of the device-to-device copy bandwidth measured in the same run; then the scaling-aware "
           "transpose\n"
-          "against dequantize-then-requantize. Median of --runs (default 30) with the L2 flushed "
-          "before each.",
+          "against dequantize-then-requantize; then (CUDA, no --rows/--cols) the 1x128 tile "
+          "kernel with the\n"
+          "column-wise copy on the shapes configs/baseline-h100.toml quantizes. Median of --runs "
+          "(default 30)\n"
+          "with the L2 flushed before each.",
           run};
 }
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/cast/cast.h"
 
@@ -151,6 +152,56 @@ TEST(CastGpu, AddIntoMatchesCpuBitwise) {
           EXPECT_TRUE(test::bitwise_equal(want, yd.to_host(gpu)))
               << where("add_into", r, c, xdt, ydt);
         }
+}
+
+// input() with its NaNs replaced by 2.5: CPU and GPU division give NaNs different bits, and the
+// round_to_storage contract does not fix a NaN's payload (the test below checks NaN against the
+// GPU's own element-wise kernel instead).
+Tensor finite_input(int64_t rows, int64_t cols, DType dt, uint64_t seed) {
+  Tensor t = input(rows, cols, DType::kF32, seed);
+  float* p = t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::isnan(p[i])) p[i] = 2.5f;
+  return dt == DType::kF32 ? t : cast(devices().cpu, t, DType::kBF16);
+}
+
+// Widths that are multiples of 8 (1000, 1024, 136) take round_to_storage_vec_kernel; 7 and 129 the
+// element-wise kernel. Partial 1x128 tiles at the end of a row in both.
+TEST(CastGpu, RoundToStorageMatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  Context& cpu = devices().cpu;
+  Context& gpu = devices().gpu;
+  for (int64_t r : kRows)
+    for (int64_t c : {int64_t{7}, int64_t{129}, int64_t{136}, int64_t{1000}, int64_t{1024}})
+      for (DType dt : kDtypes)
+        for (ExMyFormat f : {kE5M6Format, kE4M3Format}) {
+          const Tensor x = finite_input(r, c, dt, static_cast<uint64_t>(r * 19 + c));
+          const Tensor want = round_to_storage(cpu, x, f);
+          poison_pool(r * c * dtype_size(dt));
+          const Tensor got = round_to_storage(gpu, x.to(gpu, Device::kCuda), f).to_host(gpu);
+          EXPECT_TRUE(test::bitwise_equal(want, got))
+              << where("round_to_storage", r, c, dt, dt) << " man_bits " << f.man_bits;
+        }
+}
+
+// NaN (and inf) included: the vector kernel against the element-wise one, which a view 2 or 4
+// bytes off a 16-byte boundary takes, on the same values.
+TEST(CastGpu, RoundToStorageVectorMatchesElementwiseKernel) {
+  OCTET_REQUIRE_GPU();
+  Context& gpu = devices().gpu;
+  const int64_t rows = 129, cols = 1000;
+  for (DType dt : kDtypes) {
+    const Tensor x = input(rows, cols, dt, 99);
+    const int64_t es = dtype_size(dt);
+    Tensor aligned = x.to(gpu, Device::kCuda);
+    Tensor big = Tensor::empty(gpu, {rows * cols + 1}, dt);
+    Tensor shifted =
+        Tensor::wrap(static_cast<char*>(big.data()) + es, {rows, cols}, dt, Device::kCuda);
+    gpu.be().copy(shifted.data(), aligned.data(), rows * cols * es, CopyKind::kDeviceToDevice);
+    const Tensor want = round_to_storage(gpu, shifted, kE5M6Format).to_host(gpu);
+    const Tensor got = round_to_storage(gpu, aligned, kE5M6Format).to_host(gpu);
+    EXPECT_TRUE(test::bitwise_equal(want, got)) << dtype_name(dt);
+  }
 }
 
 }  // namespace

@@ -94,6 +94,95 @@ INSTANTIATE_TEST_SUITE_P(
                                          QuantizeOutput::kBoth),
                        ::testing::Values(DType::kBF16, DType::kF32)));
 
+// The BF16 1x128 tile kernel with the column-wise copy (quantize_bf16_tile_kernels.cuh): taken when
+// cols % 8 == 0, rows % 16 == 0 and the buffers are aligned. Full and partial 128x128 tiles in
+// both directions, the model's widths (288, 704, 1408, 2816), both formats and roundings.
+using FastCase = std::tuple<Shape, Fp8Format, ScaleRounding, QuantizeOutput>;
+
+class QuantizeGpuBf16Tile : public ::testing::TestWithParam<FastCase> {};
+
+TEST_P(QuantizeGpuBf16Tile, MatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const auto& [shape, fmt, rnd, out] = GetParam();
+  for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
+    Tensor x = random_tensor(shape, DType::kBF16, 4321 + static_cast<int>(dist), dist);
+    QuantizeArgs a{x, fmt, Granularity::k1x128, rnd, 0.0f, out, {}};
+    const QuantTensor want = quantize(cpu, a);
+    poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
+    a.input = x.to(gpu, Device::kCuda);
+    const QuantTensor got = quantize(gpu, a);
+    ASSERT_TRUE(same_quant(gpu, want, got)) << "dist " << static_cast<int>(dist);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FastPath, QuantizeGpuBf16Tile,
+    ::testing::Combine(::testing::Values(Shape{16, 8}, Shape{128, 128}, Shape{144, 136},
+                                         Shape{272, 288}, Shape{2, 64, 520}, Shape{400, 704},
+                                         Shape{256, 1408}, Shape{48, 2816}, Shape{2064, 256}),
+                       ::testing::Values(Fp8Format::kE4M3, Fp8Format::kE5M2),
+                       ::testing::Values(ScaleRounding::kExact, ScaleRounding::kPow2),
+                       ::testing::Values(QuantizeOutput::kColumnwise, QuantizeOutput::kBoth)));
+
+// NaN, infinities, an all-zero row, an all-zero tile column, -0 and BF16 subnormals in the fast
+// path, with and without an epsilon.
+TEST(QuantizeGpuSpecial, Bf16TileNonFiniteZeroAndEpsilon) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const int64_t rows = 272, cols = 264;
+  Tensor x = random_tensor({rows, cols}, DType::kBF16, 17, Dist::kWide);
+  auto* p = x.data_as<uint16_t>();
+  for (int64_t c = 0; c < cols; ++c) p[5 * cols + c] = 0;         // an all-zero row
+  for (int64_t r = 0; r < rows; ++r) p[r * cols + 131] = 0x8000;  // an all -0 column
+  p[17 * cols + 3] = 0x7F80;                                      // +inf
+  p[40 * cols + 200] = 0xFF80;                                    // -inf
+  p[130 * cols + 129] = 0x7FC0;                                   // NaN
+  p[131 * cols + 130] = 0xFFC1;                                   // NaN with sign and payload
+  p[250 * cols + 7] = 0x0001;                                     // BF16 subnormal
+  p[251 * cols + 7] = 0x7F7F;                                     // BF16 max
+  for (float eps : {0.0f, 1e-4f})
+    for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+      for (QuantizeOutput o : {QuantizeOutput::kColumnwise, QuantizeOutput::kBoth}) {
+        QuantizeArgs a{x, f, Granularity::k1x128, ScaleRounding::kPow2, eps, o, {}};
+        const QuantTensor want = quantize(cpu, a);
+        poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
+        a.input = x.to(gpu, Device::kCuda);
+        ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)))
+            << format_name(f) << " eps " << eps << " output " << static_cast<int>(o);
+      }
+}
+
+// A misaligned input and a row count that is not a multiple of 16 take the general tile kernel.
+TEST(QuantizeGpuSpecial, Bf16TileFallbacks) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  Tensor big = random_tensor({1, 144 * 256 + 8}, DType::kBF16, 19, Dist::kOutliers);
+  Tensor dev_big = big.to(gpu, Device::kCuda);
+  for (int64_t shift : {1, 4}) {  // 2 and 8 bytes off a 16-byte boundary
+    Tensor xs = Tensor::wrap(static_cast<uint16_t*>(big.data()) + shift, {144, 256}, DType::kBF16,
+                             Device::kCpu);
+    QuantizeArgs a{xs,
+                   Fp8Format::kE4M3,
+                   Granularity::k1x128,
+                   ScaleRounding::kExact,
+                   0.0f,
+                   QuantizeOutput::kBoth,
+                   {}};
+    const QuantTensor want = quantize(cpu, a);
+    a.input = Tensor::wrap(static_cast<uint16_t*>(dev_big.data()) + shift, {144, 256}, DType::kBF16,
+                           Device::kCuda);
+    ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a))) << "shift " << shift;
+  }
+  Tensor odd = random_tensor({136, 256}, DType::kBF16, 23, Dist::kGaussian);  // rows % 16 == 8
+  QuantizeArgs a{
+      odd, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kBoth,
+      {}};
+  const QuantTensor want = quantize(cpu, a);
+  a.input = odd.to(gpu, Device::kCuda);
+  ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)));
+}
+
 TEST(QuantizeGpuSpecial, NonFiniteAndZeroGroups) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();

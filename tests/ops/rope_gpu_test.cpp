@@ -68,6 +68,17 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(RopePairing::kHalf, RopePairing::kInterleave),
         ::testing::Values(DType::kF32, DType::kBF16)));
 
+// rope_vec_kernel: W, offset and d multiples of 8 (the first three Shapes cases take it too). The
+// baseline model's k_pe row (kv_lora 256 + rope 32), a rope part between two copied parts, one quad
+// (d = 8), and a tensor large enough that the grid-stride loop wraps.
+INSTANTIATE_TEST_SUITE_P(
+    VectorPath, RopeGpu,
+    ::testing::Combine(::testing::Values(Case{{2, 33, 288}, 256, 32}, Case{{2, 9, 4, 48}, 8, 16},
+                                         Case{{3, 50, 2, 24}, 16, 8},
+                                         Case{{2, 2048, 16, 96}, 64, 32}),
+                       ::testing::Values(RopePairing::kHalf, RopePairing::kInterleave),
+                       ::testing::Values(DType::kF32, DType::kBF16)));
+
 TEST(RopeGpuSpecial, TableMatchesCpuTable) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();

@@ -115,6 +115,20 @@ void add_into(Context& ctx, const Tensor& y, const Tensor& x) {
 }
 
 void round_to_storage(Context& ctx, const Tensor& x, ExMyFormat f, const Tensor& out) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (x.cols() % 8 == 0 && aligned16(x.data()) && aligned16(out.data())) {
+    const int64_t half_warps = x.rows() * ceil_div(x.cols(), kGroup);
+    const auto blocks =
+        static_cast<unsigned>(std::min(ceil_div(half_warps, kThreads / 16), kMaxBlocks));
+    if (x.dtype() == DType::kF32)
+      k::round_to_storage_vec_kernel<float><<<blocks, kThreads, 0, stream_of(ctx)>>>(
+          x.data_as<const float>(), x.rows(), x.cols(), f, out.data_as<float>());
+    else
+      k::round_to_storage_vec_kernel<uint16_t><<<blocks, kThreads, 0, stream_of(ctx)>>>(
+          x.data_as<const uint16_t>(), x.rows(), x.cols(), f, out.data_as<uint16_t>());
+    OCTET_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const int64_t warps = x.rows() * ceil_div(x.cols(), kGroup);
   const auto blocks = static_cast<unsigned>(std::min(ceil_div(warps, kThreads / 32), kMaxBlocks));
   if (x.dtype() == DType::kF32)

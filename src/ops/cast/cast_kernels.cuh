@@ -111,4 +111,73 @@ __global__ void round_to_storage_kernel(const T* __restrict__ x, int64_t rows, i
   }
 }
 
+// round_to_storage for cols % 8 == 0 with 16-byte aligned x and out (the o_proj input, (B*T, H*dv)
+// BF16): a half-warp per 1x128 tile, 8 elements per lane in one 16-byte load (two for FP32). The
+// tile's amax is the unsigned max of |x| bits, which orders finite values and inf like fmaxf and
+// puts any NaN above them: storage_tile_scale sees the same amax, inf or a NaN (scale 1 either
+// way). The element is storage_round's: the division by the power-of-2 scale is a multiplication by
+// its exact inverse (2^-100 .. 2^126, normal), the same real number rounded once, so the same FP32
+// result, overflow and subnormals included; NaN keeps the division so that its bits are untouched.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      v[2 * i] = bits_float(u[i] << 16), v[2 * i + 1] = bits_float(u[i] & 0xFFFF0000u);
+  } else {
+    const float4 a = reinterpret_cast<const float4*>(p)[0],
+                 b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    uint32_t u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      u[i] = float_to_bf16(v[2 * i]) | (static_cast<uint32_t>(float_to_bf16(v[2 * i + 1])) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(u[0], u[1], u[2], u[3]);
+  } else {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    round_to_storage_vec_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, ExMyFormat f,
+                                T* __restrict__ out) {
+  const int64_t tiles_per_row = (cols + 127) / 128, tiles = rows * tiles_per_row;
+  const int half = (threadIdx.x % 32) / 16, lane16 = threadIdx.x % 16;
+  // A warp takes two adjacent tiles per step; all its lanes run the same steps (the shuffles need
+  // all 32).
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / 16);
+  for (int64_t t0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * 2;
+       t0 < tiles; t0 += stride) {
+    const int64_t t = t0 + half;
+    const int64_t r = t < tiles ? t / tiles_per_row : 0;
+    const int64_t c = t < tiles ? (t % tiles_per_row) * 128 + lane16 * 8 : cols;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (c < cols) load8(x + r * cols + c, v);
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = max(m, float_bits(v[i]) & 0x7FFFFFFFu);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if (c >= cols) continue;
+    const float s = storage_tile_scale(bits_float(m), f);
+    const float inv = fp32_div_rn(1.0f, s);  // exact: s is a power of 2 in [2^-126, 2^100]
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float q = round_to_exmy(fp32_mul_rn(v[i], s), f);
+      v[i] = q != q ? fp32_div_rn(q, s) : fp32_mul_rn(q, inv);
+    }
+    store8(out + r * cols + c, v);
+  }
+}
+
 }  // namespace octet::cuda::cast_kernels

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "ops/quantize/quantize_backends.h"
+#include "ops/quantize/quantize_bf16_tile_kernels.cuh"
 #include "ops/quantize/quantize_kernels.cuh"
 
 namespace octet::cuda {
@@ -68,6 +69,38 @@ ScaleSource columnwise_source(Granularity g) {
   return ScaleSource::kTile;
 }
 
+// The deepseek recipe's x and dy: BF16, 1x128, with the column-wise copy. Returns false (nothing
+// launched) when the shape or alignment needs the general tile kernel.
+bool launch_bf16_1x128_tile(Context& ctx, const QuantizeArgs& args, QuantTensor& out,
+                            const ScaleRule& rule) {
+  const int64_t rows = args.input.rows(), cols = args.input.cols();
+  const bool rowwise = args.output == QuantizeOutput::kBoth;
+  if (args.granularity != Granularity::k1x128 || args.output == QuantizeOutput::kRowwise ||
+      args.scale.defined() || cols % 8 != 0 || rows % 16 != 0 || !aligned16(args.input.data()) ||
+      !aligned16(out.columnwise_data.data()) ||
+      (rowwise && reinterpret_cast<uintptr_t>(out.data.data()) % 8 != 0))
+    return false;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)),
+                  static_cast<unsigned>(ceil_div(rows, kGroup)));
+  if (grid.y >= 65536) return false;  // the general path reports it
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kernels::kTileThreads, 0, stream_of(ctx)>>>(
+        args.input.data_as<const uint16_t>(), rows, cols, rule,
+        rowwise ? out.data.data_as<uint8_t>() : nullptr,
+        rowwise ? out.scale_inv.data_as<float>() : nullptr, out.columnwise_data.data_as<uint8_t>(),
+        out.columnwise_scale_inv.data_as<float>(), out.amax.data_as<uint32_t>());
+  };
+  const bool e4m3 = args.format == Fp8Format::kE4M3;
+  if (rowwise)
+    launch(e4m3 ? kernels::quantize_bf16_1x128_tile_kernel<Fp8Format::kE4M3, true>
+                : kernels::quantize_bf16_1x128_tile_kernel<Fp8Format::kE5M2, true>);
+  else
+    launch(e4m3 ? kernels::quantize_bf16_1x128_tile_kernel<Fp8Format::kE4M3, false>
+                : kernels::quantize_bf16_1x128_tile_kernel<Fp8Format::kE5M2, false>);
+  OCTET_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 template <typename InT>
 void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
   const InT* in = args.input.data_as<const InT>();
@@ -91,6 +124,10 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
       launch(kernels::quantize_1x128_kernel<InT, 1>);
     OCTET_CUDA_CHECK_LAUNCH();
     return;
+  }
+
+  if constexpr (sizeof(InT) == 2) {
+    if (launch_bf16_1x128_tile(ctx, args, out, rule)) return;
   }
 
   TileParams p;
