@@ -135,6 +135,7 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
   p.cols = cols;
   p.rule = rule;
   p.amax_out = amax_bits;
+  p.aligned_input = reinterpret_cast<uintptr_t>(in) % (4 * sizeof(InT)) == 0;
   if (args.output != QuantizeOutput::kColumnwise)
     p.rowwise = TileOutput{out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
                            rowwise_source(args.granularity), args.granularity};

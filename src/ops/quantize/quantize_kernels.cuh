@@ -187,6 +187,7 @@ struct TileParams {
   const uint32_t* row_amax = nullptr;     // (rows) abs bits, for kGlobalPerRow
   const uint32_t* col_amax = nullptr;     // (cols) abs bits, for kGlobalPerCol
   uint32_t* amax_out = nullptr;           // (1) abs bits: max |x| over the tensor
+  bool aligned_input = true;              // input aligned to 4 elements: vector loads allowed
 };
 
 // Offset of the scale_inv entry of element (r, c) of a (rows, cols) matrix (scale.h layouts).
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
                 c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const bool vec = p.cols % 4 == 0;
+  const bool vec = p.cols % 4 == 0 && p.aligned_input;
   // The tile stays in registers between the amax pass and the cast, in the input's own width (BF16
   // packed two to a register): 32 registers for BF16 instead of 64, so more tiles fit on an SM.
   using Held = std::conditional_t<sizeof(InT) == 2, uint2, float4>;
