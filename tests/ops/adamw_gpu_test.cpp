@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/adamw/adamw.h"
+#include "ops/quantize/quantize.h"
 #include "test_util.h"
 
 namespace octet {
@@ -92,6 +93,90 @@ TEST_P(AdamWGpu, StepsMatchCpuBitwise) {
 INSTANTIATE_TEST_SUITE_P(Sizes, AdamWGpu,
                          ::testing::Values(1, 127, 1481, 4097, (1 << 20) + 3, 4, 1024,
                                            (1 << 20) + 4));
+
+// The fused optimizer + 128x128 weight quantization against the CPU (the update, then quantize()),
+// bit for bit, over steps with clipping and a skipped step: a model weight, stacked experts with
+// the per-expert column-wise copy, partial tiles on the vector path, and the scalar path.
+struct BlockCase {
+  int64_t rows, cols, batch_rows;
+  Fp8Format format;
+};
+
+class AdamWBlockQuantizeGpu : public ::testing::TestWithParam<BlockCase> {};
+
+BlockQuantOutput block_output(Context& ctx, const BlockCase& c) {
+  const int64_t sr = (c.rows + 127) / 128, sc = (c.cols + 127) / 128;
+  const int64_t b = c.batch_rows ? c.rows / c.batch_rows : 1;
+  const int64_t br = c.batch_rows ? c.batch_rows : c.rows;
+  const DType d8 = fp8_dtype(c.format);
+  BlockQuantOutput o;
+  o.format = c.format;
+  o.rows = c.rows;
+  o.cols = c.cols;
+  o.batch_rows = c.batch_rows;
+  o.data = Tensor::empty(ctx, {c.rows, c.cols}, d8);
+  o.scale_inv = Tensor::empty(ctx, {sr, sc}, DType::kF32);
+  o.columnwise_data = Tensor::empty(ctx, {b, c.cols, br}, d8);
+  o.columnwise_scale_inv = Tensor::empty(ctx, {b, sc, (br + 127) / 128}, DType::kF32);
+  return o;
+}
+
+TEST_P(AdamWBlockQuantizeGpu, MatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const BlockCase bc = GetParam();
+  const int64_t n = bc.rows * bc.cols;
+  AdamWArgs c{test::random_tensor({n}, DType::kF32, 5, test::Dist::kOutliers), Tensor(),
+              bf16_of(test::random_tensor({n}, DType::kF32, 6), false),
+              bf16_of(test::random_tensor({n}, DType::kF32, 7, test::Dist::kWide), true)};
+  AdamWArgs g{to_gpu(c.param), Tensor(), to_gpu(c.exp_avg), to_gpu(c.exp_avg_sq)};
+  const BlockQuantOutput oc = block_output(cpu, bc), og = block_output(gpu, bc);
+  for (int64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(std::to_string(bc.rows) + "x" + std::to_string(bc.cols) + " batch " +
+                 std::to_string(bc.batch_rows) + ", step " + std::to_string(step));
+    c.grad = test::random_tensor({n}, DType::kF32, 20 + step, test::Dist::kOutliers);
+    g.grad = to_gpu(c.grad);
+    c.grad_scale = step == 2 ? scalar(DType::kF32, 0.3) : Tensor();
+    g.grad_scale = step == 2 ? to_gpu(c.grad_scale) : Tensor();
+    c.found_inf = step == 3 ? scalar(DType::kI32, 1) : Tensor();
+    g.found_inf = step == 3 ? to_gpu(c.found_inf) : Tensor();
+    for (AdamWArgs* a : {&c, &g}) {
+      a->lr = 1e-2f * static_cast<float>(step);
+      a->step = step;
+    }
+    adamw_step_block_quantize(cpu, c, oc);
+    adamw_step_block_quantize(gpu, g, og);
+    ASSERT_TRUE(bitwise_equal(c.param, to_cpu(g.param))) << "param";
+    ASSERT_TRUE(bitwise_equal(c.exp_avg, to_cpu(g.exp_avg))) << "exp_avg";
+    ASSERT_TRUE(bitwise_equal(c.exp_avg_sq, to_cpu(g.exp_avg_sq))) << "exp_avg_sq";
+    ASSERT_TRUE(bitwise_equal(oc.data, to_cpu(og.data))) << "data";
+    ASSERT_TRUE(bitwise_equal(oc.scale_inv, to_cpu(og.scale_inv))) << "scale_inv";
+    ASSERT_TRUE(bitwise_equal(oc.columnwise_data, to_cpu(og.columnwise_data))) << "columnwise";
+    ASSERT_TRUE(bitwise_equal(oc.columnwise_scale_inv, to_cpu(og.columnwise_scale_inv)))
+        << "columnwise_scale_inv";
+  }
+  // And the GPU outputs are what quantize() makes of the GPU's updated master.
+  QuantizeArgs qa;
+  qa.input = g.param.reshape({bc.rows, bc.cols});
+  qa.format = bc.format;
+  qa.granularity = Granularity::k128x128;
+  qa.output = QuantizeOutput::kBoth;
+  const QuantTensor q = quantize(gpu, qa);
+  EXPECT_TRUE(bitwise_equal(to_cpu(q.data), to_cpu(og.data)));
+  EXPECT_TRUE(
+      bitwise_equal(to_cpu(q.scale_inv), to_cpu(og.scale_inv).reshape(q.scale_inv.shape())));
+  if (bc.batch_rows == 0)
+    EXPECT_TRUE(bitwise_equal(to_cpu(q.columnwise_data),
+                              to_cpu(og.columnwise_data).reshape(q.columnwise_data.shape())));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AdamWBlockQuantizeGpu,
+                         ::testing::Values(BlockCase{1408, 1024, 0, Fp8Format::kE4M3},
+                                           BlockCase{4 * 256, 384, 256, Fp8Format::kE4M3},
+                                           BlockCase{3 * 128, 200, 128, Fp8Format::kE5M2},
+                                           BlockCase{200, 72, 0, Fp8Format::kE4M3},
+                                           BlockCase{129, 7, 0, Fp8Format::kE4M3},
+                                           BlockCase{1, 4, 0, Fp8Format::kE4M3}));
 
 TEST(GradNormGpu, MatchesCpuBitwiseOverManyTensors) {
   OCTET_REQUIRE_GPU();

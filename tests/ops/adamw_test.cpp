@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "numerics/fp8.h"
 #include "ops/adamw/adamw.h"
+#include "ops/quantize/quantize.h"
 #include "test_util.h"
 
 namespace octet {
@@ -201,6 +203,64 @@ TEST(GradNorm, NonfiniteFlag) {
   }
   EXPECT_EQ(nonfinite_flag(cpu(), {}).data_as<int32_t>()[0], 0);
   EXPECT_THROW(nonfinite_flag(cpu(), {test::random_tensor({4}, DType::kBF16, 1)}), Error);
+}
+
+// The fused update + weight quantization: the same master and moments as adamw_step, and, for
+// stacked matrices, each matrix's own column-wise copy (the per-expert layout Dgrad reads).
+TEST(AdamW, BlockQuantizeIsTheUpdateThenEachMatricesBlocks) {
+  const int64_t E = 3, O = 128, I = 136, n = E * O * I;
+  AdamWArgs a;
+  a.param = test::random_tensor({n}, DType::kF32, 1, test::Dist::kOutliers);
+  a.grad = test::random_tensor({n}, DType::kF32, 2);
+  a.exp_avg = bf16_of(test::random_tensor({n}, DType::kF32, 3));
+  a.exp_avg_sq = bf16_of(test::random_tensor({n}, DType::kF32, 4, test::Dist::kWide));
+  for (int64_t i = 0; i < n; ++i) a.exp_avg_sq.data_as<uint16_t>()[i] &= 0x7FFFu;  // v >= 0
+  a.lr = 0.01f;
+  AdamWArgs b = a;
+  for (Tensor* t : {&b.param, &b.exp_avg, &b.exp_avg_sq}) *t = t->to_host(cpu());
+  adamw_step(cpu(), b);
+  BlockQuantOutput o;
+  o.rows = E * O;
+  o.cols = I;
+  o.batch_rows = O;
+  o.data = Tensor::empty({E * O, I}, DType::kE4M3);
+  o.scale_inv = Tensor::empty({E, 2}, DType::kF32);
+  o.columnwise_data = Tensor::empty({E, I, O}, DType::kE4M3);
+  o.columnwise_scale_inv = Tensor::empty({E, 2, 1}, DType::kF32);
+  adamw_step_block_quantize(cpu(), a, o);
+  EXPECT_TRUE(test::bitwise_equal(b.param, a.param));
+  EXPECT_TRUE(test::bitwise_equal(b.exp_avg, a.exp_avg));
+  EXPECT_TRUE(test::bitwise_equal(b.exp_avg_sq, a.exp_avg_sq));
+  for (int64_t e = 0; e < E; ++e) {
+    QuantizeArgs qa;
+    qa.input =
+        Tensor::wrap(b.param.data_as<float>() + e * O * I, {O, I}, DType::kF32, Device::kCpu);
+    qa.granularity = Granularity::k128x128;
+    qa.output = QuantizeOutput::kBoth;
+    const QuantTensor q = quantize(cpu(), qa);
+    const auto* rows = o.data.data_as<const uint8_t>() + e * O * I;
+    const auto* cols = o.columnwise_data.data_as<const uint8_t>() + e * I * O;
+    EXPECT_EQ(std::memcmp(rows, q.data.data(), O * I), 0) << "expert " << e;
+    EXPECT_EQ(std::memcmp(cols, q.columnwise_data.data(), O * I), 0) << "expert " << e;
+    EXPECT_EQ(std::memcmp(o.columnwise_scale_inv.data_as<float>() + e * 2,
+                          q.columnwise_scale_inv.data(), 2 * sizeof(float)),
+              0)
+        << "expert " << e;
+  }
+  BlockQuantOutput bad = o;
+  bad.batch_rows = 100;
+  auto expect_error = [&](const BlockQuantOutput& out, const char* fragment) {
+    try {
+      adamw_step_block_quantize(cpu(), a, out);
+      ADD_FAILURE() << "no error; expected " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error(bad, "batch_rows 100 must be 0 or a multiple of 128");
+  bad = o;
+  bad.cols = 7;
+  expect_error(bad, "is not the parameter's");
 }
 
 }  // namespace

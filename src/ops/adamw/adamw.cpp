@@ -3,8 +3,11 @@
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "backend/dispatch.h"
 #include "ops/adamw/adamw_backends.h"
+#include "ops/cast/cast.h"
+#include "ops/quantize/quantize.h"
 
 namespace octet {
 namespace {
@@ -38,7 +41,10 @@ void check_grad_list(Context& ctx, const std::vector<Tensor>& grads, const char*
 
 }  // namespace
 
-void adamw_step(Context& ctx, const AdamWArgs& a) {
+namespace {
+
+// Validates the arguments and computes the step's FP32 constants (adamw.h).
+AdamWConsts adamw_consts(Context& ctx, const AdamWArgs& a) {
   check_dtype(a.param, "adamw param", {DType::kF32});
   check_device(a.param, "adamw param", ctx.device);
   const int64_t n = a.param.numel();
@@ -68,8 +74,74 @@ void adamw_step(Context& ctx, const AdamWArgs& a) {
                                    (1.0 - std::pow(static_cast<double>(a.beta1), step)));
   k.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), step)));
   k.eps = a.eps;
-  if (n == 0) return;
+  return k;
+}
+
+void check_block_output(Context& ctx, const AdamWArgs& a, const BlockQuantOutput& o) {
+  const char* op = "adamw_step_block_quantize";
+  OCTET_CHECK(!a.param_bf16.data(), op, ": param_bf16 must be undefined (the outputs are FP8)");
+  OCTET_CHECK(o.rows >= 0 && o.cols >= 0 && o.rows * o.cols == a.param.numel(), op, ": rows ",
+              o.rows, " x cols ", o.cols, " is not the parameter's ", a.param.numel(), " elements");
+  OCTET_CHECK(o.batch_rows == 0 || (o.batch_rows % kGroup == 0 && o.rows % o.batch_rows == 0), op,
+              ": batch_rows ", o.batch_rows, " must be 0 or a multiple of 128 that divides rows ",
+              o.rows);
+  const DType d8 = fp8_dtype(o.format);
+  const int64_t sr = ceil_div(o.rows, kGroup), sc = ceil_div(o.cols, kGroup);
+  const int64_t b = o.batch_rows > 0 ? o.rows / o.batch_rows : 1;
+  const int64_t br = o.batch_rows > 0 ? o.batch_rows : o.rows;
+  check_same_numel(o.data, "adamw_step_block_quantize data", d8, o.rows * o.cols, ctx.device);
+  check_same_numel(o.columnwise_data, "adamw_step_block_quantize columnwise_data", d8,
+                   o.rows * o.cols, ctx.device);
+  check_same_numel(o.scale_inv, "adamw_step_block_quantize scale_inv", DType::kF32, sr * sc,
+                   ctx.device);
+  check_same_numel(o.columnwise_scale_inv, "adamw_step_block_quantize columnwise_scale_inv",
+                   DType::kF32, b * sc * ceil_div(br, kGroup), ctx.device);
+}
+
+void copy_bytes(Context& ctx, const Tensor& dst, const Tensor& src) {
+  ctx.be().copy(dst.data(), src.data(), src.nbytes(),
+                ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice);
+}
+
+}  // namespace
+
+void adamw_step(Context& ctx, const AdamWArgs& a) {
+  const AdamWConsts k = adamw_consts(ctx, a);
+  if (a.param.numel() == 0) return;
   OCTET_DISPATCH(ctx, adamw_step, ctx, a, k);
+}
+
+void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const BlockQuantOutput& o) {
+  const AdamWConsts k = adamw_consts(ctx, a);
+  check_block_output(ctx, a, o);
+  if (a.param.numel() == 0) return;
+  if (ctx.device == Device::kCuda) {
+    OCTET_DISPATCH(ctx, adamw_step_block_quantize, ctx, a, k, o);
+    return;
+  }
+  // The CPU: the update, then ops/quantize on the updated master (the definition).
+  cpu::adamw_step(ctx, a, k);
+  QuantizeArgs qa;
+  qa.input = a.param.reshape({o.rows, o.cols});
+  qa.format = o.format;
+  qa.granularity = Granularity::k128x128;
+  qa.rounding = o.rounding;
+  qa.output = QuantizeOutput::kBoth;
+  const QuantTensor q = quantize(ctx, qa);
+  copy_bytes(ctx, o.data, q.data);
+  copy_bytes(ctx, o.scale_inv, q.scale_inv);
+  if (o.batch_rows == 0) {
+    copy_bytes(ctx, o.columnwise_data, q.columnwise_data);
+    copy_bytes(ctx, o.columnwise_scale_inv, q.columnwise_scale_inv);
+    return;
+  }
+  // Each stacked matrix's own transpose: its bytes and its scales (the same 128x128 blocks).
+  const int64_t b = o.rows / o.batch_rows, sb = o.batch_rows / kGroup,
+                sc = ceil_div(o.cols, kGroup);
+  copy_bytes(ctx, o.columnwise_data,
+             transpose_batched(ctx, Tensor::wrap(q.data.data(), {b, o.batch_rows, o.cols},
+                                                 DType::kU8, ctx.device)));
+  copy_bytes(ctx, o.columnwise_scale_inv, transpose_batched(ctx, q.scale_inv.reshape({b, sb, sc})));
 }
 
 Tensor global_grad_norm(Context& ctx, const std::vector<Tensor>& grads) {

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "core/context.h"
+#include "numerics/fp8.h"
+#include "numerics/scale.h"
 
 namespace octet {
 
@@ -41,6 +43,29 @@ struct AdamWArgs {
 };
 
 void adamw_step(Context& ctx, const AdamWArgs& args);
+
+// The weights the next forward reads, written by the same pass (the per-step weight preparation of
+// the fp8-block recipes, fused into the optimizer): the updated master, seen as a (rows, cols)
+// matrix, quantized in 128x128 blocks exactly as ops/quantize does it (granularity k128x128,
+// QuantizeOutput::kBoth), so the bytes and scales equal a separate quantize() of the updated
+// master. With batch_rows > 0 the matrix is a stack of (batch_rows, cols) matrices (the grouped
+// experts' (E Out, In)) and the column-wise copy is each one transposed, stacked. With found_inf
+// set the master and moments stay unchanged and the outputs are rewritten from them (the same bytes
+// a preparation of the unchanged master gives).
+struct BlockQuantOutput {
+  Fp8Format format = Fp8Format::kE4M3;
+  ScaleRounding rounding = ScaleRounding::kExact;
+  int64_t rows = 0, cols = 0;   // rows * cols = the parameter's element count
+  int64_t batch_rows = 0;       // 0, or a multiple of 128 that divides rows
+  Tensor data;                  // (rows, cols) fp8 (format's dtype): written (=)
+  Tensor scale_inv;             // ceil(rows / 128) x ceil(cols / 128) f32: written (=)
+  Tensor columnwise_data;       // (cols, rows), or (rows / batch_rows, cols, batch_rows): written
+  Tensor columnwise_scale_inv;  // the transpose's block scales, per matrix: written (=)
+};
+
+// adamw_step, then the block quantization of the updated weights, in one pass on CUDA (args'
+// param_bf16 must be undefined). The CPU runs the two steps one after the other.
+void adamw_step_block_quantize(Context& ctx, const AdamWArgs& args, const BlockQuantOutput& out);
 
 // Global L2 norm sqrt(sum_i sum_x x^2) over a list of f32 tensors, returned as (1) f32 on the
 // context's device (freshly allocated). Fixed order, hence bitwise deterministic and equal on CPU

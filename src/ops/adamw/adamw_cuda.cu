@@ -7,9 +7,75 @@
 #include "numerics/scale.h"  // ceil_div
 #include "ops/adamw/adamw_backends.h"
 #include "ops/adamw/adamw_kernels.cuh"
+#include "ops/quantize/quantize_kernels.cuh"
 
 namespace octet::cuda {
 namespace {
+
+// The fused optimizer's values for the 128x128 tile kernel of ops/quantize: each load updates the 4
+// parameters (r, c..c+3) as adamw_kernel does (the same element function) and returns the new
+// values, which the tile kernel then quantizes. With found_inf set nothing is written and the
+// unchanged values are returned.
+struct AdamWSource {
+  float* p;
+  const float* g;
+  uint16_t* m;
+  uint16_t* v;
+  const float* scale;
+  const int32_t* found_inf;
+  AdamWConsts k;
+
+  __device__ __forceinline__ float update(int64_t i, bool skip, float s) const {
+    if (skip) return p[i];
+    const float gi = scale ? rn::mul(g[i], s) : g[i];
+    adamw_math::Element x{p[i], bf16_to_float(m[i]), bf16_to_float(v[i])};
+    adamw_math::update(x, gi, k);
+    p[i] = x.p;
+    m[i] = float_to_bf16(x.m);
+    v[i] = float_to_bf16(x.v);
+    return x.p;
+  }
+
+  template <typename Held>
+  __device__ __forceinline__ Held load(int64_t r, int64_t c, int64_t rows, int64_t cols,
+                                       bool vec) const {
+    static_assert(sizeof(Held) == 16, "the master weights are F32");
+    const bool skip = found_inf && *found_inf != 0;
+    const float s = scale ? *scale : 1.0f;
+    float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (vec && r < rows && c < cols) {
+      const int64_t i = r * cols + c;
+      const float4 pv = *reinterpret_cast<const float4*>(p + i);
+      const float ps[4] = {pv.x, pv.y, pv.z, pv.w};
+      if (skip) return pv;
+      const float4 gv = *reinterpret_cast<const float4*>(g + i);
+      const uint2 mv = *reinterpret_cast<const uint2*>(m + i);
+      const uint2 vv = *reinterpret_cast<const uint2*>(v + i);
+      const float gs[4] = {gv.x, gv.y, gv.z, gv.w};
+      const uint32_t mw[2] = {mv.x, mv.y}, vw[2] = {vv.x, vv.y};
+      uint32_t mo[2] = {0, 0}, vo[2] = {0, 0};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float gi = scale ? rn::mul(gs[e], s) : gs[e];
+        adamw_math::Element x{ps[e],
+                              bf16_to_float(static_cast<uint16_t>(mw[e / 2] >> (16 * (e % 2)))),
+                              bf16_to_float(static_cast<uint16_t>(vw[e / 2] >> (16 * (e % 2))))};
+        adamw_math::update(x, gi, k);
+        out[e] = x.p;
+        mo[e / 2] |= static_cast<uint32_t>(float_to_bf16(x.m)) << (16 * (e % 2));
+        vo[e / 2] |= static_cast<uint32_t>(float_to_bf16(x.v)) << (16 * (e % 2));
+      }
+      *reinterpret_cast<float4*>(p + i) = make_float4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint2*>(m + i) = make_uint2(mo[0], mo[1]);
+      *reinterpret_cast<uint2*>(v + i) = make_uint2(vo[0], vo[1]);
+      return make_float4(out[0], out[1], out[2], out[3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (r < rows && c + e < cols) out[e] = update(r * cols + c + e, skip, s);
+    return make_float4(out[0], out[1], out[2], out[3]);
+  }
+};
 
 cudaStream_t stream_of(const Context& ctx) {
   return static_cast<cudaStream_t>(ctx.stream);
@@ -66,6 +132,40 @@ void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
       a.param_bf16.data() ? a.param_bf16.data_as<uint16_t>() : nullptr,
       a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
       a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n, k);
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWConsts& k,
+                               const BlockQuantOutput& o) {
+  namespace qk = kernels;  // the tile kernel of ops/quantize (quantize_kernels.cuh)
+  const AdamWSource src{a.param.data_as<float>(),
+                        a.grad.data_as<const float>(),
+                        a.exp_avg.data_as<uint16_t>(),
+                        a.exp_avg_sq.data_as<uint16_t>(),
+                        a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
+                        a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr,
+                        k};
+  qk::TileParams p;
+  p.rows = o.rows;
+  p.cols = o.cols;
+  p.rule = ScaleRule{o.format, o.rounding, 0.0f, 0};
+  p.rowwise = qk::TileOutput{o.data.data_as<uint8_t>(), o.scale_inv.data_as<float>(),
+                             qk::ScaleSource::kTile, Granularity::k128x128};
+  p.columnwise =
+      qk::TileOutput{o.columnwise_data.data_as<uint8_t>(), o.columnwise_scale_inv.data_as<float>(),
+                     qk::ScaleSource::kTile, Granularity::k128x128};
+  p.amax_out = nullptr;
+  auto at = [](const Tensor& t, uintptr_t bytes) {
+    return reinterpret_cast<uintptr_t>(t.data()) % bytes == 0;
+  };
+  p.aligned_input = at(a.param, 16) && at(a.grad, 16) && at(a.exp_avg, 8) && at(a.exp_avg_sq, 8);
+  p.batch_rows = o.batch_rows;
+  const dim3 grid(static_cast<unsigned>(ceil_div(o.cols, kGroup)),
+                  static_cast<unsigned>(ceil_div(o.rows, kGroup)));
+  OCTET_CHECK(grid.y < 65536, "adamw_step_block_quantize: ", o.rows,
+              " rows exceed the tile kernel's grid limit (65535 * 128)");
+  qk::quantize_tile_kernel<float, AdamWSource>
+      <<<grid, qk::kTileThreads, 0, stream_of(ctx)>>>(src, p);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -181,7 +181,8 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
                   static_cast<unsigned>(ceil_div(rows, kGroup)));
   OCTET_CHECK(grid.y < 65536, "quantize: ", rows,
               " rows exceed the tile kernel's grid limit (65535 * 128)");
-  kernels::quantize_tile_kernel<InT><<<grid, kernels::kTileThreads, 0, st>>>(in, p);
+  kernels::quantize_tile_kernel<InT>
+      <<<grid, kernels::kTileThreads, 0, st>>>(kernels::TensorSource<InT>{in}, p);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

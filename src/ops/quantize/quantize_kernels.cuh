@@ -49,7 +49,7 @@ __device__ __forceinline__ void block_amax_to_global(uint32_t v, uint32_t* out, 
   if (warp == 0) {
     v = lane < static_cast<int>(blockDim.x / 32) ? smem8[lane] : 0u;
     v = warp_max(v);
-    if (lane == 0 && v) atomicMax(out, v);
+    if (lane == 0 && v && out != nullptr) atomicMax(out, v);  // null: not wanted
   }
 }
 
@@ -188,6 +188,32 @@ struct TileParams {
   const uint32_t* col_amax = nullptr;     // (cols) abs bits, for kGlobalPerCol
   uint32_t* amax_out = nullptr;           // (1) abs bits: max |x| over the tensor
   bool aligned_input = true;              // input aligned to 4 elements: vector loads allowed
+  // k128x128 only, > 0: the rows are stacked matrices of batch_rows rows each (a multiple of 128,
+  // the grouped experts' (E Out, In)); the column-wise copy is each matrix transposed, stacked:
+  // (rows / batch_rows, cols, batch_rows), its scales likewise.
+  int64_t batch_rows = 0;
+};
+
+// Where the tile kernel's values come from: the input tensor itself. Another source (the fused
+// AdamW of ops/adamw) produces the values it quantizes; `load` returns the 4 values of (r, c..c+3),
+// 0 outside the matrix, packed in InT's width as Held.
+template <typename InT>
+struct TensorSource {
+  const InT* in;
+  template <typename Held>
+  __device__ __forceinline__ Held load(int64_t r, int64_t c, int64_t rows, int64_t cols,
+                                       bool vec) const {
+    if (vec && r < rows && c < cols) return *reinterpret_cast<const Held*>(in + r * cols + c);
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      f[i] = (r < rows && c + i < cols) ? load_float(in, r * cols + c + i) : 0.0f;
+    if constexpr (sizeof(InT) == 2)
+      return make_uint2(float_to_bf16(f[0]) | (float_bits(f[1]) & 0xFFFF0000u),
+                        float_to_bf16(f[2]) | (float_bits(f[3]) & 0xFFFF0000u));
+    else
+      return make_float4(f[0], f[1], f[2], f[3]);
+  }
 };
 
 // Offset of the scale_inv entry of element (r, c) of a (rows, cols) matrix (scale.h layouts).
@@ -297,9 +323,9 @@ __device__ __forceinline__ void store_transposed(const TileSmem& s, uint8_t* out
 // One block per 128x128 tile. A warp covers one tile row per step (4 elements a lane), 8 rows per
 // step, 16 steps; the 64 values a thread holds stay in registers between the amax pass and the
 // cast.
-template <typename InT>
+template <typename InT, typename Source = TensorSource<InT>>
 __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
-    quantize_tile_kernel(const InT* __restrict__ in, TileParams p) {
+    quantize_tile_kernel(Source src, TileParams p) {
   __shared__ TileSmem s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
@@ -313,19 +339,7 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
 #pragma unroll
   for (int step = 0; step < 16; ++step) {
     const int64_t r = r0 + step * 8 + warp, c = c0 + lane * 4;
-    if (vec && r < p.rows && c < p.cols) {
-      held[step] = *reinterpret_cast<const Held*>(in + r * p.cols + c);
-    } else {
-      float f[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        f[i] = (r < p.rows && c + i < p.cols) ? load_float(in, r * p.cols + c + i) : 0.0f;
-      if constexpr (sizeof(InT) == 2)
-        held[step] = make_uint2(float_to_bf16(f[0]) | (float_bits(f[1]) & 0xFFFF0000u),
-                                float_to_bf16(f[2]) | (float_bits(f[3]) & 0xFFFF0000u));
-      else
-        held[step] = make_float4(f[0], f[1], f[2], f[3]);
-    }
+    held[step] = src.template load<Held>(r, c, p.rows, p.cols, vec);
     float v[4];
     unpack4(held[step], v);
     uint32_t rowmax = 0;
@@ -356,7 +370,17 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
 #pragma unroll
   for (int w = 0; w < 8; ++w) tile_amax = max(tile_amax, s.warp_amax[w]);
   if (p.rowwise.data) tile_scales(p, p.rowwise, 0, r0, c0, tile_amax, s);
-  if (p.columnwise.data) tile_scales(p, p.columnwise, 1, r0, c0, tile_amax, s);
+  // The column-wise copy of a stacked matrix (batch_rows > 0): this tile's matrix b, seen alone.
+  TileParams pc = p;
+  int64_t cr0 = r0;
+  if (p.batch_rows > 0) {
+    const int64_t b = r0 / p.batch_rows;
+    cr0 = r0 - b * p.batch_rows;
+    pc.rows = p.batch_rows;
+    pc.columnwise.data += b * p.cols * p.batch_rows;
+    pc.columnwise.scale_inv += b * ceil_div(p.cols, kGroup) * (p.batch_rows / kGroup);
+  }
+  if (p.columnwise.data) tile_scales(pc, pc.columnwise, 1, cr0, c0, tile_amax, s);
   __syncthreads();
 #pragma unroll
   for (int step = 0; step < 16; ++step) {
@@ -395,7 +419,7 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
   }
   if (p.columnwise.data) {
     __syncthreads();
-    store_transposed(s, p.columnwise.data, p.rows, p.cols, r0, c0);
+    store_transposed(s, pc.columnwise.data, pc.rows, p.cols, cr0, c0);
   }
 }
 
@@ -404,7 +428,8 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
 // tensor. The tile's scale is the largest of its row scale_invs; each row's codes move to it by the
 // exact factor s_row / S (a power of two <= 1), decoded through a 256-entry table and re-rounded by
 // the hardware conversion, which is exact while values stay normal and round-to-nearest-even below.
-__global__ void __launch_bounds__(kTileThreads)
+// static: the header is also included by ops/adamw (the fused optimizer), one copy per unit.
+static __global__ void __launch_bounds__(kTileThreads)
     scaling_aware_transpose_kernel(const uint8_t* __restrict__ q,
                                    const float* __restrict__ scale_inv, int64_t rows, int64_t cols,
                                    Fp8Format format, uint8_t* __restrict__ out,
@@ -580,7 +605,7 @@ __global__ void __launch_bounds__(256)
 
 // Single block: history[step % len] = amax; reduce; scale = rule(reduced) unless reduced is 0 or
 // non-finite, in which case the previous scale stays.
-__global__ void __launch_bounds__(256)
+static __global__ void __launch_bounds__(256)
     delayed_scaling_update_kernel(float* history, int64_t len, const float* amax, int64_t step,
                                   bool reduce_max, ScaleRule rule, float* scale, float* scale_inv) {
   __shared__ uint32_t warp_amax[8];
