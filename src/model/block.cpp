@@ -15,14 +15,14 @@ void DecoderLayer::init_state(Context& ctx, const Recipe& recipe) {
   if (moe) moe->init_state(ctx, recipe);
 }
 
-void DecoderLayer::prepare(Context& ctx, const Precision& p) {
+void DecoderLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
   for (LinearLayer* l : {&attn.q_a, &attn.q_b, &attn.q, &attn.kv_a, &attn.kv_b, &attn.o})
-    if (l->param != nullptr) l->prepare(ctx, p);
+    if (l->param != nullptr) l->prepare(ctx, p, scope);
   if (mlp) {
-    mlp->gate_up.prepare(ctx, p);
-    mlp->down.prepare(ctx, p);
+    mlp->gate_up.prepare(ctx, p, scope);
+    mlp->down.prepare(ctx, p, scope);
   }
-  if (moe) moe->prepare(ctx, p);
+  if (moe) moe->prepare(ctx, p, scope);
 }
 
 Tensor DecoderLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope,

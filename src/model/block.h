@@ -28,7 +28,7 @@ struct DecoderLayer {
   };
 
   void init_state(Context& ctx, const Recipe& recipe);
-  void prepare(Context& ctx, const Precision& p);
+  void prepare(Context& ctx, const Precision& p, PrepareScope scope = PrepareScope::kAll);
   // x (B * T, D) -> (B * T, D).
   Tensor forward(Context& ctx, const Precision& p, const RopeTable& rope, const Tensor& x,
                  int64_t B, int64_t T, Saved& s);

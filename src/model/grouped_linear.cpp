@@ -61,9 +61,16 @@ void GroupedLinearLayer::init_state(Context& ctx, const Recipe& recipe) {
   }
 }
 
-void GroupedLinearLayer::prepare(Context& ctx, const Precision& p) {
+void GroupedLinearLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t E = experts(), O = out(), I = in();
+  if (scope == PrepareScope::kNotFused && fused) {
+    if (prepared_ == GemmPrecision::kBf16)  // the optimizer wrote w_; its transpose follows it
+      w_t_ = transpose_batched(ctx, w_.reshape({E, O, I}));
+    return;
+  }
+  fused = false;
+  prepared_ = r.precision;
   if (r.precision == GemmPrecision::kFp8Tensor) {
     OCTET_CHECK(static_cast<int64_t>(per_expert_.size()) == E, "grouped linear ",
                 gemm_site_name(site), ": init_state was not called for the fp8-tensor recipe");
@@ -109,6 +116,22 @@ void GroupedLinearLayer::prepare(Context& ctx, const Precision& p) {
     copy_into(ctx, fp8_t_.data, e * I * O, q.columnwise_data);
     copy_into(ctx, fp8_t_.scale_inv, e * si * so, q.columnwise_scale_inv);
   }
+}
+
+bool GroupedLinearLayer::weight_output(WeightOutput& out) const {
+  out = WeightOutput{param, Tensor(), BlockQuantOutput{}};
+  const int64_t E = experts(), O = this->out(), I = in();
+  if (prepared_ == GemmPrecision::kBf16) {
+    if (w_.dtype() != DType::kBF16 || w_.data() == nullptr) return false;
+    out.bf16 = w_;
+    return true;
+  }
+  if (prepared_ != GemmPrecision::kFp8Block || O % kGroup != 0 || fp8_.data.data() == nullptr)
+    return false;
+  out.fp8 =
+      BlockQuantOutput{fp8_.format,    ScaleRounding::kExact, E * O,           I, O, fp8_.data,
+                       fp8_.scale_inv, fp8_t_.data,           fp8_t_.scale_inv};
+  return true;
 }
 
 Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const GroupedInput& in_,

@@ -47,7 +47,14 @@ struct GroupedLinearLayer {
   };
 
   void init_state(Context& ctx, const Recipe& recipe);
-  void prepare(Context& ctx, const Precision& p);  // once per optimizer step
+  bool fused = false;  // the optimizer writes the prepared weights (weight_output() handed out)
+
+  // Once per optimizer step; kNotFused, for a fused layer, only what derives from the weights the
+  // optimizer wrote (the BF16 recipe's transposed copy).
+  void prepare(Context& ctx, const Precision& p, PrepareScope scope = PrepareScope::kAll);
+  // Where the optimizer can write the prepared weights: the BF16 copy, or the stacked 128x128
+  // blocks with each expert's transpose (Out a multiple of 128); false otherwise.
+  bool weight_output(WeightOutput& out) const;
   Tensor forward(Context& ctx, const Precision& p, const GroupedInput& in,
                  const GroupLayoutRef& layout, Saved& s);
   // fp8-tensor: the per-expert Linear layers (their delayed-scaling state); empty otherwise.
@@ -60,10 +67,11 @@ struct GroupedLinearLayer {
   int64_t experts() const { return param->value.size(0); }
   int64_t out() const { return param->value.size(1); }
   int64_t in() const { return param->value.size(2); }
-  Tensor w_, w_t_;                       // bf16: (E, Out, In), (E, In, Out)
-  Fp8Operand fp8_, fp8_t_;               // fp8-block: (E Out, In), (E In, Out), rank-3 scales
-  std::vector<Parameter> views_;         // fp8-tensor: expert slices of param
-  std::vector<LinearLayer> per_expert_;  // fp8-tensor
+  Tensor w_, w_t_;          // bf16: (E, Out, In), (E, In, Out)
+  Fp8Operand fp8_, fp8_t_;  // fp8-block: (E Out, In), (E In, Out), rank-3 scales
+  GemmPrecision prepared_ = GemmPrecision::kBf16;  // the precision of the last preparation
+  std::vector<Parameter> views_;                   // fp8-tensor: expert slices of param
+  std::vector<LinearLayer> per_expert_;            // fp8-tensor
 };
 
 }  // namespace octet

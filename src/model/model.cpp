@@ -2,6 +2,8 @@
 // and MTP modules, and the backward in reverse order (model.h has the math).
 #include "model/model.h"
 
+#include <set>
+
 #include <cstring>
 
 #include "backend/backend.h"
@@ -268,14 +270,56 @@ io::NamedTensors Model::export_tensors(Context& ctx) const {
   return out;
 }
 
-void Model::prepare(Context& ctx) {
+void Model::prepare(Context& ctx, PrepareScope scope) {
   const Precision& p = precision_;
-  head_proj_.prepare(ctx, p);
-  for (auto& l : layers_) l.prepare(ctx, p);
+  head_proj_.prepare(ctx, p, scope);
+  for (auto& l : layers_) l.prepare(ctx, p, scope);
   for (auto& m : mtp_) {
-    m.eh_proj.prepare(ctx, p);
-    m.layer.prepare(ctx, p);
+    m.eh_proj.prepare(ctx, p, scope);
+    m.layer.prepare(ctx, p, scope);
   }
+}
+
+void Model::visit_linears(const std::function<void(LinearLayer&)>& linear,
+                          const std::function<void(GroupedLinearLayer&)>& grouped) {
+  auto layer = [&](DecoderLayer& l) {
+    for (LinearLayer* x :
+         {&l.attn.q_a, &l.attn.q_b, &l.attn.q, &l.attn.kv_a, &l.attn.kv_b, &l.attn.o})
+      if (x->param != nullptr) linear(*x);
+    if (l.mlp) {
+      linear(l.mlp->gate_up);
+      linear(l.mlp->down);
+    }
+    if (l.moe) {
+      grouped(l.moe->gate_up);
+      grouped(l.moe->down);
+      if (l.moe->shared) {
+        linear(l.moe->shared->gate_up);
+        linear(l.moe->shared->down);
+      }
+    }
+  };
+  linear(head_proj_);
+  for (auto& l : layers_) layer(l);
+  for (auto& m : mtp_) {
+    linear(m.eh_proj);
+    layer(m.layer);
+  }
+}
+
+std::vector<WeightOutput> Model::weight_outputs() {
+  std::vector<WeightOutput> out;
+  std::set<const Parameter*> taken;
+  auto add = [&](auto& layer) {
+    WeightOutput w;
+    layer.fused = false;
+    if (layer.param == nullptr || taken.count(layer.param) || !layer.weight_output(w)) return;
+    taken.insert(layer.param);
+    layer.fused = true;
+    out.push_back(w);
+  };
+  visit_linears([&](LinearLayer& l) { add(l); }, [&](GroupedLinearLayer& g) { add(g); });
+  return out;
 }
 
 void Model::zero_grad(Context& ctx) {

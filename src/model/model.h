@@ -17,6 +17,7 @@
 // and head) is produced by export_tensors and read by load.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,8 +77,13 @@ class Model {
   // Host F32 tensors in io::expected_tensors order.
   io::NamedTensors export_tensors(Context& ctx) const;
 
-  // Once per optimizer step, after the weights changed: the GEMMs' copies of the weights.
-  void prepare(Context& ctx);
+  // Once per optimizer step, after the weights changed: the GEMMs' copies of the weights. kNotFused
+  // leaves out what the optimizer wrote (weight_outputs()).
+  void prepare(Context& ctx, PrepareScope scope = PrepareScope::kAll);
+  // After a full prepare(): where the optimizer can write the next step's prepared weights in its
+  // update pass (a parameter at most once), marking those layers fused so that
+  // prepare(kNotFused) skips them. Valid until the next full prepare().
+  std::vector<WeightOutput> weight_outputs();
   void zero_grad(Context& ctx);
 
   // One micro-batch. kForwardBackward adds every gradient (+=), the loss scaled by grad_scale
@@ -107,6 +113,9 @@ class Model {
   Parameter* add(const std::string& name, const Shape& shape, bool decay, bool trainable = true);
   void build_layer(DecoderLayer& layer, int64_t index);
   Tensor device_scalar(Context& ctx, float v);
+  // Every Linear and grouped Linear of the model, in preparation order.
+  void visit_linears(const std::function<void(LinearLayer&)>& linear,
+                     const std::function<void(GroupedLinearLayer&)>& grouped);
   // Every Linear with its delayed-scaling state, named by its parameter.
   std::vector<LinearLayer*> delayed_linears();
   Tensor upload(Context& ctx, const Tensor& host) const;

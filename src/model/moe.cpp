@@ -32,13 +32,13 @@ void MoeLayer::init_state(Context& ctx, const Recipe& recipe) {
   }
 }
 
-void MoeLayer::prepare(Context& ctx, const Precision& p) {
+void MoeLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
   gate_w_ = cast(ctx, gate->value, p.act);
-  gate_up.prepare(ctx, p);
-  down.prepare(ctx, p);
+  gate_up.prepare(ctx, p, scope);
+  down.prepare(ctx, p, scope);
   if (shared) {
-    shared->gate_up.prepare(ctx, p);
-    shared->down.prepare(ctx, p);
+    shared->gate_up.prepare(ctx, p, scope);
+    shared->down.prepare(ctx, p, scope);
   }
 }
 

@@ -48,7 +48,7 @@ struct MoeLayer {
   };
 
   void init_state(Context& ctx, const Recipe& recipe);
-  void prepare(Context& ctx, const Precision& p);
+  void prepare(Context& ctx, const Precision& p, PrepareScope scope = PrepareScope::kAll);
   // x (T, D), T = sequences x sequence length -> (T, D).
   Tensor forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences, Saved& s);
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s);

@@ -11,7 +11,9 @@ void LinearLayer::init_state(Context& ctx, const Recipe& recipe) {
     state = make_linear_scaling_state(ctx, recipe);
 }
 
-void LinearLayer::prepare(Context& ctx, const Precision& p) {
+void LinearLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
+  if (scope == PrepareScope::kNotFused && fused) return;
+  fused = false;
   PrepareWeightArgs a;
   a.site = site;
   a.weight = param->value;
@@ -19,6 +21,29 @@ void LinearLayer::prepare(Context& ctx, const Precision& p) {
   a.state = &state;
   a.activation_dtype = p.act;
   prepared = prepare_weight(ctx, a);
+}
+
+bool LinearLayer::weight_output(WeightOutput& out) const {
+  const PreparedWeight& w = prepared;
+  out = WeightOutput{param, Tensor(), BlockQuantOutput{}};
+  if (w.precision == GemmPrecision::kBf16 && w.bf16.dtype() == DType::kBF16 &&
+      w.bf16.data() != nullptr) {
+    out.bf16 = w.bf16;
+    return true;
+  }
+  if (w.precision != GemmPrecision::kFp8Block || w.fp8.granularity != Granularity::k128x128 ||
+      !w.fp8.has_columnwise())
+    return false;
+  out.fp8 = BlockQuantOutput{w.fp8.format,
+                             w.fp8.rounding,
+                             w.out_features,
+                             w.in_features,
+                             0,
+                             w.fp8.data,
+                             w.fp8.scale_inv,
+                             w.fp8.columnwise_data,
+                             w.fp8.columnwise_scale_inv};
+  return true;
 }
 
 Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,

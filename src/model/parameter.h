@@ -17,6 +17,7 @@
 #include "model/linear.h"
 #include "model/site_probe.h"
 #include "numerics/recipe.h"
+#include "ops/adamw/adamw.h"
 
 namespace octet {
 
@@ -35,6 +36,19 @@ struct Precision {
   SiteProbe* probe = nullptr;  // when set, every Linear records its inputs' numerics
 };
 
+// The weights the next forward reads, written by the optimizer in its update pass
+// (optim.fused_prepare; ops/adamw adamw_step_block_quantize): where a layer's prepared copy of a
+// parameter lives, so the update writes it and the per-step preparation skips it. Valid until the
+// next full preparation (which allocates the prepared copies anew).
+struct WeightOutput {
+  Parameter* param = nullptr;
+  Tensor bf16;           // the BF16 copy, the parameter's element count; or undefined
+  BlockQuantOutput fp8;  // the 128x128 FP8 blocks (fp8.data defined); or undefined
+};
+
+// What a preparation covers: everything, or what no WeightOutput handed to the optimizer covers.
+enum class PrepareScope : uint8_t { kAll, kNotFused };
+
 // A Linear site of one layer: the master weight (a Parameter) and its per-step prepared copy and
 // delayed-scaling state.
 struct LinearLayer {
@@ -43,9 +57,14 @@ struct LinearLayer {
   PreparedWeight prepared;
   LinearScalingState state;  // used by fp8-tensor delayed scaling only
 
+  bool fused = false;  // the optimizer writes `prepared` (weight_output() was handed out)
+
   void init_state(Context& ctx, const Recipe& recipe);
-  // Once per optimizer step (model/linear.h prepare_weight).
-  void prepare(Context& ctx, const Precision& p);
+  // Once per optimizer step (model/linear.h prepare_weight); kNotFused skips a fused layer.
+  void prepare(Context& ctx, const Precision& p, PrepareScope scope = PrepareScope::kAll);
+  // Where the optimizer can write this layer's prepared weight (BF16, or FP8 128x128 blocks);
+  // false for the per-tensor FP8 recipes, whose preparation also records scaling state.
+  bool weight_output(WeightOutput& out) const;
   Tensor forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,
                  Storage storage = Storage::kFp8);
   // dx (=); param->grad += dy^T x.

@@ -102,7 +102,10 @@ StepResult AdamWOptimizer::step(Context& ctx, float lr) {
     a.eps = config_.eps;
     a.weight_decay = p.weight_decay ? config_.weight_decay : 0.0f;
     a.step = r.step;
-    adamw_step(ctx, a);
+    if (p.fp8_copy.data.data() != nullptr)
+      adamw_step_block_quantize(ctx, a, p.fp8_copy);
+    else
+      adamw_step(ctx, a);
   }
   last_ = r;
   pending_ = true;

@@ -24,18 +24,20 @@
 
 #include "core/context.h"
 #include "io/safetensors.h"
+#include "ops/adamw/adamw.h"
 
 namespace octet::train {
 
 // One parameter as the model exposes it to the optimizer. The optimizer keeps the pointer: the
 // Param must outlive it, and its tensors must keep their buffers (the update is in place).
 struct Param {
-  std::string name;          // DeepSeek-V3 / transformers name; names the optimizer state
-  Tensor master;             // any shape, f32, on the context's device: updated in place
-  Tensor grad;               // same shape, f32: read by step(), zeroed by zero_grad()
-  bool weight_decay = true;  // false for norms, biases and the router bias
-  bool trainable = true;     // false: skipped (e_score_correction_bias moves by its own rule)
-  Tensor bf16_copy;          // optional, same element count, bf16: receives the updated weights
+  std::string name;           // DeepSeek-V3 / transformers name; names the optimizer state
+  Tensor master;              // any shape, f32, on the context's device: updated in place
+  Tensor grad;                // same shape, f32: read by step(), zeroed by zero_grad()
+  bool weight_decay = true;   // false for norms, biases and the router bias
+  bool trainable = true;      // false: skipped (e_score_correction_bias moves by its own rule)
+  Tensor bf16_copy;           // optional, same element count, bf16: receives the updated weights
+  BlockQuantOutput fp8_copy;  // optional (data defined): the updated weights in 128x128 FP8 blocks
 };
 
 struct AdamWConfig {

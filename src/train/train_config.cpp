@@ -238,6 +238,10 @@ std::vector<Key> make_keys() {
   k.push_back(field("optim.eps", "", at(&C::optim, &O::eps)));
   k.push_back(field("optim.grad_clip", "max global gradient norm; 0: no clipping",
                     at(&C::optim, &O::grad_clip)));
+  k.push_back(field("optim.fused_prepare",
+                    "the AdamW pass writes the next step's GEMM weights (same bits as a separate "
+                    "preparation pass)",
+                    at(&C::optim, &O::fused_prepare)));
   k.push_back(
       enum_field("optim.schedule", "cosine or constant (after warmup)", at(&C::optim, &O::schedule),
                  {{"cosine", LrScheduleKind::kCosine}, {"constant", LrScheduleKind::kConstant}}));
@@ -712,9 +716,9 @@ std::vector<ConfigChange> config_changes(const TrainConfig& before, const TrainC
 }
 
 bool resume_may_change(const std::string& key) {
-  static const std::set<std::string> safe = {"steps",      "checkpoint_every", "keep_checkpoints",
-                                             "log_every",  "sites_every",      "device",
-                                             "eval.every", "eval.batches"};
+  static const std::set<std::string> safe = {
+      "steps",  "checkpoint_every", "keep_checkpoints", "log_every",          "sites_every",
+      "device", "eval.every",       "eval.batches",     "optim.fused_prepare"};
   return safe.count(key) > 0 || section_of(key) == "safety";
 }
 

@@ -48,6 +48,9 @@ struct OptimConfig {
   double eps = 1e-8;
   double grad_clip = 1.0;  // max global gradient norm; 0 disables clipping
   LrScheduleKind schedule = LrScheduleKind::kCosine;
+  // The AdamW pass also writes the weights the next forward reads (BF16 copies, FP8 128x128
+  // blocks); false: a separate preparation pass over the masters. The same bits either way.
+  bool fused_prepare = true;
 
   bool operator==(const OptimConfig&) const = default;
 };

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -79,6 +80,10 @@ struct Run {
   int64_t tokens_seen = 0;
   std::string ckpt_root;
   std::string last_checkpoint;  // written by this process
+  // optim.fused_prepare: whether the prepared weights the optimizer writes are current (false at
+  // the start and after loading weights: the next step prepares everything and hands the
+  // optimizer the new outputs).
+  bool outputs_attached = false;
 
   Run(const TrainConfig& c, std::ostream& o, Device device)
       : cfg(c), out(o), ctx(make_context(device)) {}
@@ -146,8 +151,32 @@ struct Run {
       fs::remove_all(ckpt_root + "/" + steps[i]);
   }
 
+  // The GEMMs' copies of the weights for the next forward. With optim.fused_prepare the optimizer
+  // wrote most of them in its update (Model::weight_outputs); only the rest is prepared here.
+  void prepare_weights() {
+    if (!cfg.optim.fused_prepare) {
+      model->prepare(ctx);
+      return;
+    }
+    if (outputs_attached) {
+      model->prepare(ctx, PrepareScope::kNotFused);
+      return;
+    }
+    model->prepare(ctx);
+    std::map<const void*, const WeightOutput*> by_master;
+    const std::vector<WeightOutput> outputs = model->weight_outputs();
+    for (const WeightOutput& w : outputs) by_master[w.param->value.data()] = &w;
+    for (Param& p : params) {
+      const auto it = by_master.find(p.master.data());
+      p.bf16_copy = it != by_master.end() ? it->second->bf16 : Tensor();
+      p.fp8_copy = it != by_master.end() ? it->second->fp8 : BlockQuantOutput{};
+    }
+    outputs_attached = true;
+  }
+
   // Weights, optimizer, recipe state; with `data`, also the sampler position and the spike window.
   void load_checkpoint(const std::string& dir, bool data) {
+    outputs_attached = false;  // the masters change: the next step prepares everything
     io::CheckpointReadOptions ro;
     ro.cast = io::ReadCast::kToF32;
     const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
@@ -404,7 +433,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     const auto t0 = std::chrono::steady_clock::now();
     run.ctx.be().reset_peak();
     const double lr = lr_at(sched, run.step);
-    run.model->prepare(run.ctx);
+    run.prepare_weights();
     run.optim->zero_grad(run.ctx);
     // Every sites_every steps (and the first) also record every site's quantization numerics.
     const bool probe_step =
