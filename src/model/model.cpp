@@ -307,13 +307,15 @@ void Model::visit_linears(const std::function<void(LinearLayer&)>& linear,
   }
 }
 
-std::vector<WeightOutput> Model::weight_outputs() {
+std::vector<WeightOutput> Model::weight_outputs(bool fp8) {
   std::vector<WeightOutput> out;
   std::set<const Parameter*> taken;
   auto add = [&](auto& layer) {
     WeightOutput w;
     layer.fused = false;
-    if (layer.param == nullptr || taken.count(layer.param) || !layer.weight_output(w)) return;
+    if (layer.param == nullptr || taken.count(layer.param) || !layer.weight_output(w) ||
+        (!fp8 && w.fp8.data.data() != nullptr))
+      return;
     taken.insert(layer.param);
     layer.fused = true;
     out.push_back(w);

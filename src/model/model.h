@@ -83,7 +83,8 @@ class Model {
   // After a full prepare(): where the optimizer can write the next step's prepared weights in its
   // update pass (a parameter at most once), marking those layers fused so that
   // prepare(kNotFused) skips them. Valid until the next full prepare().
-  std::vector<WeightOutput> weight_outputs();
+  // With fp8 false, only the BF16 copies (the FP8 block weights stay with prepare()).
+  std::vector<WeightOutput> weight_outputs(bool fp8 = true);
   void zero_grad(Context& ctx);
 
   // One micro-batch. kForwardBackward adds every gradient (+=), the loss scaled by grad_scale

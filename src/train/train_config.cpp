@@ -242,6 +242,9 @@ std::vector<Key> make_keys() {
                     "the AdamW pass writes the next step's GEMM weights (same bits as a separate "
                     "preparation pass)",
                     at(&C::optim, &O::fused_prepare)));
+  k.push_back(field("optim.fused_prepare_fp8",
+                    "with fused_prepare, also the FP8 128x128 block weights",
+                    at(&C::optim, &O::fused_prepare_fp8)));
   k.push_back(
       enum_field("optim.schedule", "cosine or constant (after warmup)", at(&C::optim, &O::schedule),
                  {{"cosine", LrScheduleKind::kCosine}, {"constant", LrScheduleKind::kConstant}}));

@@ -51,6 +51,8 @@ struct OptimConfig {
   // The AdamW pass also writes the weights the next forward reads (BF16 copies, FP8 128x128
   // blocks); false: a separate preparation pass over the masters. The same bits either way.
   bool fused_prepare = true;
+  // The same for the FP8 128x128 block weights (the fp8-block recipes' GEMM weights).
+  bool fused_prepare_fp8 = false;
 
   bool operator==(const OptimConfig&) const = default;
 };

@@ -164,7 +164,7 @@ struct Run {
     }
     model->prepare(ctx);
     std::map<const void*, const WeightOutput*> by_master;
-    const std::vector<WeightOutput> outputs = model->weight_outputs();
+    const std::vector<WeightOutput> outputs = model->weight_outputs(cfg.optim.fused_prepare_fp8);
     for (const WeightOutput& w : outputs) by_master[w.param->value.data()] = &w;
     for (Param& p : params) {
       const auto it = by_master.find(p.master.data());

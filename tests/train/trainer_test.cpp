@@ -127,6 +127,7 @@ TEST(Trainer, FusedWeightPreparationIsBitIdentical) {
       TrainConfig c = tiny(dir + "/" + recipe + fused, corpus, recipe);
       apply_set(c, "model.hidden_size=128");
       apply_set(c, std::string("optim.fused_prepare=") + fused);
+      apply_set(c, std::string("optim.fused_prepare_fp8=") + fused);
       apply_set(c, "safety.spike_window=2");
       apply_set(c, "safety.spike_threshold=0.0001");
       apply_set(c, "safety.spike_action=\"rollback\"");

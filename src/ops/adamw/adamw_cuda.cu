@@ -45,12 +45,14 @@ struct AdamWSource {
     float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (vec && r < rows && c < cols) {
       const int64_t i = r * cols + c;
-      const float4 pv = *reinterpret_cast<const float4*>(p + i);
+      // Non-coherent loads: each element is read once, before this thread's own store to it, so
+      // the compiler may issue the loads of later rows ahead of this row's stores.
+      const float4 pv = __ldg(reinterpret_cast<const float4*>(p + i));
       const float ps[4] = {pv.x, pv.y, pv.z, pv.w};
       if (skip) return pv;
-      const float4 gv = *reinterpret_cast<const float4*>(g + i);
-      const uint2 mv = *reinterpret_cast<const uint2*>(m + i);
-      const uint2 vv = *reinterpret_cast<const uint2*>(v + i);
+      const float4 gv = __ldg(reinterpret_cast<const float4*>(g + i));
+      const uint2 mv = __ldg(reinterpret_cast<const uint2*>(m + i));
+      const uint2 vv = __ldg(reinterpret_cast<const uint2*>(v + i));
       const float gs[4] = {gv.x, gv.y, gv.z, gv.w};
       const uint32_t mw[2] = {mv.x, mv.y}, vw[2] = {vv.x, vv.y};
       uint32_t mo[2] = {0, 0}, vo[2] = {0, 0};
