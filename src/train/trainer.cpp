@@ -79,6 +79,10 @@ struct Run {
   int64_t tokens_seen = 0;
   std::string ckpt_root;
   std::string last_checkpoint;  // written by this process
+  // What a spike rolls back to: the checkpoint this process resumed from, then each one it writes.
+  // Never `latest` as found on disk: after a resume from an earlier checkpoint, `latest` names one
+  // of the stretch the resume abandoned.
+  std::string rollback_dir;
 
   Run(const TrainConfig& c, std::ostream& o, Device device)
       : cfg(c), out(o), ctx(make_context(device)) {}
@@ -125,6 +129,7 @@ struct Run {
     fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
     io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(step) + "\n");
     last_checkpoint = final_dir;
+    rollback_dir = final_dir;
     prune_checkpoints();
   }
 
@@ -362,6 +367,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     if (!removed.empty()) out << removed << "\n";
   } else {
     run.load_checkpoint(target->checkpoint, true);  // a failure here has written nothing
+    run.rollback_dir = target->checkpoint;
     ensure_run_record(cfg.run_dir);
   }
   std::error_code ec;
@@ -449,9 +455,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         apply = false;
         sm.skip_reason = "loss spike";
       } else if (cfg.safety.spike_action == SpikeAction::kRollback) {
-        std::ifstream latest(run.ckpt_root + "/latest");
-        if (latest.good() && rollbacks_in_a_row < 3) {
-          const std::string dir = resolve_resume_dir(cfg.run_dir);
+        if (!run.rollback_dir.empty() && rollbacks_in_a_row < 3) {
+          const std::string dir = run.rollback_dir;
           run.load_checkpoint(dir, false);  // the sampler moves on past the offending batches
           // The steps after the checkpoint are run again: their records are replaced.
           metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
