@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <variant>
 
 // Header-only use of toml++ (its default); only this file includes it.
@@ -757,7 +758,60 @@ Recipe TrainConfig::resolved_recipe() const {
   return r;
 }
 
+namespace {
+
+// The offset of the first byte of `s` that does not start valid UTF-8 (RFC 3629: no overlong
+// forms, surrogates or code points above U+10FFFF), or npos when all of it is valid.
+size_t invalid_utf8_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 1;
+    uint32_t cp = c;
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 2, cp = c & 0x1Fu;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 3, cp = c & 0x0Fu;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 4, cp = c & 0x07u;
+    } else if (c >= 0x80) {
+      return i;
+    }
+    if (s.size() - i < n) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0u) != 0x80u) return i;
+      cp = (cp << 6) | (b & 0x3Fu);
+    }
+    const uint32_t min = n == 1 ? 0 : n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u;
+    if (cp < min || cp > 0x10FFFFu || (cp >= 0xD800u && cp <= 0xDFFFu)) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+// TOML text is UTF-8, so the run's config.toml can hold only UTF-8 strings: a value from --set
+// (bare text is taken as is) that is not would be saved as a config.toml no resume can read.
+void check_utf8(const std::string& key, const std::string& value) {
+  const size_t at = invalid_utf8_at(value);
+  if (at == std::string_view::npos) return;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x",
+                static_cast<unsigned>(static_cast<unsigned char>(value[at])));
+  OCTET_THROW(key, " is not valid UTF-8 (byte ", byte, " at offset ", at,
+              "); the run's config.toml, TOML, holds UTF-8 text only");
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
+  for (const Key& k : keys()) {
+    if (k.type != Type::kString && k.type != Type::kStringList) continue;
+    const Value v = k.get(*this);
+    if (const auto* str = std::get_if<std::string>(&v)) check_utf8(k.name, *str);
+    if (const auto* list = std::get_if<StringList>(&v))
+      for (const std::string& e : *list) check_utf8(k.name, e);
+  }
   auto at_least = [](const char* key, int64_t v, int64_t lo) {
     OCTET_CHECK(v >= lo, key, " must be >= ", lo, ", got ", v);
   };
