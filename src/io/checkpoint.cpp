@@ -611,7 +611,8 @@ namespace {
 // file's tensors listed there, no tensor twice.
 std::map<std::string, Located> read_tensors(const fs::path& dir) {
   const fs::path index = dir / kIndexName, single = dir / kSingleName;
-  const bool has_index = fs::exists(index), has_single = fs::exists(single);
+  std::error_code ec;  // the error_code forms: a name too long is a missing file, not a throw
+  const bool has_index = fs::exists(index, ec), has_single = fs::exists(single, ec);
   OCTET_CHECK(!(has_index && has_single), dir.string(), ": holds both ", kIndexName, " and ",
               kSingleName, "; which one is the checkpoint is ambiguous");
   OCTET_CHECK(has_index || has_single, dir.string(), ": no checkpoint (neither ", kIndexName,
@@ -629,9 +630,13 @@ std::map<std::string, Located> read_tensors(const fs::path& dir) {
   std::map<std::string, std::vector<Located>> held;
   for (const auto& [file, names] : files) {
     const fs::path path = dir / file;
-    OCTET_CHECK(fs::is_regular_file(path), path.string(), ": missing (", kIndexName,
-                " maps tensor '", names.front(), "'", names.size() > 1 ? " and others" : "",
-                " to it)");
+    const bool regular = fs::is_regular_file(path, ec);
+    OCTET_CHECK(regular, path.string(), ": ",
+                ec && ec != std::errc::no_such_file_or_directory
+                    ? "cannot open (" + ec.message() + ")"
+                    : std::string("missing"),
+                " (", kIndexName, " maps tensor '", names.front(), "'",
+                names.size() > 1 ? " and others" : "", " to it)");
     for (auto& [name, t] : read_safetensors(path.string()).tensors)
       held[name].push_back(Located{std::move(t), path.string()});
   }
@@ -656,7 +661,8 @@ std::map<std::string, Located> read_tensors(const fs::path& dir) {
 LoadedCheckpoint read_checkpoint(const std::string& dir_name,
                                  const CheckpointReadOptions& options) {
   const fs::path dir = normalized_dir(dir_name);
-  OCTET_CHECK(fs::is_directory(dir), dir.string(), ": not a checkpoint directory");
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(dir, ec), dir.string(), ": not a checkpoint directory");
   LoadedCheckpoint out;
   out.config = read_model_config((dir / kConfigName).string());
   const std::map<std::string, Located> found = read_tensors(dir);

@@ -476,6 +476,18 @@ TEST_F(CheckpointCorruptionTest, DuplicateAcrossShards) {
   expect_read_error(dir(), {name, "duplicate", other, shard_of(name)});
 }
 
+// A file name the file system cannot hold (longer than NAME_MAX) reads as a file that cannot be
+// opened, one octet::Error naming it, not a std::filesystem_error (found by
+// fuzz/fuzz_checkpoint_index: the input kept as fuzz/corpus/checkpoint_index/crash_name_too_long).
+TEST_F(CheckpointCorruptionTest, AFileNameTooLongForTheFileSystemIsOneError) {
+  const std::string name = "model.norm.weight", file_name = std::string(300, 'n') + ".safetensors";
+  index_["weight_map"][name] = file_name;
+  write_json(file("model.safetensors.index.json"), index_);
+  expect_read_error(dir(), {file_name, "cannot open (File name too long)", "maps tensor '" + name});
+  // And a checkpoint directory whose own name is too long.
+  expect_read_error(dir() + "/" + std::string(300, 'd'), {"not a checkpoint directory"});
+}
+
 TEST_F(CheckpointCorruptionTest, TruncatedShard) {
   const std::string shard = shard_of("model.layers.1.self_attn.o_proj.weight");
   fs::resize_file(file(shard), fs::file_size(file(shard)) - 7);
