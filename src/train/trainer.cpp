@@ -534,6 +534,11 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         run.step == cfg.steps || stop_requested(opt))
       run.save_checkpoint();
   }
+  // Stopped before this process ran a step (a signal during start-up): a new run writes the state
+  // it starts from, so that --resume continues it like any stopped run (a resumed run has the
+  // checkpoint it started from).
+  if (stop_requested(opt) && steps_run == 0 && !target && run.step < cfg.steps)
+    run.save_checkpoint();
   progress.finish();
   result.steps_done = run.step;
   result.last_checkpoint = run.last_checkpoint;

@@ -3,6 +3,7 @@
 // step and training goes on; bad inputs fail before any work.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -228,6 +229,34 @@ TEST(Trainer, ASpikeAfterAResumeRollsBackWithinTheResumedStretch) {
   ASSERT_EQ(records.size(), 10u);
   for (size_t i = 0; i < records.size(); ++i)
     EXPECT_EQ(records[i].step, static_cast<int64_t>(i + 1));
+  fs::remove_all(dir);
+}
+
+// A stop asked for before the first step (a signal during start-up) still leaves a run that
+// --resume continues: the state the run starts from is written as step 0, and the resumed run's
+// losses are an uninterrupted run's, bit for bit. (It used to write no checkpoint, and say
+// "continue with --resume" for a run that --resume refused.)
+TEST(Trainer, AStopBeforeTheFirstStepLeavesARunThatResumes) {
+  const std::string dir = temp_dir("early_stop");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  const TrainConfig c = tiny(dir + "/run", corpus, "bf16");
+  const std::atomic<int> stop{15};
+  RunOptions o = quiet(dir + "/cache");
+  o.stop = &stop;
+  const RunResult r = run_training(c, o, log);
+  EXPECT_EQ(r.end, RunEnd::kInterrupted);
+  EXPECT_EQ(r.steps_done, 0);
+  EXPECT_EQ(r.last_checkpoint, dir + "/run/checkpoints/step_00000000");
+  RunOptions again = quiet(dir + "/cache");
+  again.resume_from = dir + "/run";
+  EXPECT_EQ(run_training(c, again, log).end, RunEnd::kCompleted);
+  run_training(tiny(dir + "/full", corpus, "bf16"), quiet(dir + "/cache"), log);
+  const std::vector<double> a = losses(dir + "/full"), b = losses(dir + "/run");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0) << "step " << i + 1;
   fs::remove_all(dir);
 }
 
