@@ -483,9 +483,14 @@ std::string format_value(const Value& v) {
 // sees a text: non-ASCII outside strings and comments is refused (TOML 1.0 allows it only there),
 // as is non-ASCII right after a backslash (no escape starts so), and the first character after a
 // line-ending backslash, when not ASCII, is written as its \U escape, which means the same.
+// A quote opens a string only where TOML lets one start (a key at the start of a line, after '.',
+// '[' or '{' or ',', a value after '=', '[' or ','): elsewhere (`steps = -"x`) toml++ reads it as
+// part of a malformed value, asking about every character up to the value's end, so what follows
+// is outside a string here too.
 std::string guard_toml_text(std::string_view text, const std::string& source) {
   enum class In : uint8_t { kTop, kComment, kBasic, kMultiBasic, kLiteral, kMultiLiteral };
   In in = In::kTop;
+  char prev = '\n';  // the last character outside strings and comments that is not a blank
   std::string out;
   out.reserve(text.size());
   int64_t line = 1, column = 1;
@@ -510,17 +515,19 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
     const char ch = text[i];
     if (in == In::kTop) {
       if (non_ascii(i)) fail("non-ASCII character outside a string or comment");
-      if (starts(R"(""")") || starts("'''")) {
+      const bool string_may_start = std::string_view("\n=[{,.").find(prev) != std::string::npos;
+      if (string_may_start && (starts(R"(""")") || starts("'''"))) {
         in = ch == '"' ? In::kMultiBasic : In::kMultiLiteral;
         take(3);
         continue;
       }
       if (ch == '#') in = In::kComment;
-      if (ch == '"') in = In::kBasic;
-      if (ch == '\'') in = In::kLiteral;
+      if (ch == '"' && string_may_start) in = In::kBasic;
+      if (ch == '\'' && string_may_start) in = In::kLiteral;
+      if (ch != ' ' && ch != '\t' && ch != '\r') prev = ch;
       take(1);
     } else if (in == In::kComment) {
-      if (ch == '\n') in = In::kTop;
+      if (ch == '\n') in = In::kTop, prev = '\n';
       take(1);
     } else if (in == In::kBasic || in == In::kLiteral) {
       if (in == In::kBasic && ch == '\\') {
@@ -528,7 +535,7 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
         take(2);
         continue;
       }
-      if (ch == '\n' || ch == (in == In::kBasic ? '"' : '\'')) in = In::kTop;
+      if (ch == '\n' || ch == (in == In::kBasic ? '"' : '\'')) in = In::kTop, prev = ch;
       take(1);
     } else {
       const std::string_view close = in == In::kMultiBasic ? R"(""")" : "'''";
@@ -537,6 +544,7 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
         while (n < 5 && i + n < text.size() && text[i + n] == close[0]) ++n;
         take(n);
         in = In::kTop;
+        prev = close[0];
         continue;
       }
       if (in == In::kMultiLiteral || ch != '\\') {

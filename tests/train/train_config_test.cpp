@@ -129,6 +129,24 @@ TEST(TrainConfig, NonAsciiIsRefusedOutsideStringsAndKeptInside) {
   EXPECT_EQ(parse("steps = 3\n\xc2\xa7 = 1\n"),
             "t.toml:2:1: non-ASCII character outside a string or comment");
   EXPECT_EQ(parse("run_dir = \"a\\\xc3\xa9\"\n"), "t.toml:1:13: non-ASCII character after '\\'");
+  // A quote where no string can start is part of a malformed value to toml++, which asks about
+  // the characters after it (crash_toml_quote_inside_value): refused here first.
+  EXPECT_EQ(parse("steps = -\"t\xc3\x91  = ''%\"\n"),
+            "t.toml:1:12: non-ASCII character outside a string or comment");
+  EXPECT_EQ(parse("run_dir = \"a\" \"\xc3\xa9\"\n"),
+            "t.toml:1:16: non-ASCII character outside a string or comment");
+  // Strings start after '=', '[', ',', '{', '.' and at the start of a line (arrays over lines).
+  const TrainConfig q = parse_train_config(
+      "\"run_dir\" = 'caf\xc3\xa9'\n"
+      "data.\"text\" = \"\xc2\xa7 x\"\n"
+      "recipe_overrides = [ # \xc3\xa9\n"
+      "  \"gemm.attn.out=bf16\",\n"
+      "  '''gemm.attn.q_down=bf16'''\n"
+      "]\n",
+      "t.toml");
+  EXPECT_EQ(q.run_dir, "caf\xc3\xa9");
+  EXPECT_EQ(q.data.text, "\xc2\xa7 x");
+  EXPECT_EQ(q.recipe_overrides.size(), 2u);
 
   const TrainConfig c = parse_train_config(
       "\xEF\xBB\xBF# caf\xc3\xa9 \xc2\xa7\n"
