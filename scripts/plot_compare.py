@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 
 # DeepSeek-V3 report: FP8 training stays within 0.25% relative loss error of BF16.
 DEEPSEEK_V3_BOUND_PERCENT = 0.25
@@ -205,13 +206,20 @@ def plot(runs, out):
         ax.grid(True, alpha=0.3)
 
     fig.tight_layout()
-    # Written next to the target and renamed, so a failure never leaves a half-written PNG.
-    tmp = f"{out}.tmp.{os.getpid()}"
+    # Written to a new file next to the target (mkstemp: a fresh name, created exclusively, so
+    # never through a planted link) and renamed, so a failure never leaves a half-written PNG.
+    tmp = None
     try:
-        fig.savefig(tmp, format="png", dpi=110)
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".tmp.",
+                                   dir=os.path.dirname(os.path.abspath(out)))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; the PNG gets what open() gives
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=110)
         os.replace(tmp, out)
     except OSError as e:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.remove(tmp)
         fail(f"{out}: {e.strerror}")
 

@@ -1,11 +1,13 @@
 #include "io/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -273,11 +275,18 @@ std::set<std::string> old_checkpoint_files(const fs::path& dir) {
   return files;
 }
 
+// Whether `name` is an AtomicFile temporary (`<file>.tmp.<pid>.<random>`) of one of `files`: left
+// by a writer of that file that crashed. Other names with ".tmp." in them are the user's.
+bool is_stale_temporary_of(const std::string& name, const std::set<std::string>& files) {
+  const size_t at = name.find(".tmp.");
+  return at != std::string::npos && files.count(name.substr(0, at)) != 0;
+}
+
 void carry_over(const fs::path& from, const fs::path& to) {
   const std::set<std::string> replaced = old_checkpoint_files(from);
   for (const auto& e : fs::directory_iterator(from)) {
     const std::string name = e.path().filename().string();
-    if (replaced.count(name) || name.find(".tmp.") != std::string::npos ||
+    if (replaced.count(name) || is_stale_temporary_of(name, replaced) ||
         fs::exists(fs::symlink_status(to / name)))
       continue;
     std::error_code ec;
@@ -285,6 +294,19 @@ void carry_over(const fs::path& from, const fs::path& to) {
     if (ec || !e.is_regular_file() || e.is_symlink())
       fs::copy(e.path(), to / name, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
   }
+}
+
+// A new, empty directory `<base>.<tag>.XXXXXX` made by mkdtemp: a name no file or link had, so
+// nothing of anyone else's is written through or removed. mkdtemp makes it 0700; it gets what
+// mkdir would give it (it becomes the checkpoint directory).
+fs::path make_temp_dir(const fs::path& base, const char* tag) {
+  std::string name = base.string() + "." + tag + ".XXXXXX";
+  OCTET_CHECK(::mkdtemp(name.data()) != nullptr, base.string(),
+              ": cannot create a temporary directory beside it: ", std::strerror(errno));
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::chmod(name.c_str(), 0777 & ~mask);
+  return name;
 }
 
 // Puts the complete `staging` directory at `target`, replacing what is there.
@@ -306,10 +328,13 @@ void swap_into_place(const fs::path& staging, const fs::path& target) {
   OCTET_CHECK(errno == EINVAL || errno == ENOSYS, target.string(), ": cannot exchange it with ",
               staging.string(), ": ", std::strerror(errno));
 #endif
-  const fs::path old = target.string() + ".old." + std::to_string(::getpid());
-  fs::remove_all(old);
-  OCTET_CHECK(std::rename(target.c_str(), old.c_str()) == 0, target.string(),
-              ": cannot move it to ", old.string(), ": ", std::strerror(errno));
+  const fs::path holder = make_temp_dir(target, "old");
+  const fs::path old = holder / target.filename();
+  if (std::rename(target.c_str(), old.c_str()) != 0) {
+    const int err = errno;
+    fs::remove(holder);
+    OCTET_THROW(target.string(), ": cannot move it to ", old.string(), ": ", std::strerror(err));
+  }
   if (std::rename(staging.c_str(), target.c_str()) != 0) {
     const int err = errno;
     std::rename(old.c_str(), target.c_str());
@@ -318,7 +343,7 @@ void swap_into_place(const fs::path& staging, const fs::path& target) {
   }
   fsync_path(parent);
   std::error_code ec;
-  fs::remove_all(old, ec);
+  fs::remove_all(holder, ec);
 }
 
 fs::path normalized_dir(const std::string& dir) {
@@ -516,9 +541,7 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const N
   OCTET_CHECK(!fs::exists(target) || fs::is_directory(target), target.string(),
               ": exists and is not a directory");
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
-  const fs::path staging = target.string() + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(staging);  // a stale one from a crashed writer that had our pid
-  fs::create_directory(staging);
+  const fs::path staging = make_temp_dir(target, "tmp");
   try {
     write_files(staging, config, plan, options);
     if (fs::exists(target)) carry_over(target, staging);
@@ -588,7 +611,8 @@ namespace {
 // file's tensors listed there, no tensor twice.
 std::map<std::string, Located> read_tensors(const fs::path& dir) {
   const fs::path index = dir / kIndexName, single = dir / kSingleName;
-  const bool has_index = fs::exists(index), has_single = fs::exists(single);
+  std::error_code ec;  // the error_code forms: a name too long is a missing file, not a throw
+  const bool has_index = fs::exists(index, ec), has_single = fs::exists(single, ec);
   OCTET_CHECK(!(has_index && has_single), dir.string(), ": holds both ", kIndexName, " and ",
               kSingleName, "; which one is the checkpoint is ambiguous");
   OCTET_CHECK(has_index || has_single, dir.string(), ": no checkpoint (neither ", kIndexName,
@@ -606,9 +630,13 @@ std::map<std::string, Located> read_tensors(const fs::path& dir) {
   std::map<std::string, std::vector<Located>> held;
   for (const auto& [file, names] : files) {
     const fs::path path = dir / file;
-    OCTET_CHECK(fs::is_regular_file(path), path.string(), ": missing (", kIndexName,
-                " maps tensor '", names.front(), "'", names.size() > 1 ? " and others" : "",
-                " to it)");
+    const bool regular = fs::is_regular_file(path, ec);
+    OCTET_CHECK(regular, path.string(), ": ",
+                ec && ec != std::errc::no_such_file_or_directory
+                    ? "cannot open (" + ec.message() + ")"
+                    : std::string("missing"),
+                " (", kIndexName, " maps tensor '", names.front(), "'",
+                names.size() > 1 ? " and others" : "", " to it)");
     for (auto& [name, t] : read_safetensors(path.string()).tensors)
       held[name].push_back(Located{std::move(t), path.string()});
   }
@@ -633,7 +661,8 @@ std::map<std::string, Located> read_tensors(const fs::path& dir) {
 LoadedCheckpoint read_checkpoint(const std::string& dir_name,
                                  const CheckpointReadOptions& options) {
   const fs::path dir = normalized_dir(dir_name);
-  OCTET_CHECK(fs::is_directory(dir), dir.string(), ": not a checkpoint directory");
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(dir, ec), dir.string(), ": not a checkpoint directory");
   LoadedCheckpoint out;
   out.config = read_model_config((dir / kConfigName).string());
   const std::map<std::string, Located> found = read_tensors(dir);

@@ -33,15 +33,17 @@
 //          block (octet::quantize, E4M3, exact scales, on the CPU); everything else as in kBf16
 //          (the release keeps the embeddings, heads, router gate and eh_proj in BF16).
 //
-// Atomicity: the checkpoint is written into the staging directory `<dir>.tmp.<pid>` (every file via
-// AtomicFile, the index last) and then swapped into place with one renameat2(RENAME_EXCHANGE),
-// after which the old checkpoint (now in the staging name) is deleted. Files in an existing `dir`
-// that are not part of a checkpoint (tokenizer files, README, ...) are carried over into the new
-// directory. A crash leaves `dir` either wholly old or wholly new, plus possibly a stale
-// `<dir>.tmp.<pid>` (safe to delete; readers never look at it; the next write of the same pid
-// removes it). Where RENAME_EXCHANGE is unavailable (old kernels, some network file systems) two
-// renames are used: a crash between them leaves no `dir` but the complete old checkpoint in
-// `<dir>.old.<pid>` and the complete new one in `<dir>.tmp.<pid>`.
+// Atomicity: the checkpoint is written into a new staging directory `<dir>.tmp.XXXXXX` (mkdtemp:
+// a fresh name, never an existing file or a link; every file in it via AtomicFile, the index last)
+// and then swapped into place with one renameat2(RENAME_EXCHANGE), after which the old checkpoint
+// (now in the staging name) is deleted. Files in an existing `dir` that are not part of its
+// checkpoint (tokenizer files, README, other .safetensors files, ...) are carried over into the new
+// directory; only the old checkpoint's own files (config.json, the index and the files it names,
+// model.safetensors) and their stale AtomicFile temporaries are left behind. A crash leaves `dir`
+// either wholly old or wholly new, plus possibly a stale `<dir>.tmp.XXXXXX` (safe to delete;
+// readers never look at it). Where RENAME_EXCHANGE is unavailable (old kernels, some network file
+// systems) two renames are used: a crash between them leaves no `dir` but the complete old
+// checkpoint in `<dir>.old.XXXXXX/` and the complete new one in `<dir>.tmp.XXXXXX`.
 #pragma once
 
 #include <cstdint>

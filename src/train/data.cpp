@@ -220,7 +220,8 @@ bool is_shard_name(const std::string& name, const char* prefix) {
 Json manifest_inputs(const PrepareTextArgs& args) {
   Json sources = Json::array();
   for (const std::string& f : args.corpus.files) {
-    OCTET_CHECK(fs::is_regular_file(f), f, ": text file not found");
+    std::error_code ec;  // error_code forms throughout: a name too long is "not found", not a throw
+    OCTET_CHECK(fs::is_regular_file(f, ec), f, ": text file not found");
     // stat(2) rather than fs::last_write_time, whose clock's epoch is the library's choice.
     struct stat st = {};
     OCTET_CHECK(::stat(f.c_str(), &st) == 0, f, ": cannot stat text file");
@@ -280,7 +281,8 @@ std::optional<PreparedText> reuse_prepared(const std::string& out_dir, const Jso
 
 TextCorpus default_corpus(const std::string& dir) {
   const char* hint = "; run scripts/setup.sh to install it (Debian package 'fortunes')";
-  OCTET_CHECK(fs::is_directory(dir), "default training corpus not found: ", dir, " is missing",
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(dir, ec), "default training corpus not found: ", dir, " is missing",
               hint);
   TextCorpus corpus;
   corpus.document_separator = kDefaultCorpusSeparator;
@@ -383,13 +385,14 @@ std::vector<std::string> files_in(const std::string& dir, const std::string& ext
 }
 
 std::vector<std::string> val_shards(const std::string& val_path) {
-  if (!is_glob_pattern(val_path) && fs::is_directory(val_path)) {
+  std::error_code ec;
+  if (!is_glob_pattern(val_path) && fs::is_directory(val_path, ec)) {
     std::vector<std::string> v = files_in(val_path, ".bin", "val");
     OCTET_CHECK(!v.empty(), val_path, ": no *val*.bin shards in the validation directory");
     return v;
   }
   if (is_glob_pattern(val_path)) return expand_glob(val_path);
-  OCTET_CHECK(fs::is_regular_file(val_path), val_path, ": validation shard not found");
+  OCTET_CHECK(fs::is_regular_file(val_path, ec), val_path, ": validation shard not found");
   return {val_path};
 }
 
@@ -430,7 +433,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   std::vector<std::string> out;
   if (rc == 0) {
     for (size_t i = 0; i < g.gl_pathc; ++i) {
-      if (fs::is_regular_file(g.gl_pathv[i])) out.emplace_back(g.gl_pathv[i]);
+      std::error_code ec;
+      if (fs::is_regular_file(g.gl_pathv[i], ec)) out.emplace_back(g.gl_pathv[i]);
     }
   }
   ::globfree(&g);
@@ -441,7 +445,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
 }
 
 ShardSet find_shards(const std::string& dir) {
-  OCTET_CHECK(fs::is_directory(dir), dir, ": shard directory not found");
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(dir, ec), dir, ": shard directory not found");
   ShardSet s{files_in(dir, ".bin", "train"), files_in(dir, ".bin", "val")};
   OCTET_CHECK(!s.train.empty(), dir, ": no *train*.bin token shards");
   check_disjoint(s);
@@ -453,11 +458,12 @@ ShardSet resolve_data_source(const DataSourceArgs& args) {
               "data: val_fraction must be in [0, 1), got ", args.val_fraction);
   if (args.path.empty()) return prepare_cached(default_corpus(), args);
   const bool glob = is_glob_pattern(args.path);
-  OCTET_CHECK(glob || fs::exists(args.path), args.path, ": data path not found");
+  std::error_code ec;
+  OCTET_CHECK(glob || fs::exists(args.path, ec), args.path, ": data path not found");
 
   std::vector<std::string> files;
   ShardSet shards;
-  if (!glob && fs::is_directory(args.path)) {
+  if (!glob && fs::is_directory(args.path, ec)) {
     if (!files_in(args.path, ".bin", "").empty()) {
       shards = find_shards(args.path);
     } else {

@@ -17,8 +17,8 @@
 //   - One process per directory: the lock is taken before anything is written, and a second
 //     process fails at once, naming the holder's pid.
 //   - Staging directories of checkpoint writes that a dead process left behind (step_N.partial,
-//     step_N.partial.tmp.<pid>) are removed when the lock is taken: the lock proves their writer is
-//     gone.
+//     step_N.partial.tmp.XXXXXX) are removed when the lock is taken: the lock proves their writer
+//     is gone.
 #pragma once
 
 #include <string>

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <variant>
 
 // Header-only use of toml++ (its default); only this file includes it.
@@ -489,9 +490,14 @@ std::string format_value(const Value& v) {
 // sees a text: non-ASCII outside strings and comments is refused (TOML 1.0 allows it only there),
 // as is non-ASCII right after a backslash (no escape starts so), and the first character after a
 // line-ending backslash, when not ASCII, is written as its \U escape, which means the same.
+// A quote opens a string only where TOML lets one start (a key at the start of a line, after '.',
+// '[' or '{' or ',', a value after '=', '[' or ','): elsewhere (`steps = -"x`) toml++ reads it as
+// part of a malformed value, asking about every character up to the value's end, so what follows
+// is outside a string here too.
 std::string guard_toml_text(std::string_view text, const std::string& source) {
   enum class In : uint8_t { kTop, kComment, kBasic, kMultiBasic, kLiteral, kMultiLiteral };
   In in = In::kTop;
+  char prev = '\n';  // the last character outside strings and comments that is not a blank
   std::string out;
   out.reserve(text.size());
   int64_t line = 1, column = 1;
@@ -516,17 +522,19 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
     const char ch = text[i];
     if (in == In::kTop) {
       if (non_ascii(i)) fail("non-ASCII character outside a string or comment");
-      if (starts(R"(""")") || starts("'''")) {
+      const bool string_may_start = std::string_view("\n=[{,.").find(prev) != std::string::npos;
+      if (string_may_start && (starts(R"(""")") || starts("'''"))) {
         in = ch == '"' ? In::kMultiBasic : In::kMultiLiteral;
         take(3);
         continue;
       }
       if (ch == '#') in = In::kComment;
-      if (ch == '"') in = In::kBasic;
-      if (ch == '\'') in = In::kLiteral;
+      if (ch == '"' && string_may_start) in = In::kBasic;
+      if (ch == '\'' && string_may_start) in = In::kLiteral;
+      if (ch != ' ' && ch != '\t' && ch != '\r') prev = ch;
       take(1);
     } else if (in == In::kComment) {
-      if (ch == '\n') in = In::kTop;
+      if (ch == '\n') in = In::kTop, prev = '\n';
       take(1);
     } else if (in == In::kBasic || in == In::kLiteral) {
       if (in == In::kBasic && ch == '\\') {
@@ -534,7 +542,7 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
         take(2);
         continue;
       }
-      if (ch == '\n' || ch == (in == In::kBasic ? '"' : '\'')) in = In::kTop;
+      if (ch == '\n' || ch == (in == In::kBasic ? '"' : '\'')) in = In::kTop, prev = ch;
       take(1);
     } else {
       const std::string_view close = in == In::kMultiBasic ? R"(""")" : "'''";
@@ -543,6 +551,7 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
         while (n < 5 && i + n < text.size() && text[i + n] == close[0]) ++n;
         take(n);
         in = In::kTop;
+        prev = close[0];
         continue;
       }
       if (in == In::kMultiLiteral || ch != '\\') {
@@ -764,7 +773,60 @@ Recipe TrainConfig::resolved_recipe() const {
   return r;
 }
 
+namespace {
+
+// The offset of the first byte of `s` that does not start valid UTF-8 (RFC 3629: no overlong
+// forms, surrogates or code points above U+10FFFF), or npos when all of it is valid.
+size_t invalid_utf8_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 1;
+    uint32_t cp = c;
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 2, cp = c & 0x1Fu;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 3, cp = c & 0x0Fu;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 4, cp = c & 0x07u;
+    } else if (c >= 0x80) {
+      return i;
+    }
+    if (s.size() - i < n) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0u) != 0x80u) return i;
+      cp = (cp << 6) | (b & 0x3Fu);
+    }
+    const uint32_t min = n == 1 ? 0 : n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u;
+    if (cp < min || cp > 0x10FFFFu || (cp >= 0xD800u && cp <= 0xDFFFu)) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+// TOML text is UTF-8, so the run's config.toml can hold only UTF-8 strings: a value from --set
+// (bare text is taken as is) that is not would be saved as a config.toml no resume can read.
+void check_utf8(const std::string& key, const std::string& value) {
+  const size_t at = invalid_utf8_at(value);
+  if (at == std::string_view::npos) return;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x",
+                static_cast<unsigned>(static_cast<unsigned char>(value[at])));
+  OCTET_THROW(key, " is not valid UTF-8 (byte ", byte, " at offset ", at,
+              "); the run's config.toml, TOML, holds UTF-8 text only");
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
+  for (const Key& k : keys()) {
+    if (k.type != Type::kString && k.type != Type::kStringList) continue;
+    const Value v = k.get(*this);
+    if (const auto* str = std::get_if<std::string>(&v)) check_utf8(k.name, *str);
+    if (const auto* list = std::get_if<StringList>(&v))
+      for (const std::string& e : *list) check_utf8(k.name, e);
+  }
   auto at_least = [](const char* key, int64_t v, int64_t lo) {
     OCTET_CHECK(v >= lo, key, " must be >= ", lo, ", got ", v);
   };

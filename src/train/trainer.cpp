@@ -84,6 +84,10 @@ struct Run {
   // the start and after loading weights: the next step prepares everything and hands the
   // optimizer the new outputs).
   bool outputs_attached = false;
+  // What a spike rolls back to: the checkpoint this process resumed from, then each one it writes.
+  // Never `latest` as found on disk: after a resume from an earlier checkpoint, `latest` names one
+  // of the stretch the resume abandoned.
+  std::string rollback_dir;
 
   Run(const TrainConfig& c, std::ostream& o, Device device)
       : cfg(c), out(o), ctx(make_context(device)) {}
@@ -130,6 +134,7 @@ struct Run {
     fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
     io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(step) + "\n");
     last_checkpoint = final_dir;
+    rollback_dir = final_dir;
     prune_checkpoints();
   }
 
@@ -391,6 +396,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     if (!removed.empty()) out << removed << "\n";
   } else {
     run.load_checkpoint(target->checkpoint, true);  // a failure here has written nothing
+    run.rollback_dir = target->checkpoint;
     ensure_run_record(cfg.run_dir);
   }
   std::error_code ec;
@@ -478,9 +484,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         apply = false;
         sm.skip_reason = "loss spike";
       } else if (cfg.safety.spike_action == SpikeAction::kRollback) {
-        std::ifstream latest(run.ckpt_root + "/latest");
-        if (latest.good() && rollbacks_in_a_row < 3) {
-          const std::string dir = resolve_resume_dir(cfg.run_dir);
+        if (!run.rollback_dir.empty() && rollbacks_in_a_row < 3) {
+          const std::string dir = run.rollback_dir;
           run.load_checkpoint(dir, false);  // the sampler moves on past the offending batches
           // The steps after the checkpoint are run again: their records are replaced.
           metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
@@ -558,6 +563,11 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         run.step == cfg.steps || stop_requested(opt))
       run.save_checkpoint();
   }
+  // Stopped before this process ran a step (a signal during start-up): a new run writes the state
+  // it starts from, so that --resume continues it like any stopped run (a resumed run has the
+  // checkpoint it started from).
+  if (stop_requested(opt) && steps_run == 0 && !target && run.step < cfg.steps)
+    run.save_checkpoint();
   progress.finish();
   result.steps_done = run.step;
   result.last_checkpoint = run.last_checkpoint;

@@ -451,5 +451,43 @@ TEST_F(CliTest, OutputOverInputIsRefusedAndTheInputKept) {
   }
 }
 
+// Every command that writes a file refuses to replace an existing OUT without --force and leaves
+// it byte for byte; with --force it is replaced (issue 13). `init` and `train` have their own
+// tests (InitCli, TrainSafetyCli); `compare --out` with --force needs matplotlib (CompareCliTest).
+TEST_F(CliTest, EveryWritingCommandRefusesAnExistingOutWithoutForce) {
+  const std::string in = path("in.safetensors"), q = path("q.safetensors"),
+                    out = path("out.safetensors");
+  io::write_safetensors(in, {{"a", test::random_tensor({4, 32}, DType::kF32, 41)},
+                             {"b", test::random_tensor({3, 32}, DType::kF32, 42)}});
+  ASSERT_EQ(run("quantize " + in + " " + q).code, 0);
+  const struct {
+    std::string cmd, args;
+  } cases[] = {{"quantize", in + " " + out},
+               {"dequantize", q + " " + out},
+               {"gemm", in + " " + out + " --recipe bf16"},
+               {"gemm", in + " " + out + " --recipe blockwise --out-dtype f32"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.cmd + " " + c.args);
+    std::ofstream(out) << "precious";
+    expect_failure(c.cmd, c.args, "output " + out + " already exists; pass --force");
+    EXPECT_EQ(slurp(out), "precious");
+    const RunResult r = run(c.cmd + " " + c.args + " --force");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_FALSE(io::read_safetensors(out).tensors.empty());
+  }
+  // A link in OUT's place is refused too (it exists), and what it points to is kept.
+  fs::remove(out);
+  std::ofstream(path("target")) << "precious";
+  fs::create_symlink(path("target"), out);
+  expect_failure("quantize", in + " " + out, "already exists; pass --force");
+  EXPECT_EQ(slurp(path("target")), "precious");
+  // compare --out: refused before the runs are read or anything is plotted.
+  fs::create_directories(path("run"));
+  std::ofstream(path("plot.png")) << "precious";
+  expect_failure("compare", path("run") + " --out " + path("plot.png"),
+                 "output " + path("plot.png") + " already exists; pass --force");
+  EXPECT_EQ(slurp(path("plot.png")), "precious");
+}
+
 }  // namespace
 }  // namespace octet

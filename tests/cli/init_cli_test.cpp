@@ -1,6 +1,7 @@
 // `octet init` end to end: the checkpoint it writes reads back equal to init_parameters bit for bit
 // (F32, BF16, sharded), the FP8 form reads in both ways, the summary line, and one-line errors that
 // leave OUT_DIR as it was.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,6 +211,57 @@ TEST_F(InitCli, ErrorsAreOneLineAndLeaveOutDirUntouched) {
   std::ofstream(path("huge.json")) << huge.dump();
   expect_failure(path("huge.json") + " " + path("huge"), "GiB of host memory");
   EXPECT_FALSE(fs::exists(path("huge")));
+  expect_equal_params(init_parameters(tiny_config(), 2), io::read_checkpoint(out).tensors);
+}
+
+// `octet init` never deletes or replaces a file it did not write (issue 13): a file in OUT_DIR
+// named like a shard of the new checkpoint is refused without --force, a user's file with ".tmp."
+// in its name survives a --force over an old checkpoint, and a directory beside OUT_DIR named like
+// the staging directory of the writing process (OUT_DIR.tmp.<pid>) is left alone.
+TEST_F(InitCli, NeverDeletesOrReplacesAFileItDidNotWrite) {
+  const std::string cfg = path("config.json"), out = path("out");
+  fs::create_directories(path("shards"));
+  std::ofstream(path("shards/model-00001-of-00002.safetensors")) << "a stranger's shard";
+  expect_failure(cfg + " " + path("shards") + " --shard-bytes 20000",
+                 "already holds model-00001-of-00002.safetensors (a checkpoint shard's name)");
+  EXPECT_EQ(slurp(path("shards/model-00001-of-00002.safetensors")), "a stranger's shard");
+  EXPECT_FALSE(fs::exists(path("shards/config.json")));
+
+  fs::create_directories(out);
+  std::ofstream(path("out/notes.tmp.txt")) << "mine";
+  ASSERT_EQ(run(cfg + " " + out + " --seed 1 --shard-bytes 20000").code, 0);
+  ASSERT_TRUE(fs::exists(path("out/model.safetensors.index.json")));
+  EXPECT_EQ(slurp(path("out/notes.tmp.txt")), "mine");
+
+  // --force over that checkpoint, from a child whose pid is known before it starts: the
+  // lookalike staging directory is planted first.
+  int gate[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(gate[1]);
+    char c = 0;
+    if (::read(gate[0], &c, 1) != 1) ::_exit(126);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::execl(OCTET_CLI_PATH, "octet", "init", cfg.c_str(), out.c_str(), "--seed", "2", "--force",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(gate[0]);
+  const std::string lookalike = out + ".tmp." + std::to_string(pid);
+  fs::create_directories(lookalike);
+  std::ofstream(lookalike + "/mine") << "not octet's";
+  ASSERT_EQ(::write(gate[1], "x", 1), 1);
+  ::close(gate[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(slurp(lookalike + "/mine"), "not octet's")
+      << "init removed a directory of someone else";
+  EXPECT_EQ(slurp(path("out/notes.tmp.txt")), "mine") << "init dropped a file it did not write";
   expect_equal_params(init_parameters(tiny_config(), 2), io::read_checkpoint(out).tensors);
 }
 

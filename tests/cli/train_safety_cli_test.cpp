@@ -240,6 +240,44 @@ TEST_F(TrainSafetyCli, SigtermFinishesTheStepWritesACheckpointAndExitsNonZero) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// A second signal ends the run at once. The process is stopped (SIGSTOP) while both signals are
+// sent, so that they are two pending signals (two SIGTERMs would merge into one) and both arrive
+// before the step can end: SIGINT asks for a stop, SIGTERM then ends the process by its default
+// action.
+TEST_F(TrainSafetyCli, ASecondSignalEndsTheRunAtOnce) {
+  const std::string args = std::string("exec '") + OCTET_CLI_PATH + "' train" + kTiny +
+                           " --set 'data.text=\"" + path("corpus.txt") + "\"' --cache-dir '" +
+                           path("cache") + "' --set run_dir='" + path("run") +
+                           "' --set steps=100000 --set checkpoint_every=0 >'" + path("out.txt") +
+                           "' 2>'" + path("err.txt") + "'";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", args.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(path("run/metrics.jsonl")) &&
+        !train::read_metrics(path("run/metrics.jsonl")).empty())
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, WUNTRACED), pid);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status))
+      << "exit status " << WEXITSTATUS(status) << ": the second signal did not end it at once";
+  EXPECT_TRUE(WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM) << WTERMSIG(status);
+  EXPECT_NE(slurp(path("err.txt")).find("signal again to stop at once"), std::string::npos);
+  EXPECT_FALSE(fs::exists(path("run/checkpoints/latest"))) << "it wrote a checkpoint first";
+}
+
 TEST_F(TrainSafetyCli, ARunWhoseStepsWereAllSkippedOrThatDivergedExitsNonZero) {
   // Weights of 1e30: every loss is non-finite from the first step, so every update is skipped.
   const test::CliResult all =

@@ -476,6 +476,18 @@ TEST_F(CheckpointCorruptionTest, DuplicateAcrossShards) {
   expect_read_error(dir(), {name, "duplicate", other, shard_of(name)});
 }
 
+// A file name the file system cannot hold (longer than NAME_MAX) reads as a file that cannot be
+// opened, one octet::Error naming it, not a std::filesystem_error (found by
+// fuzz/fuzz_checkpoint_index: the input kept as fuzz/corpus/checkpoint_index/crash_name_too_long).
+TEST_F(CheckpointCorruptionTest, AFileNameTooLongForTheFileSystemIsOneError) {
+  const std::string name = "model.norm.weight", file_name = std::string(300, 'n') + ".safetensors";
+  index_["weight_map"][name] = file_name;
+  write_json(file("model.safetensors.index.json"), index_);
+  expect_read_error(dir(), {file_name, "cannot open (File name too long)", "maps tensor '" + name});
+  // And a checkpoint directory whose own name is too long.
+  expect_read_error(dir() + "/" + std::string(300, 'd'), {"not a checkpoint directory"});
+}
+
 TEST_F(CheckpointCorruptionTest, TruncatedShard) {
   const std::string shard = shard_of("model.layers.1.self_attn.o_proj.weight");
   fs::resize_file(file(shard), fs::file_size(file(shard)) - 7);
@@ -584,13 +596,20 @@ TEST_F(CheckpointTest, OverwriteReplacesShardsAndKeepsOtherFiles) {
   const ModelConfig c = tiny_config();
   write_checkpoint(dir(), c, random_params(c, Values::kF32, 1), {.shard_bytes = 200'000});
   std::ofstream(file("tokenizer.json")) << "{}";
-  // A stale staging directory of a crashed writer with our pid is cleared, not read.
-  fs::create_directories(dir() + ".tmp." + std::to_string(::getpid()) + "/junk");
+  // A user's file with ".tmp." in its name is kept; a temporary that a crashed AtomicFile writer
+  // of one of the checkpoint's own files left is not carried over.
+  std::ofstream(file("notes.tmp.txt")) << "mine";
+  std::ofstream(file("config.json.tmp.123.0badf00d")) << "half";
+  // A directory that looks like a staging directory of this pid is not ours: the writer's staging
+  // gets a fresh name (mkdtemp) and never reuses, reads or removes it.
+  const std::string lookalike = "ckpt.tmp." + std::to_string(::getpid());
+  fs::create_directories(root_ / lookalike / "junk");
   const NamedTensors second = random_params(c, Values::kBf16Exact, 77);
   write_checkpoint(dir() + "/", c, second, {.format = CheckpointFormat::kBf16});
-  EXPECT_EQ(listing(dir()),
-            (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
-  EXPECT_EQ(listing(root_.string()), std::vector<std::string>{"ckpt"});
+  EXPECT_EQ(listing(dir()), (std::vector<std::string>{"config.json", "model.safetensors",
+                                                      "notes.tmp.txt", "tokenizer.json"}));
+  EXPECT_EQ(listing(root_.string()), (std::vector<std::string>{"ckpt", lookalike}));
+  EXPECT_TRUE(fs::is_directory(root_ / lookalike / "junk"));
   const LoadedCheckpoint got = read_checkpoint(dir(), {.cast = ReadCast::kToF32});
   for (size_t i = 0; i < second.size(); ++i)
     EXPECT_TRUE(bitwise_equal(second[i].second, got.tensors[i].second)) << second[i].first;

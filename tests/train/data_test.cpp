@@ -204,6 +204,11 @@ TEST_F(DataTest, ResolvesLlmcShardDirectoriesAndGlobs) {
                {"both a training and a validation shard"});
   expect_error([&] { resolve_data_source({.path = path("nothing*.bin")}); }, {"no files match"});
   expect_error([&] { resolve_data_source({.path = path("absent")}); }, {"data path not found"});
+  // A name too long for the file system is not found either (it threw std::filesystem_error).
+  const std::string too_long = path(std::string(300, 'x') + ".bin");
+  expect_error([&] { resolve_data_source({.path = too_long}); }, {"data path not found"});
+  expect_error([&] { resolve_data_source({.path = path("d"), .val_path = too_long}); },
+               {"validation shard not found"});
   write_file("mixed/a.txt", "text");
   counting_shard("mixed/a.bin", 10);
   expect_error([&] { resolve_data_source({.path = path("mixed/a.*")}); }, {"both token shards"});

@@ -129,6 +129,24 @@ TEST(TrainConfig, NonAsciiIsRefusedOutsideStringsAndKeptInside) {
   EXPECT_EQ(parse("steps = 3\n\xc2\xa7 = 1\n"),
             "t.toml:2:1: non-ASCII character outside a string or comment");
   EXPECT_EQ(parse("run_dir = \"a\\\xc3\xa9\"\n"), "t.toml:1:13: non-ASCII character after '\\'");
+  // A quote where no string can start is part of a malformed value to toml++, which asks about
+  // the characters after it (crash_toml_quote_inside_value): refused here first.
+  EXPECT_EQ(parse("steps = -\"t\xc3\x91  = ''%\"\n"),
+            "t.toml:1:12: non-ASCII character outside a string or comment");
+  EXPECT_EQ(parse("run_dir = \"a\" \"\xc3\xa9\"\n"),
+            "t.toml:1:16: non-ASCII character outside a string or comment");
+  // Strings start after '=', '[', ',', '{', '.' and at the start of a line (arrays over lines).
+  const TrainConfig q = parse_train_config(
+      "\"run_dir\" = 'caf\xc3\xa9'\n"
+      "data.\"text\" = \"\xc2\xa7 x\"\n"
+      "recipe_overrides = [ # \xc3\xa9\n"
+      "  \"gemm.attn.out=bf16\",\n"
+      "  '''gemm.attn.q_down=bf16'''\n"
+      "]\n",
+      "t.toml");
+  EXPECT_EQ(q.run_dir, "caf\xc3\xa9");
+  EXPECT_EQ(q.data.text, "\xc2\xa7 x");
+  EXPECT_EQ(q.recipe_overrides.size(), 2u);
 
   const TrainConfig c = parse_train_config(
       "\xEF\xBB\xBF# caf\xc3\xa9 \xc2\xa7\n"
@@ -146,6 +164,41 @@ TEST(TrainConfig, NonAsciiIsRefusedOutsideStringsAndKeptInside) {
   EXPECT_EQ(s.run_dir, "\xc2\xa7runs");
   apply_set(s, "run_dir=\"caf\xc3\xa9\"");
   EXPECT_EQ(s.run_dir, "caf\xc3\xa9");
+}
+
+// A --set value taken as bare text may hold bytes that are not UTF-8; saved as is, they made a
+// config.toml that no resume can read (found by fuzz/fuzz_train_config: the input kept as
+// fuzz/corpus/train_config/crash_set_invalid_utf8). validate() refuses such a string, naming the
+// key; UTF-8 text of any script, bare or quoted, still reads back from to_toml.
+TEST(TrainConfig, StringsThatAreNotUtf8AreRefusedAndUtf8RoundTrips) {
+  const struct {
+    const char* set;
+    const char* message;
+  } cases[] = {
+      {"run_dir = \"run\"  # metrics and config\x8d here",
+       "run_dir is not valid UTF-8 (byte 0x8d at offset 27)"},
+      {"data.text=caf\xe9.txt", "data.text is not valid UTF-8 (byte 0xe9 at offset 3)"},
+      {"run_dir=\xc0\xafx", "(byte 0xc0 at offset 0)"},         // overlong '/'
+      {"run_dir=a\xed\xa0\x80", "(byte 0xed at offset 1)"},     // a surrogate
+      {"run_dir=\xf4\x90\x80\x80", "(byte 0xf4 at offset 0)"},  // above U+10FFFF
+      {"run_dir=ab\xe2\x82", "(byte 0xe2 at offset 2)"},        // cut short
+      {"recipe_overrides=x\xff", "recipe_overrides is not valid UTF-8"},
+  };
+  for (const auto& c : cases) {
+    TrainConfig t;
+    EXPECT_MESSAGE_HAS(error_of([&] {
+                         apply_set(t, c.set);
+                         t.validate();
+                       }),
+                       c.message);
+  }
+  TrainConfig ok;
+  apply_set(ok, "run_dir=runs/\xc3\xa9t\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x93\x88");
+  apply_set(ok, "data.text=\xc2\x85notes.txt");  // U+0085, a C1 control: TOML allows it
+  ok.validate();
+  const TrainConfig back = parse_train_config(to_toml(ok), "saved");
+  EXPECT_EQ(back.run_dir, ok.run_dir);
+  EXPECT_EQ(back.data.text, ok.data.text);
 }
 
 TEST(TrainConfig, SetOverridesAreTypeChecked) {

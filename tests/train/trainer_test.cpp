@@ -3,6 +3,7 @@
 // step and training goes on; bad inputs fail before any work.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -217,6 +218,76 @@ TEST(Trainer, LossSpikesAreSkippedOrRolledBack) {
   ASSERT_EQ(records.size(), 10u) << "one record per step, the re-run steps replacing the old ones";
   for (size_t i = 0; i < records.size(); ++i)
     EXPECT_EQ(records[i].step, static_cast<int64_t>(i + 1));
+  fs::remove_all(dir);
+}
+
+// The lines of `log` that report a rollback.
+std::vector<std::string> rollback_lines(const std::string& log) {
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("rolled back to") != std::string::npos) out.push_back(line);
+  return out;
+}
+
+// A spike soon after a resume from an earlier checkpoint rolls back to that checkpoint, not to
+// the one `latest` names: that one is of the stretch the resume abandoned (issue 13: a rollback
+// loaded the weights of a later step, and the run reported more steps than it ran).
+TEST(Trainer, ASpikeAfterAResumeRollsBackWithinTheResumedStretch) {
+  const std::string dir = temp_dir("spike_resume");
+  const std::string corpus = write_corpus(dir);
+  TrainConfig c = spiky(dir + "/run", corpus, "rollback");
+  apply_set(c, "keep_checkpoints=0");
+  std::ostringstream first;
+  run_training(c, quiet(dir + "/cache"), first);
+  ASSERT_FALSE(rollback_lines(first.str()).empty()) << "no spike to test with:\n" << first.str();
+  ASSERT_TRUE(fs::exists(dir + "/run/checkpoints/step_00000010"));
+
+  // Back to step 2, writing no checkpoint before the end: the resumed run repeats the first one
+  // bit for bit up to its first spike, which must roll back to step 2 (latest names step 10).
+  TrainConfig again = c;
+  apply_set(again, "checkpoint_every=0");
+  RunOptions o = quiet(dir + "/cache");
+  o.resume_from = dir + "/run/checkpoints/step_00000002";
+  std::ostringstream second;
+  const RunResult r = run_training(again, o, second);
+  const std::vector<std::string> rollbacks = rollback_lines(second.str());
+  ASSERT_FALSE(rollbacks.empty()) << second.str();
+  for (const std::string& line : rollbacks)
+    EXPECT_NE(line.find("step_00000002"), std::string::npos) << line;
+  EXPECT_EQ(r.steps_done, 10);
+  const std::vector<StepMetrics> records = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(records.size(), 10u);
+  for (size_t i = 0; i < records.size(); ++i)
+    EXPECT_EQ(records[i].step, static_cast<int64_t>(i + 1));
+  fs::remove_all(dir);
+}
+
+// A stop asked for before the first step (a signal during start-up) still leaves a run that
+// --resume continues: the state the run starts from is written as step 0, and the resumed run's
+// losses are an uninterrupted run's, bit for bit. (It used to write no checkpoint, and say
+// "continue with --resume" for a run that --resume refused.)
+TEST(Trainer, AStopBeforeTheFirstStepLeavesARunThatResumes) {
+  const std::string dir = temp_dir("early_stop");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  const TrainConfig c = tiny(dir + "/run", corpus, "bf16");
+  const std::atomic<int> stop{15};
+  RunOptions o = quiet(dir + "/cache");
+  o.stop = &stop;
+  const RunResult r = run_training(c, o, log);
+  EXPECT_EQ(r.end, RunEnd::kInterrupted);
+  EXPECT_EQ(r.steps_done, 0);
+  EXPECT_EQ(r.last_checkpoint, dir + "/run/checkpoints/step_00000000");
+  RunOptions again = quiet(dir + "/cache");
+  again.resume_from = dir + "/run";
+  EXPECT_EQ(run_training(c, again, log).end, RunEnd::kCompleted);
+  run_training(tiny(dir + "/full", corpus, "bf16"), quiet(dir + "/cache"), log);
+  const std::vector<double> a = losses(dir + "/full"), b = losses(dir + "/run");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0) << "step " << i + 1;
   fs::remove_all(dir);
 }
 

@@ -14,7 +14,8 @@ namespace {
 
 const char* kUsage =
     "usage: octet gemm IN OUT --recipe bf16|tensor|row|blockwise [--out-dtype bf16|f32] [--device "
-    "cpu|cuda]\n\n"
+    "cpu|cuda]\n"
+    "                  [--force]\n\n"
     "Reads `a` (M, K) and `b` (N, K) from the safetensors file IN and writes d = a b^T (M, N) to "
     "OUT.\n"
     "  bf16       a and b rounded to BF16, FP32 accumulation\n"

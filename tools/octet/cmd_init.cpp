@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <system_error>
 
 #include "backend/backend.h"
@@ -30,6 +31,12 @@ namespace fs = std::filesystem;
 // The files whose presence makes a directory a checkpoint (io/checkpoint.h's layout).
 const char* const kCheckpointFiles[] = {"config.json", "model.safetensors",
                                         "model.safetensors.index.json"};
+
+// model-NNNNN-of-NNNNN.safetensors, the name write_checkpoint gives a shard.
+bool is_shard_name(const std::string& name) {
+  static const std::regex kShard("model-[0-9]{5,}-of-[0-9]{5,}\\.safetensors");
+  return std::regex_match(name, kShard);
+}
 
 uint64_t parse_seed(const Args& args) {
   const auto v = args.get("seed");
@@ -60,8 +67,14 @@ void check_out_dir(const fs::path& out, bool force) {
   if (fs::exists(out, ec)) {
     OCTET_CHECK(fs::is_directory(out, ec), out.string(), ": exists and is not a directory");
     for (const char* f : kCheckpointFiles)
-      OCTET_CHECK(force || !fs::exists(out / f, ec), out.string(), ": already holds a checkpoint (",
-                  f, "); pass --force to replace it");
+      OCTET_CHECK(force || !fs::exists(fs::symlink_status(out / f, ec)), out.string(),
+                  ": already holds a checkpoint (", f, "); pass --force to replace it");
+    // A file with a shard's name would be replaced by the new checkpoint's shard of that name.
+    if (!force)
+      for (const auto& e : fs::directory_iterator(out, ec))
+        OCTET_CHECK(!is_shard_name(e.path().filename().string()), out.string(), ": already holds ",
+                    e.path().filename().string(),
+                    " (a checkpoint shard's name); pass --force to replace it");
   }
   fs::path p = out.parent_path();
   while (p.has_parent_path() && p != p.parent_path() && !fs::exists(p, ec)) p = p.parent_path();
@@ -134,7 +147,9 @@ Command init_command() {
       "weights 1, e_score_correction_bias 0; the MTP layers' embed_tokens and shared_head.head\n"
       "copy the main model's. Each tensor draws from its own Philox stream keyed by the seed and\n"
       "its name, so a tensor's values depend on the seed, its name and its shape only.\n"
-      "OUT_DIR is replaced atomically; files in it that are not part of a checkpoint are kept.\n\n"
+      "OUT_DIR is replaced atomically. An existing checkpoint in it (config.json, the weight\n"
+      "files) is replaced only with --force; files in it that are not part of the checkpoint\n"
+      "are never touched.\n\n"
       "flags:\n"
       "  --seed S            random seed, an integer in [0, 2^64) (default 0)\n"
       "  --format F          f32: every tensor in F32 (default; training keeps FP32 masters)\n"
