@@ -26,17 +26,6 @@ void copy_into(Context& ctx, const Tensor& dst, int64_t offset_elems, const Tens
   ctx.be().copy(d, src.data(), src.nbytes(), same_device(ctx));
 }
 
-QuantTensor quantize_1x128(Context& ctx, const Tensor& x, Fp8Format f, ScaleRounding r,
-                           QuantizeOutput out) {
-  QuantizeArgs qa;
-  qa.input = x;
-  qa.format = f;
-  qa.granularity = Granularity::k1x128;
-  qa.rounding = r;
-  qa.output = out;
-  return quantize(ctx, qa);
-}
-
 // The row counts on the host when the caller read them (one read per MoE layer, not per GEMM).
 const std::vector<int64_t>* hs(const GroupLayoutRef& l) {
   return l.host_sizes.empty() ? nullptr : &l.host_sizes;
@@ -84,10 +73,7 @@ void GroupedLinearLayer::prepare(Context& ctx, const Precision& p) {
           Granularity::k128x128, r.forward_format};
   fp8_t_ = {Tensor::empty(ctx, {E * I, O}, d8), Tensor::empty(ctx, {E, si, so}, DType::kF32),
             Granularity::k128x128, r.forward_format};
-  QuantizeArgs qa;
-  qa.format = r.forward_format;
-  qa.granularity = Granularity::k128x128;
-  qa.output = QuantizeOutput::kBoth;
+  QuantizeArgs qa = quantize_args(r, GemmOperand::kWeight, Tensor(), QuantizeOutput::kBoth);
   if (O % kGroup == 0) {
     // No block straddles two experts: one quantization of the stacked (E Out, In) matrix. Its
     // column-wise copy (In, E Out) holds W_e^T side by side; Dgrad wants them stacked (E In, Out),
@@ -121,7 +107,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   const int64_t R = in_.x.defined() ? in_.x.rows() : in_.qx.rows();
   s = Saved{};
   if (p.probe != nullptr && in_.x.defined() && r.precision != GemmPrecision::kFp8Tensor)
-    p.probe->record(ctx, site, "x", in_.x, r, r.forward_format, r.activation_rounding, nullptr);
+    p.probe->record(ctx, site, GemmOperand::kActivation, in_.x, r, nullptr);
   if (r.precision == GemmPrecision::kBf16) {
     Tensor y = Tensor::empty(ctx, {R, out()}, in_.x.dtype());
     grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
@@ -145,7 +131,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   // fp8-block.
   QuantTensor qx;
   if (in_.x.defined()) {
-    qx = quantize_1x128(ctx, in_.x, r.forward_format, r.activation_rounding, QuantizeOutput::kBoth);
+    qx = quantize(ctx, quantize_args(r, GemmOperand::kActivation, in_.x, QuantizeOutput::kBoth));
   } else {
     qx = in_.qx;
     OCTET_CHECK(qx.rounding == ScaleRounding::kPow2 && qx.granularity == Granularity::k1x128,
@@ -169,7 +155,7 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t R = dy.rows(), E = experts();
   if (p.probe != nullptr && r.precision != GemmPrecision::kFp8Tensor)
-    p.probe->record(ctx, site, "dy", dy, r, r.backward_format, r.gradient_rounding, nullptr);
+    p.probe->record(ctx, site, GemmOperand::kGradient, dy, r, nullptr);
   const Tensor grad3 = param->grad;  // (E, Out, In) f32
   if (r.precision == GemmPrecision::kBf16) {
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
@@ -194,7 +180,7 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
     return dx;
   }
   const QuantTensor qdy =
-      quantize_1x128(ctx, dy, r.backward_format, r.gradient_rounding, QuantizeOutput::kBoth);
+      quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth));
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
   grouped_gemm_fp8(
       ctx, {rowwise_operand(qdy), fp8_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});

@@ -1,6 +1,7 @@
 // MoE feed-forward: forward, then backward in reverse order (moe.h has the dataflow).
 #include "model/moe.h"
 
+#include "model/linear.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm.h"
 #include "ops/grouped_gemm/grouped_gemm.h"
@@ -45,6 +46,8 @@ void MoeLayer::prepare(Context& ctx, const Precision& p) {
 Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences,
                          Saved& s) {
   const Recipe& r = p.recipe;
+  const GemmRecipe& up_r = r.at(GemmSite::kExpertGateUp);
+  const GemmRecipe& down_r = r.at(GemmSite::kExpertDown);
   const int64_t T = x.rows(), D = x.cols(), E = router.num_experts;
   s = Saved{};
   s.sequences = sequences;
@@ -66,30 +69,30 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   // grouped GEMMs with the row counts read on the device where the build allows: the layer then
   // never synchronises. Other recipes (per-tensor FP8) read the counts to the host once per layer,
   // shared by the six per-expert GEMM loops.
-  const bool fp8_block = r.moe_dispatch == Storage::kFp8 &&
-                         r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Block &&
-                         r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block &&
-                         grouped_fp8_blockwise_counts_on_device(ctx);
-  const bool bf16 = r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kBf16 &&
-                    r.at(GemmSite::kExpertDown).precision == GemmPrecision::kBf16 &&
-                    grouped_bf16_counts_on_device(ctx);
+  const bool fp8_block =
+      r.moe_dispatch == Storage::kFp8 && up_r.precision == GemmPrecision::kFp8Block &&
+      down_r.precision == GemmPrecision::kFp8Block && grouped_fp8_blockwise_counts_on_device(ctx);
+  const bool bf16 = up_r.precision == GemmPrecision::kBf16 &&
+                    down_r.precision == GemmPrecision::kBf16 && grouped_bf16_counts_on_device(ctx);
   const bool device_counts = fp8_block || bf16;
   if (!device_counts) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
-    QuantizeArgs qa;  // quantized once, before the dispatch (DeepSeek-V3)
-    qa.input = x.reshape({T, D});
-    qa.format = Fp8Format::kE4M3;
-    qa.granularity = Granularity::k1x128;
-    qa.rounding = ScaleRounding::kPow2;
-    xp.qx = moe_permute(ctx, s.map, quantize(ctx, qa));
+    // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
+    // power-of-2 scales: Recipe::validate).
+    xp.qx = moe_permute(ctx, s.map,
+                        quantize(ctx, quantize_args(up_r, GemmOperand::kActivation,
+                                                    x.reshape({T, D}), QuantizeOutput::kRowwise)));
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }
   s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F)
   GroupedInput h;
-  if (r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block) {
-    h.qx = swiglu_quantize(ctx, {s.gu, Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f});
+  const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
+  if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
+    // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
+    // copy, so only with power-of-2 scales (else down quantizes the BF16 output itself).
+    h.qx = swiglu_quantize(ctx, {s.gu, hq.format, hq.rounding, 0.0f});
   } else {
     h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
     swiglu_forward(ctx, {s.gu, h.x});

@@ -32,6 +32,10 @@ enum class Granularity : uint8_t { kTensor, kRow, k1x128, k128x1, k128x128 };
 
 enum class ScaleRounding : uint8_t { kExact, kPow2 };
 
+// Delayed scaling: which amax of the history sets the scale (TransformerEngine's
+// amax_compute_algo "max" / "most_recent").
+enum class AmaxReduction : uint8_t { kMax, kMostRecent };
+
 inline constexpr int64_t kGroup = 128;  // DeepSeek-V3's tile and block edge
 
 OCTET_HD int64_t ceil_div(int64_t a, int64_t b) {

@@ -83,11 +83,7 @@ struct Run {
   Run(const TrainConfig& c, std::ostream& o, Device device)
       : cfg(c), out(o), ctx(make_context(device)) {}
 
-  ModelConfig model_config() const {
-    ModelConfig m = cfg.model;
-    m.recipe = cfg.recipe;
-    return m;
-  }
+  const ModelConfig& model_config() const { return cfg.model; }
 
   void build(const ShardSet& shards) {
     const ModelConfig mc = model_config();
@@ -267,8 +263,8 @@ std::vector<ConfigChange> check_resume(const TrainConfig& cfg, const RunOptions&
   OCTET_CHECK(refused.empty() || opt.allow_config_change, "--resume ", opt.resume_from,
               ": this would change what the run computes: ", refused,
               "; a resume keeps the run's config.toml except steps, checkpointing, logging, "
-              "evaluation, safety and device. Pass --allow-config-change to change it anyway "
-              "(recorded in metrics.jsonl)");
+              "evaluation, safety and device. "
+              "Pass --allow-config-change to change it anyway (recorded in metrics.jsonl)");
   const int64_t done = checkpoint_step(t.checkpoint);
   OCTET_CHECK(done < cfg.steps, "--resume ", opt.resume_from, ": the run already finished (",
               t.checkpoint, " is at step ", done, " of steps = ", cfg.steps,
@@ -285,20 +281,16 @@ std::string gib(double bytes) {
 // Before the first large allocation: the run's estimated memory (describe.h's estimate) against
 // what the device can still give.
 void check_memory(const TrainConfig& cfg, Backend& be, Device device) {
-  ModelConfig mc = cfg.model;
-  mc.recipe = cfg.recipe;
-  const MemoryEstimate m = estimate_memory(mc, cfg.resolved_recipe(), cfg.batch_size * cfg.seq_len);
+  const MemoryEstimate m =
+      estimate_memory(cfg.model, cfg.resolved_recipe(), cfg.batch_size * cfg.seq_len);
   const double need = m.weight_bytes + m.activation_bytes;
   const int64_t have = be.available_bytes();
   OCTET_CHECK(have < 0 || need <= static_cast<double>(have), "the run needs about ", gib(need),
               " of ", device == Device::kCpu ? "host" : "GPU",
-              " memory (parameters, gradients "
-              "and optimizer state ",
-              gib(m.weight_bytes), ", activations of a micro-batch of ", cfg.batch_size, " x ",
-              cfg.seq_len, " tokens ", gib(m.activation_bytes), ") but ",
-              gib(static_cast<double>(have)),
-              " is available; reduce batch_size or seq_len (and "
-              "raise grad_accum), or the model");
+              " memory (parameters, gradients and optimizer state ", gib(m.weight_bytes),
+              ", activations of a micro-batch of ", cfg.batch_size, " x ", cfg.seq_len, " tokens ",
+              gib(m.activation_bytes), ") but ", gib(static_cast<double>(have)),
+              " is available; reduce batch_size or seq_len (and raise grad_accum), or the model");
 }
 
 void write_config(const TrainConfig& cfg, std::ostream& out) {
@@ -317,9 +309,9 @@ bool stop_requested(const RunOptions& opt) {
 RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
   // Everything that can be wrong is checked before anything is written.
   cfg.validate();
-  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.recipe,
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
-              "deepseek");
+  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.model.recipe.label(),
+              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; "
+              "use deepseek");
   std::optional<ResumeTarget> target;
   std::vector<ConfigChange> changes;
   if (!opt.resume_from.empty()) {
@@ -376,7 +368,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     for (const ConfigChange& c : changes)
       out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
   }
-  out << "device: " << device_name(device) << ", recipe: " << cfg.recipe << ", parameters: " <<
+  out << "device: " << device_name(device) << ", recipe: " << cfg.model.recipe.label()
+      << ", parameters: " <<
       [&] {
         int64_t n = 0;
         for (Parameter* p : run.model->parameters()) n += p->value.numel();
@@ -483,7 +476,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       progress.message("step " + std::to_string(sm.step) + ": " + sm.skip_reason +
                        ", update skipped");
     if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
-        cfg.recipe != "bf16") {
+        cfg.resolved_recipe().any_fp8()) {
       const double fp8_first = run.model->read_losses(run.ctx, micro[0]).main;
       const double bf = run.shadow_loss(first);
       sm.shadow_bf16_loss = bf;

@@ -136,13 +136,13 @@ void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Ten
 }
 
 void delayed_scaling_update(Context&, DelayedScaling& state, const Tensor& amax, int64_t step,
-                            AmaxReduce reduce, const ScaleRule& rule) {
+                            AmaxReduction reduce, const ScaleRule& rule) {
   float* hist = state.amax_history.data_as<float>();
   const int64_t len = state.amax_history.numel();
   const float a = amax.data_as<const float>()[0];
   hist[step % len] = a;
   uint32_t reduced = abs_bits(a);
-  if (reduce == AmaxReduce::kMax)
+  if (reduce == AmaxReduction::kMax)
     for (int64_t i = 0; i < len; ++i) reduced = std::max(reduced, abs_bits(hist[i]));
   if (reduced != 0 && reduced < 0x7F800000u) {
     const float scale = compute_scale(bits_float(reduced), rule);
