@@ -6,8 +6,8 @@
 //                                   when FP8 weights are stored)
 //   model.safetensors               when every tensor fits in one shard, or
 //   model-00001-of-0000N.safetensors + model.safetensors.index.json
-//                                   {"metadata": {"total_size": data bytes}, "weight_map": {name:
-//                                   file}}
+//                                   {"metadata": {"total_size": data bytes},
+//                                    "weight_map": {name: file}}
 // Each shard carries the safetensors metadata {"format": "pt"} that transformers' loader expects.
 // Reading takes the index when present (its total_size is informational and not checked, as in
 // transformers); a directory holding both an index and model.safetensors is rejected as ambiguous.

@@ -30,10 +30,9 @@ void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
   check_device(op.data, name, device);
   check_dtype(op.scale_inv, name, {DType::kF32});
   check_device(op.scale_inv, name, device);
-  OCTET_CHECK(
-      op.granularity != Granularity::k128x1, "gemm operand ", name,
-      ": 128x1 scales run across rows of K; pass the other copy of the tensor, whose 1x128 groups "
-      "lie along K");
+  OCTET_CHECK(op.granularity != Granularity::k128x1, "gemm operand ", name,
+              ": 128x1 scales run across rows of K; "
+              "pass the other copy of the tensor, whose 1x128 groups lie along K");
   if (!check_scale_shape) return;
   const Shape want = scale_shape(op.granularity, op.rows(), op.cols());
   OCTET_CHECK(op.scale_inv.numel() == shape_numel(want), "gemm operand ", name,
@@ -55,17 +54,15 @@ void check_gemm_output(const Tensor& d, int64_t m, int64_t n, Accumulate acc, De
 void check_cuda_block_output(int64_t n, DType d) {
   OCTET_CHECK((n * dtype_size(d)) % 16 == 0, "gemm on CUDA: output D has rows of N = ", n, " ",
               dtype_name(d),
-              " elements; with block scales (1x128, 128x128) cuBLASLt needs them to be whole "
-              "16-byte vectors: N a "
-              "multiple of ",
+              " elements; with block scales (1x128, 128x128) cuBLASLt needs them to be "
+              "whole 16-byte vectors: N a multiple of ",
               16 / dtype_size(d), " for ", dtype_name(d), " output");
 }
 
 void check_cuda_fp8_k(int64_t k) {
-  OCTET_CHECK(
-      k % 16 == 0, "gemm on CUDA: K = ", k,
-      " must be a multiple of 16 for FP8 operands (cuBLASLt reads rows of A and B in 16-byte "
-      "vectors); pad K with zeros");
+  OCTET_CHECK(k % 16 == 0, "gemm on CUDA: K = ", k,
+              " must be a multiple of 16 for FP8 operands "
+              "(cuBLASLt reads rows of A and B in 16-byte vectors); pad K with zeros");
 }
 
 Fp8Operand rowwise_operand(const QuantTensor& q) {
@@ -81,10 +78,9 @@ Fp8Operand columnwise_operand(const QuantTensor& q) {
 
 void check_fp8_pairing(const Fp8Operand& a, const Fp8Operand& b, Accumulation accumulation) {
   const Granularity ga = a.granularity, gb = b.granularity;
-  OCTET_CHECK(
-      !(a.format == Fp8Format::kE5M2 && b.format == Fp8Format::kE5M2),
-      "gemm: E5M2 x E5M2 is not supported by the FP8 tensor cores (cuBLASLt); quantize one operand "
-      "E4M3");
+  OCTET_CHECK(!(a.format == Fp8Format::kE5M2 && b.format == Fp8Format::kE5M2),
+              "gemm: E5M2 x E5M2 is not supported by the FP8 tensor cores (cuBLASLt); "
+              "quantize one operand E4M3");
   const bool both_block = block_scaled(ga) && block_scaled(gb);
   OCTET_CHECK(ga == gb || both_block, "gemm: A is ", granularity_name(ga), "-scaled and B ",
               granularity_name(gb),
@@ -110,9 +106,7 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
   check_gemm_output(args.d, args.a.rows(), args.b.rows(), args.accumulate, ctx.device);
   const AccumulatorEmulation& e = args.emulation;
   OCTET_CHECK(e.mantissa_bits >= 0 && e.mantissa_bits <= 23,
-              "gemm: emulated accumulator mantissa bits must be "
-              "in [0, 23], got ",
-              e.mantissa_bits);
+              "gemm: emulated accumulator mantissa bits must be in [0, 23], got ", e.mantissa_bits);
   OCTET_CHECK(e.promote_interval >= 0, "gemm: promotion interval must be >= 0, got ",
               e.promote_interval);
   if (ctx.device == Device::kCuda && args.a.cols() > 0) check_cuda_fp8_k(args.a.cols());

@@ -19,8 +19,7 @@ void check_group_sizes(const Context& ctx, const Tensor& sizes) {
   check_dtype(sizes, "grouped gemm group_sizes", {DType::kI32, DType::kI64});
   check_device(sizes, "grouped gemm group_sizes", ctx.device);
   OCTET_CHECK(sizes.rank() == 1 && sizes.numel() >= 1,
-              "grouped gemm group_sizes: expected shape [E] with E >= 1, "
-              "got ",
+              "grouped gemm group_sizes: expected shape [E] with E >= 1, got ",
               shape_str(sizes.shape()));
 }
 
@@ -76,17 +75,15 @@ void check_stacked_scales(const Fp8Operand& b, int64_t experts, int64_t n) {
     return;
   }
   OCTET_CHECK(b.granularity == Granularity::k128x128,
-              "grouped gemm B: expected 128x128 (or 1x128) weight scales, "
-              "got ",
+              "grouped gemm B: expected 128x128 (or 1x128) weight scales, got ",
               granularity_name(b.granularity));
   const int64_t want = experts * ceil_div(n, kGroup) * groups;
   OCTET_CHECK(b.scale_inv.numel() == want, "grouped gemm B: 128x128 scale_inv must hold ", experts,
               " x ", ceil_div(n, kGroup), " x ", groups, " blocks (one set per expert), got ",
               shape_str(b.scale_inv.shape()));
   OCTET_CHECK(n % kGroup == 0 || b.scale_inv.rank() == 3, "grouped gemm B: with N = ", n,
-              " not a multiple of 128, scale_inv must be rank 3 (E, ceil(N/128), ceil(K/128)) so "
-              "that no block "
-              "straddles two experts; quantize each expert on its own");
+              " not a multiple of 128, scale_inv must be rank 3 (E, ceil(N/128), ceil(K/128)) "
+              "so that no block straddles two experts; quantize each expert on its own");
 }
 
 // FP8 Wgrad slices the token axis of the column-wise copies: the 128-token scale groups must not
@@ -191,9 +188,9 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
     check_cuda_block_output(k, args.d.dtype());
     for (int64_t e = 0; e < experts; ++e)
       OCTET_CHECK(l.size[e] % 16 == 0, "grouped wgrad on CUDA: expert ", e, " has ", l.size[e],
-                  " tokens; FP8 Wgrad needs multiples of 16 (K of each expert's GEMM: cuBLASLt "
-                  "reads 16-byte "
-                  "vectors); pad the expert's rows");
+                  " tokens; FP8 Wgrad needs multiples of 16 "
+                  "(K of each expert's GEMM: cuBLASLt reads 16-byte vectors); "
+                  "pad the expert's rows");
     OCTET_CHECK(
         args.a.cols() % 16 == 0, "grouped wgrad on CUDA: the token count ", args.a.cols(),
         " must be a multiple of 16 (the row stride of the column-wise copies, 16-byte aligned)");
