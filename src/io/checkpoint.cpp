@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "io/atomic_file.h"
 #include "io/json_keys.h"
 #include "numerics/fp8.h"

@@ -18,29 +18,17 @@
 
 #include <cstdint>
 
+#include "core/quant_types.h"
 #include "numerics/fp8.h"
 
 namespace octet {
-
-enum class Fp8Format : uint8_t { kE4M3, kE5M2 };
-
-// Scale groups. Layout of scale_inv (row-major FP32) for a (rows, cols) tensor, as DeepSeek-V3
-// stores its weights: kTensor [1], kRow [rows, 1], k1x128 [rows, ceil(cols/128)], k128x1
-// [ceil(rows/128), cols], k128x128 [ceil(rows/128), ceil(cols/128)]. The last group of a row or
-// column may be partial.
-enum class Granularity : uint8_t { kTensor, kRow, k1x128, k128x1, k128x128 };
-
-enum class ScaleRounding : uint8_t { kExact, kPow2 };
 
 // Delayed scaling: which amax of the history sets the scale (TransformerEngine's
 // amax_compute_algo "max" / "most_recent").
 enum class AmaxReduction : uint8_t { kMax, kMostRecent };
 
-inline constexpr int64_t kGroup = 128;  // DeepSeek-V3's tile and block edge
-
-OCTET_HD int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
+const char* granularity_name(Granularity g);  // "1x128", ...
+const char* format_name(Fp8Format f);         // "e4m3", "e5m2"
 
 OCTET_HD float fp8_max(Fp8Format f) {
   return f == Fp8Format::kE4M3 ? 448.0f : 57344.0f;

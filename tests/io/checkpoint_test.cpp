@@ -3,6 +3,7 @@
 // warning, one test per kind of corruption (each error must name what is wrong), and atomic
 // replacement when a write is interrupted.
 #include "io/checkpoint.h"
+#include "backend/backend.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -2,6 +2,7 @@
 // produces, on hand-made tensors whose answer is known.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "model/site_probe.h"
 
 namespace octet {

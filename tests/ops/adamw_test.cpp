@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/adamw/adamw.h"
 #include "test_util.h"

@@ -14,6 +14,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/cast/cast.h"
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"

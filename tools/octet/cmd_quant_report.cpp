@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "cli.h"
 #include "core/context.h"
 #include "io/safetensors.h"

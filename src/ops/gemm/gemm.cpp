@@ -2,6 +2,7 @@
 #include "ops/gemm/gemm.h"
 
 #include "backend/dispatch.h"
+#include "numerics/scale.h"
 #include "ops/gemm/gemm_backends.h"
 
 namespace octet {

@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "numerics/scale.h"
 #include "ops/cast/cast.h"
 
 namespace octet::cuda {

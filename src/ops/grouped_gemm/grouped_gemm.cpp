@@ -4,6 +4,7 @@
 
 #include "backend/backend.h"
 #include "backend/dispatch.h"
+#include "numerics/scale.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm_backends.h"
 #include "ops/grouped_gemm/grouped_gemm_backends.h"

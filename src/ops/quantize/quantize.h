@@ -8,6 +8,7 @@
 
 #include "core/context.h"
 #include "core/quant_tensor.h"
+#include "numerics/scale.h"
 
 namespace octet {
 
