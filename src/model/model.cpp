@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "backend/backend.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/init.h"
 #include "ops/attention/attention.h"
 #include "ops/cast/cast.h"
@@ -58,7 +58,7 @@ struct FusedLocation {
   Shape shape;
 };
 
-FusedLocation fused_location(const io::TensorSpec& s, const ModelConfig& c) {
+FusedLocation fused_location(const TensorSpec& s, const ModelConfig& c) {
   const int64_t D = c.hidden_size, numel = shape_numel(s.shape);
   const auto ep = s.name.find("mlp.experts.");
   if (ep != std::string::npos) {
@@ -108,13 +108,12 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   const int64_t L = c.num_hidden_layers, K = c.num_nextn_predict_layers;
 
   // Parameters, named and shaped by the checkpoint layout (fused where the model fuses).
-  for (const io::TensorSpec& s : io::expected_tensors(c)) {
-    if (s.mtp_depth >= 0 &&
-        (s.kind == io::TensorKind::kEmbedding || s.kind == io::TensorKind::kHead))
+  for (const TensorSpec& s : expected_tensors(c)) {
+    if (s.mtp_depth >= 0 && (s.kind == TensorKind::kEmbedding || s.kind == TensorKind::kHead))
       continue;  // the MTP modules' copies of the shared embedding and head
     const auto [name, offset, shape] = fused_location(s, c);
     if (!by_name_.count(name))
-      add(name, shape, shape.size() >= 2, s.kind != io::TensorKind::kRouterBias);
+      add(name, shape, shape.size() >= 2, s.kind != TensorKind::kRouterBias);
     slots_[s.name] = {by_name_.at(name), offset, shape_numel(s.shape)};
   }
   for (auto& p : params_) {
@@ -254,10 +253,10 @@ io::NamedTensors Model::export_tensors(Context& ctx) const {
   io::NamedTensors out;
   const CopyKind kind =
       ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToHost;
-  for (const io::TensorSpec& s : io::expected_tensors(config_)) {
+  for (const TensorSpec& s : expected_tensors(config_)) {
     std::string source = s.name;
-    if (s.mtp_depth >= 0 && s.kind == io::TensorKind::kEmbedding) source = embed_->name;
-    if (s.mtp_depth >= 0 && s.kind == io::TensorKind::kHead) source = head_proj_.param->name;
+    if (s.mtp_depth >= 0 && s.kind == TensorKind::kEmbedding) source = embed_->name;
+    if (s.mtp_depth >= 0 && s.kind == TensorKind::kHead) source = head_proj_.param->name;
     const Slot slot = slots_.count(source) ? slots_.at(source)
                                            : Slot{by_name_.at(source), 0, shape_numel(s.shape)};
     Tensor t = Tensor::empty(s.shape, DType::kF32);
@@ -415,8 +414,7 @@ void Model::update_router_bias(Context& ctx, const std::vector<ModelLosses>& mic
 }
 
 std::vector<std::string> load_checkpoint_into(Context& ctx, Model& model,
-                                              const io::LoadedCheckpoint& checkpoint,
-                                              uint64_t seed) {
+                                              const LoadedCheckpoint& checkpoint, uint64_t seed) {
   OCTET_CHECK(checkpoint.quantized.empty(),
               "model: read the checkpoint with Fp8Weights::kDequantize to load it for training");
   std::vector<std::string> notes = checkpoint.warnings;

@@ -1,7 +1,7 @@
 // The model's trainable state, as the optimizer and the checkpoint code see it, and the two layer
 // holders every block uses: a Linear site (model/linear.h) and an RMSNorm.
 //
-// Tensors are named as the model holds them. That is the checkpoint name (io/checkpoint.h) except
+// Tensors are named as the model holds them. That is the checkpoint name (model/checkpoint.h) except
 // for fused weights, which keep the fused names of recent transformers versions:
 //   ...mlp.gate_up_proj.weight               (2I, D)  gate_proj rows [0, I), up_proj rows [I, 2I)
 //   ...mlp.shared_experts.gate_up_proj.weight  likewise

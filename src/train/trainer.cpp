@@ -18,7 +18,7 @@
 
 #include "backend/backend.h"
 #include "io/atomic_file.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/describe.h"
 #include "model/init.h"
 #include "model/model.h"
@@ -107,7 +107,7 @@ struct Run {
     const std::string partial = final_dir + ".partial";
     std::error_code ec;
     fs::remove_all(partial, ec);
-    io::write_checkpoint(partial, model_config(), model->export_tensors(ctx));
+    write_checkpoint(partial, model_config(), model->export_tensors(ctx));
     io::write_safetensors(partial + "/" + kOptimizerFile, optim->state_dict(ctx));
     io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
     nlohmann::json st;
@@ -144,9 +144,9 @@ struct Run {
 
   // Weights, optimizer, recipe state; with `data`, also the sampler position and the spike window.
   void load_checkpoint(const std::string& dir, bool data) {
-    io::CheckpointReadOptions ro;
-    ro.cast = io::ReadCast::kToF32;
-    const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
+    CheckpointReadOptions ro;
+    ro.cast = ReadCast::kToF32;
+    const LoadedCheckpoint ck = read_checkpoint(dir, ro);
     for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
       out << "warning: " << w << "\n";
     optim->load_state_dict(ctx, io::read_safetensors(dir + "/" + kOptimizerFile).tensors);

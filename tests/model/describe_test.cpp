@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/describe.h"
 
 namespace octet {
@@ -35,7 +35,7 @@ ModelConfig small() {
 // embedding and the head in every MTP layer (shared weights, counted once here).
 int64_t count_from_checkpoint_names(const ModelConfig& c) {
   int64_t n = 0;
-  for (const auto& t : io::expected_tensors(c)) {
+  for (const auto& t : expected_tensors(c)) {
     const bool mtp_copy =
         t.mtp_depth >= 0 && (t.name.find("embed_tokens") != std::string::npos ||
                              t.name.find("shared_head.head") != std::string::npos);

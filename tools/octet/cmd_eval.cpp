@@ -12,8 +12,8 @@
 
 #include "backend/backend.h"
 #include "cli.h"
-#include "io/checkpoint.h"
 #include "io/token_shard.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "train/data.h"
 
@@ -54,9 +54,9 @@ int run_eval(const std::vector<std::string>& argv) {
   OCTET_CHECK(args.has("text") != args.has("tokens"),
               "octet eval: give exactly one of --text and --tokens");
   const std::string dir = args.positional()[0];
-  io::CheckpointReadOptions ro;
-  ro.cast = io::ReadCast::kToF32;
-  const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
+  CheckpointReadOptions ro;
+  ro.cast = ReadCast::kToF32;
+  const LoadedCheckpoint ck = read_checkpoint(dir, ro);
   const ModelConfig& c = ck.config;
   // The checkpoint's recipe with its overrides (config.json), or --recipe's preset alone.
   const RecipeSpec spec = args.has("recipe") ? RecipeSpec{*args.get("recipe"), {}} : c.recipe;

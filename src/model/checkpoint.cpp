@@ -1,4 +1,4 @@
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,7 +18,16 @@
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 
-namespace octet::io {
+namespace octet {
+
+using io::AtomicFile;
+using io::DuplicateKey;
+using io::find_duplicate_key;
+using io::NamedTensors;
+using io::read_safetensors;
+using io::write_safetensors;
+using io::write_text_file_atomic;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -170,25 +179,25 @@ std::string missing_message(const std::vector<const TensorSpec*>& missing) {
 
 // ---- Conversions ----
 
-enum class Storage : uint8_t { kAsGiven, kF32, kBf16, kFp8 };
+enum class StoredAs : uint8_t { kAsGiven, kF32, kBf16, kFp8 };
 
-Storage storage_for(TensorKind kind, CheckpointFormat format) {
-  if (format == CheckpointFormat::kAsIs) return Storage::kAsGiven;
-  if (kind == TensorKind::kRouterBias) return Storage::kF32;
-  if (format == CheckpointFormat::kFp8 && kind == TensorKind::kLinear) return Storage::kFp8;
-  return Storage::kBf16;
+StoredAs storage_for(TensorKind kind, CheckpointFormat format) {
+  if (format == CheckpointFormat::kAsIs) return StoredAs::kAsGiven;
+  if (kind == TensorKind::kRouterBias) return StoredAs::kF32;
+  if (format == CheckpointFormat::kFp8 && kind == TensorKind::kLinear) return StoredAs::kFp8;
+  return StoredAs::kBf16;
 }
 
-int64_t stored_bytes(const Matched& m, Storage s) {
+int64_t stored_bytes(const Matched& m, StoredAs s) {
   const int64_t n = shape_numel(m.spec->shape);
   switch (s) {
-    case Storage::kAsGiven:
+    case StoredAs::kAsGiven:
       return m.value.nbytes() + (m.fp8() ? m.scale_inv.nbytes() : 0);
-    case Storage::kF32:
+    case StoredAs::kF32:
       return 4 * n;
-    case Storage::kBf16:
+    case StoredAs::kBf16:
       return 2 * n;
-    case Storage::kFp8:
+    case StoredAs::kFp8:
       return n + 4 * shape_numel(fp8_scale_shape(m.spec->shape));
   }
   return 0;
@@ -225,18 +234,18 @@ Tensor to_float(Context& ctx, const Matched& m, DType to) {
 }
 
 // The tensor(s) a match is stored as: one, or the FP8 weight followed by its scales.
-NamedTensors convert(Context& ctx, const Matched& m, Storage s) {
+NamedTensors convert(Context& ctx, const Matched& m, StoredAs s) {
   const std::string& name = m.spec->name;
   const std::string sname = fp8_scale_name(name);
   switch (s) {
-    case Storage::kAsGiven:
+    case StoredAs::kAsGiven:
       if (m.fp8()) return {{name, m.value}, {sname, m.scale_inv}};
       return {{name, m.value}};
-    case Storage::kF32:
+    case StoredAs::kF32:
       return {{name, to_float(ctx, m, DType::kF32)}};
-    case Storage::kBf16:
+    case StoredAs::kBf16:
       return {{name, to_float(ctx, m, DType::kBF16)}};
-    case Storage::kFp8: {
+    case StoredAs::kFp8: {
       if (m.fp8()) return {{name, m.value}, {sname, m.scale_inv}};
       QuantizeArgs args;
       args.input = m.value;
@@ -418,7 +427,7 @@ namespace {
 struct WritePlan {
   struct Entry {
     const Matched* m;
-    Storage storage;
+    StoredAs storage;
     int64_t bytes;  // stored data bytes (an FP8 weight's scales included)
   };
   std::vector<TensorSpec> specs;  // what `matched` points into
@@ -452,12 +461,12 @@ WritePlan plan_write(const ModelConfig& config, const NamedTensors& params,
     auto it = by_name.find(name);
     if (it == by_name.end()) continue;  // the scales of an FP8 weight travel with it
     const Matched& m = *it->second;
-    const Storage s = storage_for(m.spec->kind, options.format);
+    const StoredAs s = storage_for(m.spec->kind, options.format);
     plan.entries.push_back({&m, s, stored_bytes(m, s)});
     plan.total += plan.entries.back().bytes;
-    plan.any_fp8 |= s == Storage::kFp8 || (s == Storage::kAsGiven && m.fp8());
+    plan.any_fp8 |= s == StoredAs::kFp8 || (s == StoredAs::kAsGiven && m.fp8());
     if (m.spec->kind == TensorKind::kEmbedding && m.spec->layer < 0)
-      plan.dtype = s == Storage::kAsGiven ? m.value.dtype() : DType::kBF16;
+      plan.dtype = s == StoredAs::kAsGiven ? m.value.dtype() : DType::kBF16;
   }
   // transformers' sharding: a new shard when the next entry would overflow a non-empty one.
   plan.shards.emplace_back();
@@ -671,4 +680,4 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name,
   return out;
 }
 
-}  // namespace octet::io
+}  // namespace octet

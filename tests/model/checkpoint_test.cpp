@@ -2,7 +2,7 @@
 // the released model), round trips in every format, the release's FP8 layout, sharding, the no-MTP
 // warning, one test per kind of corruption (each error must name what is wrong), and atomic
 // replacement when a write is interrupted.
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "backend/backend.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +18,13 @@
 #include "test_util.h"
 #include "tiny_model.h"
 
-namespace octet::io {
+namespace octet {
+
+using io::NamedTensors;
+using io::read_safetensors;
+using io::SafetensorsFile;
+using io::write_safetensors;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -598,4 +604,4 @@ TEST_F(CheckpointTest, OverwriteReplacesShardsAndKeepsOtherFiles) {
 }
 
 }  // namespace
-}  // namespace octet::io
+}  // namespace octet

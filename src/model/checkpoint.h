@@ -55,7 +55,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 
-namespace octet::io {
+namespace octet {
 
 // What a parameter is, which decides how each format stores it.
 enum class TensorKind : uint8_t {
@@ -104,8 +104,8 @@ struct CheckpointWriteOptions {
 // expected_tensors(config) lists them, exactly those, with those shapes, in F32 or BF16; a kLinear
 // weight may instead be given in the release form, `X.weight` F8_E4M3 with `X.weight_scale_inv`.
 // Shards hold the tensors in the order of `params`.
-void write_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& params,
-                      const CheckpointWriteOptions& options = {});
+void write_checkpoint(const std::string& dir, const ModelConfig& config,
+                      const io::NamedTensors& params, const CheckpointWriteOptions& options = {});
 
 enum class Fp8Weights : uint8_t {
   kDequantize,  // X.weight + X.weight_scale_inv -> F32 tensor (octet::dequantize, 128x128)
@@ -124,7 +124,7 @@ struct CheckpointReadOptions {
 struct LoadedCheckpoint {
   ModelConfig config;
   // Host tensors in expected_tensors order. FP8 weights kept as QuantTensors are not in here.
-  NamedTensors tensors;
+  io::NamedTensors tensors;
   // With Fp8Weights::kKeep: "X.weight" -> {data (out, in) E4M3, scale_inv (ceil(out/128),
   // ceil(in/128)) F32, granularity k128x128, format kE4M3}; amax is left undefined (not stored).
   std::map<std::string, QuantTensor> quantized;
@@ -155,4 +155,4 @@ LoadedCheckpoint read_checkpoint(const std::string& dir, const CheckpointReadOpt
 std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
                                                           const std::string& source);
 
-}  // namespace octet::io
+}  // namespace octet
