@@ -16,6 +16,7 @@
 #include "io/atomic_file.h"
 #include "io/json_keys.h"
 #include "numerics/fp8.h"
+#include "ops/cast/cast.h"
 #include "ops/quantize/quantize.h"
 
 namespace octet {
@@ -203,22 +204,6 @@ int64_t stored_bytes(const Matched& m, StoredAs s) {
   return 0;
 }
 
-Tensor cast(const Tensor& t, DType to) {
-  if (t.dtype() == to) return t;
-  Tensor out = Tensor::empty(t.shape(), to);
-  const int64_t n = t.numel();
-  if (to == DType::kBF16) {
-    const float* src = t.data_as<float>();
-    auto* dst = out.data_as<uint16_t>();
-    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-  } else {
-    const auto* src = t.data_as<uint16_t>();
-    float* dst = out.data_as<float>();
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-  }
-  return out;
-}
-
 QuantTensor as_quant(const Matched& m) {
   QuantTensor q;
   q.format = Fp8Format::kE4M3;
@@ -229,7 +214,7 @@ QuantTensor as_quant(const Matched& m) {
 }
 
 Tensor to_float(Context& ctx, const Matched& m, DType to) {
-  if (!m.fp8()) return cast(m.value, to);
+  if (!m.fp8()) return m.value.dtype() == to ? m.value : cast(ctx, m.value, to);
   return dequantize(ctx, as_quant(m), to).reshape(m.spec->shape);
 }
 

@@ -62,10 +62,6 @@
 
 namespace octet {
 
-struct LinearWeights {
-  Tensor weight;  // (Out, In) f32: the master weight
-};
-
 struct LinearGrads {
   Tensor weight;  // (Out, In) f32: accumulated (+=) by linear_backward
 };

@@ -39,7 +39,7 @@ void SiteProbe::record(Context& ctx, GemmSite site, GemmOperand operand, const T
   auto count = [&](const float* x, int64_t len, float scale) {
     for (int64_t i = 0; i < len; ++i) {
       if (x[i] == 0.0f) continue;
-      const float y = std::fabs(fp32_mul_rn(x[i], scale));
+      const float y = std::fabs(rn::mul(x[i], scale));
       if (y > clamp_above) ++s.saturated;
       if (fp8_to_float(quantize_value(x[i], scale, format), format) == 0.0f) ++s.flushed;
     }

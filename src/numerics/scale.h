@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "core/quant_types.h"
+#include "numerics/fp32_rn.h"
 #include "numerics/fp8.h"
 
 namespace octet {
@@ -54,22 +55,6 @@ struct ScaleRule {
   int margin = 0;        // delayed scaling: scale / 2^margin
 };
 
-OCTET_HD float fp32_div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-OCTET_HD float fp32_mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
 OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   constexpr float kFltMax = 3.40282347e38f;
   if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
@@ -77,12 +62,12 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   if (amax == 0.0f)
     return 1.0f;  // all-zero group: scale 1 even with an epsilon (its data is all 0)
   if (amax < r.epsilon) amax = r.epsilon;
-  float s = fp32_div_rn(fp8_max(r.format), amax);
+  float s = rn::div(fp8_max(r.format), amax);
   // 2^-margin in factors of at most 2^-126 (a single factor is not a normal FP32 beyond 126). Once
   // a product is subnormal the result ends below FLT_MIN and is clamped below, so only normal
   // products need to be exact; beyond 300 every scale is already clamped.
   for (int m = r.margin < 300 ? r.margin : 300; m > 0; m -= 126)
-    s = fp32_mul_rn(s, bits_float(static_cast<uint32_t>(127 - (m < 126 ? m : 126)) << 23));
+    s = rn::mul(s, bits_float(static_cast<uint32_t>(127 - (m < 126 ? m : 126)) << 23));
   if (abs_bits(s) == 0x7F800000u) s = kFltMax;
   if (r.rounding == ScaleRounding::kPow2) s = bits_float(float_bits(s) & 0xFF800000u);
   if (s < 1.17549435e-38f) s = 1.17549435e-38f;  // only a large margin gets here; keep 1/s finite
@@ -90,12 +75,12 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
 }
 
 OCTET_HD float scale_inverse(float scale) {
-  return fp32_div_rn(1.0f, scale);
+  return rn::div(1.0f, scale);
 }
 
 // One element: q = cvt_rn_satfinite(x * scale) with the product rounded to FP32.
 OCTET_HD uint8_t quantize_value(float x, float scale, Fp8Format f) {
-  return float_to_fp8(fp32_mul_rn(x, scale), f);
+  return float_to_fp8(rn::mul(x, scale), f);
 }
 
 }  // namespace octet

@@ -19,7 +19,7 @@
 #include "core/rng.h"
 #include "io/atomic_file.h"
 
-namespace octet {
+namespace octet::train {
 
 namespace fs = std::filesystem;
 
@@ -680,4 +680,4 @@ TokenBatch ValBatches::batch(int64_t i) const {
   return batch;
 }
 
-}  // namespace octet
+}  // namespace octet::train

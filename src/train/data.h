@@ -21,7 +21,7 @@
 #include "core/tensor.h"
 #include "io/token_shard.h"
 
-namespace octet {
+namespace octet::train {
 
 // ---------------------------------------------------------------------------------------------
 // Byte-level tokenizer: token ids 0..255 are the bytes of the UTF-8 text, 256 separates documents.
@@ -224,4 +224,4 @@ class ValBatches {
   int64_t num_batches_ = 0;
 };
 
-}  // namespace octet
+}  // namespace octet::train

@@ -56,8 +56,8 @@ TEST_F(EvalCli, FreshCheckpointScoresAboutLnVocabOnTextAndShard) {
   EXPECT_GT(value(text.out, "mtp_loss\\[1\\]"), 0.0) << text.out;
 
   // The same tokens as an llm.c shard: the same loss.
-  std::vector<uint16_t> toks = {static_cast<uint16_t>(kEndOfText)};
-  for (uint16_t t : encode_bytes(slurp(p("text.txt")))) toks.push_back(t);
+  std::vector<uint16_t> toks = {static_cast<uint16_t>(train::kEndOfText)};
+  for (uint16_t t : train::encode_bytes(slurp(p("text.txt")))) toks.push_back(t);
   io::write_token_shard(p("text.bin"), toks);
   const test::CliResult shard = run("eval " + p("ckpt") + " --tokens " + p("text.bin") +
                                     " --device cpu --seq-len 32 --batch 2 --recipe bf16");

@@ -13,7 +13,7 @@
 
 #include "core/check.h"
 
-namespace octet {
+namespace octet::train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -409,4 +409,4 @@ TEST_F(DataTest, DefaultCorpusPreparesIntoEnglishText) {
 }
 
 }  // namespace
-}  // namespace octet
+}  // namespace octet::train

@@ -27,11 +27,12 @@ std::vector<int32_t> read_tokens(const Args& args, int64_t vocab_size) {
     OCTET_CHECK(f.good(), *text, ": cannot open the text file");
     const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     OCTET_CHECK(!s.empty(), *text, ": the text file is empty");
-    OCTET_CHECK(vocab_size >= kByteVocabSize, "--text tokenizes byte by byte (", kByteVocabSize,
-                " ids) but the model's vocab_size is ", vocab_size,
+    OCTET_CHECK(vocab_size >= train::kByteVocabSize, "--text tokenizes byte by byte (",
+                train::kByteVocabSize, " ids) but the model's vocab_size is ", vocab_size,
                 "; pass --tokens with a shard in the model's vocabulary");
-    out.push_back(kEndOfText);  // documents start with end-of-text, as the prepared shards do
-    for (const uint16_t t : encode_bytes(s)) out.push_back(t);
+    out.push_back(
+        train::kEndOfText);  // documents start with end-of-text, as the prepared shards do
+    for (const uint16_t t : train::encode_bytes(s)) out.push_back(t);
     return out;
   }
   const auto path = args.get("tokens");

@@ -6,22 +6,13 @@
 #include "ops/gemm/gemm_backends.h"
 
 namespace octet {
-namespace {
-
-bool block_scaled(Granularity g) {
-  return g == Granularity::k1x128 || g == Granularity::k128x128;
-}
-
-// BF16 operands; F32 on the CPU too, the FP32 checking mode the model's finite-difference tests
-// run in (the CPU reference decodes both to FP32 anyway).
-void check_high_precision_operand(const Context& ctx, const Tensor& t, const char* name) {
-  if (ctx.device == Device::kCpu)
+void check_high_precision_operand(const Tensor& t, const char* name, Device device) {
+  if (device == Device::kCpu)
     check_dtype(t, name, {DType::kBF16, DType::kF32});
   else
     check_dtype(t, name, {DType::kBF16});
+  check_device(t, name, device);
 }
-
-}  // namespace
 
 void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
                         bool check_scale_shape) {
@@ -82,7 +73,7 @@ void check_fp8_pairing(const Fp8Operand& a, const Fp8Operand& b, Accumulation ac
   OCTET_CHECK(!(a.format == Fp8Format::kE5M2 && b.format == Fp8Format::kE5M2),
               "gemm: E5M2 x E5M2 is not supported by the FP8 tensor cores (cuBLASLt); "
               "quantize one operand E4M3");
-  const bool both_block = block_scaled(ga) && block_scaled(gb);
+  const bool both_block = scales_vary_along_k(ga) && scales_vary_along_k(gb);
   OCTET_CHECK(ga == gb || both_block, "gemm: A is ", granularity_name(ga), "-scaled and B ",
               granularity_name(gb),
               "-scaled; supported pairings are tensor x tensor, row x row, and the "
@@ -117,12 +108,10 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
 }
 
 void gemm_bf16(Context& ctx, const GemmBf16Args& args) {
-  check_high_precision_operand(ctx, args.a, "gemm A");
-  check_high_precision_operand(ctx, args.b, "gemm B");
+  check_high_precision_operand(args.a, "gemm A", ctx.device);
+  check_high_precision_operand(args.b, "gemm B", ctx.device);
   OCTET_CHECK(args.a.dtype() == args.b.dtype(), "gemm: A is ", dtype_name(args.a.dtype()),
               " but B is ", dtype_name(args.b.dtype()), "; both must be BF16 (or both F32)");
-  check_device(args.a, "gemm A", ctx.device);
-  check_device(args.b, "gemm B", ctx.device);
   const bool a_t = args.a_layout == OperandLayout::kMNMajor,
              b_t = args.b_layout == OperandLayout::kMNMajor;
   const int64_t m = a_t ? args.a.cols() : args.a.rows(), ka = a_t ? args.a.rows() : args.a.cols();

@@ -97,15 +97,6 @@ void check_wgrad_offsets(const GroupLayout& l) {
                 "1x128 scale groups along tokens must not straddle two experts)");
 }
 
-// BF16; F32 on the CPU too (the model's FP32 checking mode).
-void check_bf16(const Tensor& t, const char* name, Device device) {
-  if (device == Device::kCpu)
-    check_dtype(t, name, {DType::kBF16, DType::kF32});
-  else
-    check_dtype(t, name, {DType::kBF16});
-  check_device(t, name, device);
-}
-
 }  // namespace
 
 void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
@@ -138,8 +129,8 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
 }
 
 void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
-  check_bf16(args.a, "grouped gemm A", ctx.device);
-  check_bf16(args.b, "grouped gemm B", ctx.device);
+  check_high_precision_operand(args.a, "grouped gemm A", ctx.device);
+  check_high_precision_operand(args.b, "grouped gemm B", ctx.device);
   OCTET_CHECK(args.a.cols() == args.b.cols(), "grouped gemm: A has K = ", args.a.cols(),
               " and B has K = ", args.b.cols());
   const int64_t n = per_expert_rows(args.b.rows(), args.group_sizes.numel(), "B");
@@ -208,8 +199,8 @@ bool grouped_bf16_counts_on_device(const Context& ctx) {
 }
 
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args) {
-  check_bf16(args.a, "grouped wgrad A", ctx.device);
-  check_bf16(args.b, "grouped wgrad B", ctx.device);
+  check_high_precision_operand(args.a, "grouped wgrad A", ctx.device);
+  check_high_precision_operand(args.b, "grouped wgrad B", ctx.device);
   const bool mn = args.layout == OperandLayout::kMNMajor;
   const int64_t tokens_a = mn ? args.a.rows() : args.a.cols(),
                 tokens_b = mn ? args.b.rows() : args.b.cols();

@@ -95,7 +95,7 @@ void dequantize(Context&, const Tensor& data, const Tensor& scale_inv, Granulari
   const float* s = scale_inv.data_as<const float>();
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
-      const float v = fp32_mul_rn(fp8_to_float(q[i * cols + j], f), s[(i / gh) * gcols + j / gw]);
+      const float v = rn::mul(fp8_to_float(q[i * cols + j], f), s[(i / gh) * gcols + j / gw]);
       if (out.dtype() == DType::kF32)
         out.data_as<float>()[i * cols + j] = v;
       else
