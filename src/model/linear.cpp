@@ -145,7 +145,10 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   saved = LinearSaved{};
   saved.precision = r.precision;
   if (!r.is_fp8()) {
-    gemm_bf16(ctx, {a.x.reshape({t, w.in_features}), w.bf16, y2, Accumulate::kOverwrite});
+    gemm_bf16(ctx, {.a = a.x.reshape({t, w.in_features}),
+                    .b = w.bf16,
+                    .d = y2,
+                    .accumulate = Accumulate::kOverwrite});
     saved.x = a.x;
     return y;
   }
@@ -203,11 +206,19 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   if (!r.is_fp8()) {
     const Tensor dy2 = a.dy.reshape({t, w.out_features});
     // dx = dy W: W (Out, In) is B = W^T stored MN-major.
-    gemm_bf16(ctx, {dy2, w.bf16, dx2, Accumulate::kOverwrite, OperandLayout::kKMajor,
-                    OperandLayout::kMNMajor});
+    gemm_bf16(ctx, {.a = dy2,
+                    .b = w.bf16,
+                    .d = dx2,
+                    .accumulate = Accumulate::kOverwrite,
+                    .a_layout = OperandLayout::kKMajor,
+                    .b_layout = OperandLayout::kMNMajor});
     // dW += dy^T x: Wgrad's K is T, and dy (T, Out) and x (T, In) are read as they are stored.
-    gemm_bf16(ctx, {dy2, s.x.reshape({t, w.in_features}), grads.weight, Accumulate::kAdd,
-                    OperandLayout::kMNMajor, OperandLayout::kMNMajor});
+    gemm_bf16(ctx, {.a = dy2,
+                    .b = s.x.reshape({t, w.in_features}),
+                    .d = grads.weight,
+                    .accumulate = Accumulate::kAdd,
+                    .a_layout = OperandLayout::kMNMajor,
+                    .b_layout = OperandLayout::kMNMajor});
     return dx;
   }
   DelayedScaling* ds = r.is_delayed() ? &a.state->dy : nullptr;

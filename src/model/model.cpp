@@ -83,11 +83,12 @@ FusedLocation fused_location(const TensorSpec& s, const ModelConfig& c) {
 
 }  // namespace
 
-Parameter* Model::add(const std::string& name, const Shape& shape, bool decay, bool trainable) {
+Parameter* Model::add(const std::string& name, const Shape& shape, WeightDecay decay,
+                      Trainable trainable) {
   auto p = std::make_unique<Parameter>();
   p->name = name;
-  p->weight_decay = decay;
-  p->trainable = trainable;
+  p->weight_decay = decay == WeightDecay::kYes;
+  p->trainable = trainable == Trainable::kYes;
   // Shape only (no storage yet): the constructor allocates every parameter on the device once all
   // are known.
   p->value = Tensor::wrap(nullptr, shape, DType::kF32, Device::kCpu);
@@ -113,7 +114,8 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
       continue;  // the MTP modules' copies of the shared embedding and head
     const auto [name, offset, shape] = fused_location(s, c);
     if (!by_name_.count(name))
-      add(name, shape, shape.size() >= 2, s.kind != TensorKind::kRouterBias);
+      add(name, shape, shape.size() >= 2 ? WeightDecay::kYes : WeightDecay::kNo,
+          s.kind == TensorKind::kRouterBias ? Trainable::kNo : Trainable::kYes);
     slots_[s.name] = {by_name_.at(name), offset, shape_numel(s.shape)};
   }
   for (auto& p : params_) {

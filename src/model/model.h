@@ -104,7 +104,8 @@ class Model {
   const RopeTable& rope() const { return rope_; }
 
  private:
-  Parameter* add(const std::string& name, const Shape& shape, bool decay, bool trainable = true);
+  Parameter* add(const std::string& name, const Shape& shape, WeightDecay decay,
+                 Trainable trainable = Trainable::kYes);
   void build_layer(DecoderLayer& layer, int64_t index);
   Tensor device_scalar(Context& ctx, float v);
   // Every Linear with its delayed-scaling state, named by its parameter.

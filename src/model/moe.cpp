@@ -54,7 +54,9 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   s.x = x;
   // Router: BF16 operands, FP32 scores.
   s.logits = Tensor::empty(ctx, {T, E}, DType::kF32);
-  gemm_bf16(ctx, {x.reshape({T, D}), gate_w_, s.logits, Accumulate::kOverwrite});
+  gemm_bf16(
+      ctx,
+      {.a = x.reshape({T, D}), .b = gate_w_, .d = s.logits, .accumulate = Accumulate::kOverwrite});
   s.route = moe_router_forward(ctx, {s.logits, bias->value, router});
   if (seq_aux_alpha > 0.0f)
     s.aux_loss =
@@ -122,10 +124,18 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
                                   aux_grad_scale, d_logits);  // d_logits +=
   const Tensor dl = cast(ctx, d_logits, dy.dtype());
   Tensor dx_router = Tensor::empty(ctx, {T, D}, dy.dtype());
-  gemm_bf16(ctx, {dl, gate_w_, dx_router, Accumulate::kOverwrite, OperandLayout::kKMajor,
-                  OperandLayout::kMNMajor});  // d_logits W_gate
-  gemm_bf16(ctx, {dl, s.x.reshape({T, D}), gate->grad, Accumulate::kAdd, OperandLayout::kMNMajor,
-                  OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
+  gemm_bf16(ctx, {.a = dl,
+                  .b = gate_w_,
+                  .d = dx_router,
+                  .accumulate = Accumulate::kOverwrite,
+                  .a_layout = OperandLayout::kKMajor,
+                  .b_layout = OperandLayout::kMNMajor});  // d_logits W_gate
+  gemm_bf16(ctx, {.a = dl,
+                  .b = s.x.reshape({T, D}),
+                  .d = gate->grad,
+                  .accumulate = Accumulate::kAdd,
+                  .a_layout = OperandLayout::kMNMajor,
+                  .b_layout = OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
   add_into(ctx, dx, dx_router);
   if (shared) add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
   return dx.reshape(dy.shape());

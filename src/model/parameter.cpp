@@ -54,14 +54,19 @@ Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
 Tensor NormLayer::forward(Context& ctx, const Tensor& x, Saved& saved) const {
   Tensor y = Tensor::empty(ctx, x.shape(), x.dtype());
   Tensor rstd = Tensor::empty(ctx, {x.rows()}, DType::kF32);
-  rmsnorm_forward(ctx, {x, param->value, eps, y, rstd});
+  rmsnorm_forward(ctx, {.x = x, .weight = param->value, .epsilon = eps, .y = y, .rstd = rstd});
   saved = {x, rstd};
   return y;
 }
 
 Tensor NormLayer::backward(Context& ctx, const Tensor& dy, const Saved& saved) const {
   Tensor dx = Tensor::empty(ctx, dy.shape(), dy.dtype());
-  rmsnorm_backward(ctx, {dy, saved.x, param->value, saved.rstd, dx, param->grad});  // grad +=
+  rmsnorm_backward(ctx, {.dy = dy,
+                         .x = saved.x,
+                         .weight = param->value,
+                         .rstd = saved.rstd,
+                         .dx = dx,
+                         .dweight = param->grad});  // grad +=
   return dx;
 }
 

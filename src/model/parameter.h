@@ -20,6 +20,12 @@
 
 namespace octet {
 
+// Whether AdamW's decoupled weight decay applies to a parameter (not to norms and biases).
+enum class WeightDecay : uint8_t { kNo, kYes };
+// Whether the optimizer moves a parameter (kNo: e_score_correction_bias, moved by the
+// balancing rule only).
+enum class Trainable : uint8_t { kNo, kYes };
+
 struct Parameter {
   std::string name;
   Tensor value;  // f32 master, on the model's device

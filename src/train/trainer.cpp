@@ -142,8 +142,10 @@ struct Run {
       fs::remove_all(ckpt_root + "/" + steps[i]);
   }
 
-  // Weights, optimizer, recipe state; with `data`, also the sampler position and the spike window.
-  void load_checkpoint(const std::string& dir, bool data) {
+  // Weights, optimizer, recipe state; with kModelAndData, also the sampler position and the
+  // spike window.
+  enum class Restore : uint8_t { kModelOnly, kModelAndData };
+  void load_checkpoint(const std::string& dir, Restore what) {
     CheckpointReadOptions ro;
     ro.cast = ReadCast::kToF32;
     const LoadedCheckpoint ck = read_checkpoint(dir, ro);
@@ -157,7 +159,7 @@ struct Run {
                 " (not a training checkpoint)");
     const TrainerState st = read_trainer_state(state_file);
     step = st.step;
-    if (!data) return;
+    if (what == Restore::kModelOnly) return;
     tokens_seen = st.tokens_seen;
     sampler->set_state(st.sampler);
     spike_window.assign(st.spike_window.begin(), st.spike_window.end());
@@ -353,7 +355,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else {
-    run.load_checkpoint(target->checkpoint, true);  // a failure here has written nothing
+    // A failure here has written nothing.
+    run.load_checkpoint(target->checkpoint, Run::Restore::kModelAndData);
     ensure_run_record(cfg.run_dir);
   }
   std::error_code ec;
@@ -445,7 +448,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         std::ifstream latest(run.ckpt_root + "/latest");
         if (latest.good() && rollbacks_in_a_row < 3) {
           const std::string dir = resolve_resume_dir(cfg.run_dir);
-          run.load_checkpoint(dir, false);  // the sampler moves on past the offending batches
+          // The sampler moves on past the offending batches.
+          run.load_checkpoint(dir, Run::Restore::kModelOnly);
           // The steps after the checkpoint are run again: their records are replaced.
           metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
           ++rollbacks_in_a_row;

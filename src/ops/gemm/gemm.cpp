@@ -15,7 +15,7 @@ void check_high_precision_operand(const Tensor& t, const char* name, Device devi
 }
 
 void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
-                        bool check_scale_shape) {
+                        ScaleShapeCheck scales) {
   OCTET_CHECK(op.data.data() != nullptr || op.data.numel() == 0, "gemm operand ", name,
               ": data is not written (was that copy of the QuantTensor requested?)");
   check_dtype(op.data, name, {fp8_dtype(op.format)});
@@ -25,7 +25,7 @@ void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
   OCTET_CHECK(op.granularity != Granularity::k128x1, "gemm operand ", name,
               ": 128x1 scales run across rows of K; "
               "pass the other copy of the tensor, whose 1x128 groups lie along K");
-  if (!check_scale_shape) return;
+  if (scales == ScaleShapeCheck::kStacked) return;
   const Shape want = scale_shape(op.granularity, op.rows(), op.cols());
   OCTET_CHECK(op.scale_inv.numel() == shape_numel(want), "gemm operand ", name,
               ": scale_inv for granularity ", granularity_name(op.granularity), " of a ", op.rows(),

@@ -101,7 +101,7 @@ void check_wgrad_offsets(const GroupLayout& l) {
 
 void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   check_gemm_operand(args.a, "A", ctx.device);
-  check_gemm_operand(args.b, "B", ctx.device, false);
+  check_gemm_operand(args.b, "B", ctx.device, ScaleShapeCheck::kStacked);
   OCTET_CHECK(args.a.granularity == Granularity::k1x128,
               "grouped gemm A: expected 1x128 activations, got ",
               granularity_name(args.a.granularity));
