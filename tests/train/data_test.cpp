@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "io/token_shard.h"
 
 namespace octet::train {
 namespace {
