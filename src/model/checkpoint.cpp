@@ -51,6 +51,12 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
   auto add = [&](const std::string& name, Shape shape, TensorKind kind) {
     out.push_back({p + name, std::move(shape), kind, layer, depth});
   };
+  // Fused where the model fuses: `fused` (a name under this layer), element `offset`, `shape`.
+  auto fuse = [&](const std::string& fused, int64_t offset, Shape shape) {
+    out.back().fused_name = p + fused;
+    out.back().fused_offset = offset;
+    out.back().fused_shape = std::move(shape);
+  };
   add("input_layernorm.weight", {D}, TensorKind::kNorm);
   if (c.q_lora_rank) {
     add("self_attn.q_a_proj.weight", {*c.q_lora_rank, D}, TensorKind::kLinear);
@@ -66,9 +72,12 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
       TensorKind::kLinear);
   add("self_attn.o_proj.weight", {D, H * c.v_head_dim}, TensorKind::kLinear);
   add("post_attention_layernorm.weight", {D}, TensorKind::kNorm);
+  // A SwiGLU MLP whose gate_proj and up_proj the model holds as one gate_up_proj.
   auto add_mlp = [&](const std::string& mlp, int64_t inter) {
     add(mlp + "gate_proj.weight", {inter, D}, TensorKind::kLinear);
+    fuse(mlp + "gate_up_proj.weight", 0, {2 * inter, D});
     add(mlp + "up_proj.weight", {inter, D}, TensorKind::kLinear);
+    fuse(mlp + "gate_up_proj.weight", inter * D, {2 * inter, D});
     add(mlp + "down_proj.weight", {D, inter}, TensorKind::kLinear);
   };
   if (!c.is_moe_layer(layer)) {
@@ -77,8 +86,17 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
   }
   add("mlp.gate.weight", {c.n_routed_experts, D}, TensorKind::kRouterGate);
   add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, TensorKind::kRouterBias);
-  for (int64_t j = 0; j < c.n_routed_experts; ++j)
-    add_mlp("mlp.experts." + std::to_string(j) + ".", c.moe_intermediate_size);
+  // The routed experts, stacked: (E, 2F, D) gate_up and (E, D, F) down.
+  const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
+  for (int64_t j = 0; j < E; ++j) {
+    const std::string e = "mlp.experts." + std::to_string(j) + ".";
+    add(e + "gate_proj.weight", {F, D}, TensorKind::kLinear);
+    fuse("mlp.experts.gate_up_proj", 2 * j * F * D, {E, 2 * F, D});
+    add(e + "up_proj.weight", {F, D}, TensorKind::kLinear);
+    fuse("mlp.experts.gate_up_proj", (2 * j + 1) * F * D, {E, 2 * F, D});
+    add(e + "down_proj.weight", {D, F}, TensorKind::kLinear);
+    fuse("mlp.experts.down_proj", j * D * F, {E, D, F});
+  }
   if (c.n_shared_experts > 0)
     add_mlp("mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
 }

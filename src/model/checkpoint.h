@@ -75,6 +75,14 @@ struct TensorSpec {
   TensorKind kind = TensorKind::kLinear;
   int64_t layer = -1;      // decoder layer index (MTP layers included); -1 outside the layers
   int64_t mtp_depth = -1;  // 0-based MTP depth; -1 for the main model
+  // Where the model holds it when it fuses parameters (model/parameter.h): the fused parameter's
+  // name and shape, and this tensor's first element in it. Empty: held as itself. Dense and
+  // shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of `mlp.gate_up_proj.weight`;
+  // routed expert j's are [2j] / [2j + 1] of `mlp.experts.gate_up_proj` (E, 2F, D), its down_proj
+  // [j] of `mlp.experts.down_proj` (E, D, F).
+  std::string fused_name;
+  int64_t fused_offset = 0;
+  Shape fused_shape;
 };
 
 // Every parameter of the model, in a fixed order: embed_tokens, layers 0..N-1, model.norm, lm_head

@@ -49,36 +49,16 @@ void collect_moe(const MoeLayer::Saved& s, ModelLosses& out) {
 }
 
 // Where checkpoint tensor `s` lives in the model: the parameter's name, the first element and the
-// parameter's shape. Dense and shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of a
-// fused gate_up_proj; routed expert j's weights are slices of the stacked
-// mlp.experts.{gate_up,down}_proj.
+// parameter's shape (TensorSpec's fused location, or the tensor itself).
 struct FusedLocation {
   std::string name;
   int64_t offset = 0;
   Shape shape;
 };
 
-FusedLocation fused_location(const TensorSpec& s, const ModelConfig& c) {
-  const int64_t D = c.hidden_size, numel = shape_numel(s.shape);
-  const auto ep = s.name.find("mlp.experts.");
-  if (ep != std::string::npos) {
-    const std::string rest = s.name.substr(ep + 12), base = s.name.substr(0, ep + 12);
-    const int64_t j = std::stoll(rest.substr(0, rest.find('.')));
-    const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
-    if (rest.find("gate_proj") != std::string::npos)
-      return {base + "gate_up_proj", 2 * j * numel, {E, 2 * F, D}};
-    if (rest.find("up_proj") != std::string::npos)
-      return {base + "gate_up_proj", (2 * j + 1) * numel, {E, 2 * F, D}};
-    return {base + "down_proj", j * numel, {E, D, F}};
-  }
-  for (const auto& [part, index] : {std::pair<const char*, int64_t>{"gate_proj.weight", 0},
-                                    std::pair<const char*, int64_t>{"up_proj.weight", 1}}) {
-    const auto pos = s.name.find(part);
-    if (pos != std::string::npos)
-      return {
-          s.name.substr(0, pos).append("gate_up_proj.weight"), index * numel, {2 * s.shape[0], D}};
-  }
-  return {s.name, 0, s.shape};
+FusedLocation fused_location(const TensorSpec& s) {
+  if (s.fused_name.empty()) return {s.name, 0, s.shape};
+  return {s.fused_name, s.fused_offset, s.fused_shape};
 }
 
 }  // namespace
@@ -112,7 +92,7 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   for (const TensorSpec& s : expected_tensors(c)) {
     if (s.mtp_depth >= 0 && (s.kind == TensorKind::kEmbedding || s.kind == TensorKind::kHead))
       continue;  // the MTP modules' copies of the shared embedding and head
-    const auto [name, offset, shape] = fused_location(s, c);
+    const auto [name, offset, shape] = fused_location(s);
     if (!by_name_.count(name))
       add(name, shape, shape.size() >= 2 ? WeightDecay::kYes : WeightDecay::kNo,
           s.kind == TensorKind::kRouterBias ? Trainable::kNo : Trainable::kYes);
