@@ -110,7 +110,12 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     p.probe->record(ctx, site, GemmOperand::kActivation, in_.x, r, nullptr);
   if (r.precision == GemmPrecision::kBf16) {
     Tensor y = Tensor::empty(ctx, {R, out()}, in_.x.dtype());
-    grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
+    grouped_gemm_bf16(ctx, {.a = in_.x,
+                            .b = w_,
+                            .group_sizes = layout.sizes,
+                            .d = y,
+                            .accumulate = Accumulate::kOverwrite,
+                            .host_sizes = hs(layout)});
     s.x = in_.x;
     return y;
   }
@@ -141,8 +146,12 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     scaling_aware_transpose(ctx, qx);
   }
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
-  grouped_gemm_fp8(
-      ctx, {rowwise_operand(qx), fp8_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
+  grouped_gemm_fp8(ctx, {.a = rowwise_operand(qx),
+                         .b = fp8_,
+                         .group_sizes = layout.sizes,
+                         .d = y,
+                         .accumulate = Accumulate::kOverwrite,
+                         .host_sizes = hs(layout)});
   // Wgrad reads only the column-wise copy.
   qx.data = Tensor::wrap(nullptr, {R, in()}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();
@@ -159,10 +168,21 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const Tensor grad3 = param->grad;  // (E, Out, In) f32
   if (r.precision == GemmPrecision::kBf16) {
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
-    grouped_gemm_bf16(
-        ctx, {dy, w_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});  // dX = dY W
-    grouped_wgrad_bf16(ctx, {dy, s.x, layout.sizes, grad3, Accumulate::kAdd, hs(layout),
-                             OperandLayout::kMNMajor});  // dW += dY^T X
+    // dX = dY W
+    grouped_gemm_bf16(ctx, {.a = dy,
+                            .b = w_t_,
+                            .group_sizes = layout.sizes,
+                            .d = dx,
+                            .accumulate = Accumulate::kOverwrite,
+                            .host_sizes = hs(layout)});
+    // dW += dY^T X
+    grouped_wgrad_bf16(ctx, {.a = dy,
+                             .b = s.x,
+                             .group_sizes = layout.sizes,
+                             .d = grad3,
+                             .accumulate = Accumulate::kAdd,
+                             .host_sizes = hs(layout),
+                             .layout = OperandLayout::kMNMajor});
     return dx;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
@@ -182,10 +202,20 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const QuantTensor qdy =
       quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth));
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
-  grouped_gemm_fp8(
-      ctx, {rowwise_operand(qdy), fp8_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});
-  grouped_wgrad_fp8(ctx, {columnwise_operand(qdy), columnwise_operand(s.qx), layout.sizes, grad3,
-                          Accumulate::kAdd, hs(layout)});  // dW += dY^T X
+  // dX = dY W
+  grouped_gemm_fp8(ctx, {.a = rowwise_operand(qdy),
+                         .b = fp8_t_,
+                         .group_sizes = layout.sizes,
+                         .d = dx,
+                         .accumulate = Accumulate::kOverwrite,
+                         .host_sizes = hs(layout)});
+  // dW += dY^T X
+  grouped_wgrad_fp8(ctx, {.a = columnwise_operand(qdy),
+                          .b = columnwise_operand(s.qx),
+                          .group_sizes = layout.sizes,
+                          .d = grad3,
+                          .accumulate = Accumulate::kAdd,
+                          .host_sizes = hs(layout)});
   return dx;
 }
 

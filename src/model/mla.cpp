@@ -38,7 +38,7 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
       ctx, {kva_rot.reshape({N, kv_lora + rope}), kv_lora, k, nope, rope, H, CopyMode::kBroadcast});
   copy_columns(ctx, {.src = kv_h, .src_col = nope, .dst = v, .width = v_dim});
 
-  AttentionForwardResult att = attention_forward(ctx, {s.q_rot, k, v, 0.0f});
+  AttentionForwardResult att = attention_forward(ctx, {.q = s.q_rot, .k = k, .v = v});
   s.k = k;
   s.v = v;
   s.out = att.o;
@@ -50,7 +50,8 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
                           const Tensor& dy, const Saved& s) {
   const int64_t B = s.B, T = s.T, N = B * T, H = heads, dqk = nope + rope;
   const Tensor d_out = o.backward(ctx, p, dy, s.o).reshape({B, T, H, v_dim});
-  const AttentionGrads g = attention_backward(ctx, {s.q_rot, s.k, s.v, s.out, s.lse, d_out, 0.0f});
+  const AttentionGrads g = attention_backward(
+      ctx, {.q = s.q_rot, .k = s.k, .v = s.v, .o = s.out, .lse = s.lse, .grad_o = d_out});
 
   // k and v came from kv (per head) and the shared rope key: route their gradients back.
   Tensor dkv = Tensor::empty(ctx, {N * H, nope + v_dim}, dy.dtype());

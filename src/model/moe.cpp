@@ -94,7 +94,7 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
     // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
     // copy, so only with power-of-2 scales (else down quantizes the BF16 output itself).
-    h.qx = swiglu_quantize(ctx, {s.gu, hq.format, hq.rounding, 0.0f});
+    h.qx = swiglu_quantize(ctx, {.gate_up = s.gu, .format = hq.format, .rounding = hq.rounding});
   } else {
     h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
     swiglu_forward(ctx, {s.gu, h.x});
