@@ -1,4 +1,4 @@
-// The checkpoint index reader (model.safetensors.index.json, io/checkpoint.h) on arbitrary text:
+// The checkpoint index reader (model.safetensors.index.json, model/checkpoint.h) on arbitrary text:
 // parse_checkpoint_index either returns a weight map of plain file names or refuses with
 // octet::Error. An index that parses is then read as the index of a real sharded checkpoint (a tiny
 // model written once per process) by read_checkpoint, which must load it or refuse it with
@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 #include "fuzz_util.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 
 namespace {
 
@@ -47,15 +47,15 @@ const std::string& checkpoint_dir() {
     const octet::ModelConfig c = small_model();
     octet::io::NamedTensors params;
     int64_t k = 0;
-    for (const octet::io::TensorSpec& s : octet::io::expected_tensors(c)) {
+    for (const octet::TensorSpec& s : octet::expected_tensors(c)) {
       octet::Tensor t = octet::Tensor::empty(s.shape, octet::DType::kF32);
       for (int64_t i = 0; i < t.numel(); ++i)
         t.data_as<float>()[i] = std::sin(static_cast<float>(++k));
       params.emplace_back(s.name, t);
     }
-    octet::io::CheckpointWriteOptions o;
+    octet::CheckpointWriteOptions o;
     o.shard_bytes = 2048;  // several shards, so there is an index
-    octet::io::write_checkpoint(d, c, params, o);
+    octet::write_checkpoint(d, c, params, o);
     return d;
   }();
   return dir;
@@ -72,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   try {
     for (const auto& [name, file] :
-         octet::io::parse_checkpoint_index(text, "model.safetensors.index.json"))
+         octet::parse_checkpoint_index(text, "model.safetensors.index.json"))
       if (file.empty() || file == "." || file == ".." ||
           file.find_first_of(std::string("/\0", 2)) != std::string::npos)
         octet::fuzz::fail("weight_map file '" + file + "' is not a plain file name");
@@ -83,9 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::ofstream(dir + "/model.safetensors.index.json", std::ios::binary | std::ios::trunc)
       .write(text.data(), static_cast<std::streamsize>(text.size()));
   try {
-    const octet::io::LoadedCheckpoint ck = octet::io::read_checkpoint(dir);
-    if (ck.tensors.size() + ck.missing_mtp.size() !=
-        octet::io::expected_tensors(small_model()).size())
+    const octet::LoadedCheckpoint ck = octet::read_checkpoint(dir);
+    if (ck.tensors.size() + ck.missing_mtp.size() != octet::expected_tensors(small_model()).size())
       octet::fuzz::fail("a checkpoint loaded without all of its tensors");
   } catch (const octet::Error&) {
   }

@@ -1,4 +1,5 @@
-// Backend: what a device provides to tensors and ops (memory, copies, ordering).
+// Backends: the implementations of the Backend interface (core/backend_interface.h) and the
+// contexts that carry them.
 //
 // Implementations: CpuBackend (aligned host memory, inline copies) and CudaBackend (stream-ordered
 // cudaMallocAsync pool on the context's stream). Nothing here includes CUDA headers.
@@ -8,53 +9,10 @@
 #include <memory>
 #include <string>
 
-#include "core/tensor.h"
+#include "core/backend_interface.h"
+#include "core/context.h"
 
 namespace octet {
-
-// Elapsed time of work submitted between start() and stop_ms(): CUDA events on the backend's stream
-// for the GPU (stop_ms waits for the work), the host's steady clock for the CPU.
-class Timer {
- public:
-  virtual ~Timer() = default;
-  virtual void start() = 0;
-  virtual double stop_ms() = 0;
-};
-
-enum class CopyKind : uint8_t { kHostToHost, kHostToDevice, kDeviceToHost, kDeviceToDevice };
-
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual Device device() const = 0;
-  virtual void* alloc(int64_t bytes) = 0;
-  virtual void free(void* ptr) = 0;
-  // Asynchronous on the backend's stream, except device-to-host which completes before returning.
-  virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) = 0;
-  virtual void memset(void* dst, int byte, int64_t bytes) = 0;
-  // `rows` rows of `row_bytes` each, from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`
-  // apart), on the same device; asynchronous on the stream like a device-to-device copy.
-  virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                       int64_t row_bytes, int64_t rows) = 0;
-  virtual void synchronize() = 0;
-  virtual void* stream() const { return nullptr; }
-  virtual std::unique_ptr<Timer> make_timer() = 0;
-  // High-water mark of memory in use since the last reset_peak(): the stream-ordered pool's
-  // (CUDA), or the process's peak resident set (CPU, which cannot be reset).
-  virtual int64_t peak_bytes() const { return 0; }
-  virtual void reset_peak() {}
-  // Memory a new allocation could still get: the GPU's free memory (CUDA), or the kernel's estimate
-  // of what the host can give without swapping, MemAvailable (CPU). -1 when unknown. Checked
-  // against a run's estimate before its first large allocation.
-  virtual int64_t available_bytes() const { return -1; }
-  // Times the host has waited for the device: synchronize(), and copies that complete before
-  // returning (to or from host memory). Counted on CUDA, 0 on the CPU; tests use it to prove that a
-  // piece of the step never waits.
-  int64_t host_waits() const { return host_waits_; }
-
- protected:
-  int64_t host_waits_ = 0;
-};
 
 std::shared_ptr<Backend> make_cpu_backend();
 
@@ -75,5 +33,8 @@ bool cuda_built();
 int cuda_device_count();
 CudaDeviceInfo cuda_device_info(int device_index);
 std::shared_ptr<Backend> make_cuda_backend(int device_index);
+
+// Creates a context for the device; throws if CUDA was not built in or no GPU is present.
+Context make_context(Device device, int device_index = 0);
 
 }  // namespace octet

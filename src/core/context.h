@@ -30,7 +30,6 @@ struct Context {
   void synchronize() const;
 };
 
-// Creates a context for the device; throws if CUDA was not built in or no GPU is present.
-Context make_context(Device device, int device_index = 0);
+// backend/backend.h make_context creates one for a device.
 
 }  // namespace octet

@@ -18,26 +18,6 @@ Shape scale_shape(Granularity g, int64_t rows, int64_t cols) {
   OCTET_THROW("unknown granularity");
 }
 
-const char* granularity_name(Granularity g) {
-  switch (g) {
-    case Granularity::kTensor:
-      return "tensor";
-    case Granularity::kRow:
-      return "row";
-    case Granularity::k1x128:
-      return "1x128";
-    case Granularity::k128x1:
-      return "128x1";
-    case Granularity::k128x128:
-      return "128x128";
-  }
-  return "?";
-}
-
-const char* format_name(Fp8Format f) {
-  return f == Fp8Format::kE4M3 ? "e4m3" : "e5m2";
-}
-
 DType fp8_dtype(Fp8Format f) {
   return f == Fp8Format::kE4M3 ? DType::kE4M3 : DType::kE5M2;
 }

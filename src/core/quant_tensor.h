@@ -6,14 +6,12 @@
 // its scales follow the layout of `columnwise_granularity` applied to that (cols, rows) matrix.
 #pragma once
 
+#include "core/quant_types.h"
 #include "core/tensor.h"
-#include "numerics/scale.h"
 
 namespace octet {
 
 Shape scale_shape(Granularity g, int64_t rows, int64_t cols);
-const char* granularity_name(Granularity g);
-const char* format_name(Fp8Format f);
 DType fp8_dtype(Fp8Format f);
 
 struct QuantTensor {

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "numerics/fp8.h"  // OCTET_HD
+#include "core/hd.h"
 
 namespace octet {
 

@@ -30,6 +30,16 @@ class Reader {
     if (it == j_.end()) return;
     out = it->is_null() ? std::nullopt : std::optional<int64_t>(as<int64_t>(*it, key));
   }
+  void get_strings(const char* key, std::vector<std::string>& out) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return;
+    OCTET_CHECK(it->is_array(), source_, ": field ", key, " must be an array of strings, got ",
+                it->dump());
+    out.clear();
+    for (size_t i = 0; i < it->size(); ++i)
+      out.push_back(as<std::string>((*it)[i], std::string(key) + "[" + std::to_string(i) + "]"));
+  }
   void mark(const char* key) { seen_.insert(key); }
   bool seen(const std::string& key) const { return seen_.count(key) > 0; }
   const Json& json() const { return j_; }
@@ -195,6 +205,11 @@ void ModelConfig::validate() const {
               bias_update_rate);
   OCTET_CHECK(seq_aux_loss_alpha >= 0, "config: octet_seq_aux_loss_alpha must be >= 0, got ",
               seq_aux_loss_alpha);
+  try {
+    resolve_recipe(recipe);
+  } catch (const Error& e) {
+    OCTET_THROW("config: octet_", e.what());  // "config: octet_recipe_overrides[0] '...': ..."
+  }
 }
 
 ModelConfig model_config_from_json(const Json& j, const std::string& source) {
@@ -239,7 +254,8 @@ ModelConfig model_config_from_json(const Json& j, const std::string& source) {
   r.get("hidden_act", act);
   OCTET_CHECK(act == "silu", source, ": field hidden_act '", act,
               "' is not supported (SwiGLU uses silu)");
-  r.get("octet_recipe", c.recipe);
+  r.get("octet_recipe", c.recipe.preset);
+  r.get_strings("octet_recipe_overrides", c.recipe.overrides);
   r.get("octet_mtp_loss_weight", c.mtp_loss_weight);
   r.get("octet_bias_update_rate", c.bias_update_rate);
   r.get("octet_seq_aux_loss_alpha", c.seq_aux_loss_alpha);
@@ -284,7 +300,8 @@ Json model_config_to_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["initializer_range"] = c.initializer_range;
   j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
-  j["octet_recipe"] = c.recipe;
+  j["octet_recipe"] = c.recipe.preset;
+  j["octet_recipe_overrides"] = c.recipe.overrides;
   j["octet_mtp_loss_weight"] = c.mtp_loss_weight;
   j["octet_bias_update_rate"] = c.bias_update_rate;
   j["octet_seq_aux_loss_alpha"] = c.seq_aux_loss_alpha;

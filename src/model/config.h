@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "numerics/recipe.h"
+
 namespace octet {
 
 enum class ScoringFunc : uint8_t { kSigmoid };
@@ -53,7 +55,9 @@ struct ModelConfig {
   int64_t num_nextn_predict_layers = 1;  // Multi-Token Prediction depth (DeepSeek-V3 release: 1)
 
   // octet's own keys (prefixed "octet_" in config.json so they never collide with the ecosystem's).
-  std::string recipe = "deepseek";     // precision recipe name; resolved by numerics/recipe.h
+  // The precision recipe, preset and overrides (config.json: octet_recipe, octet_recipe_overrides);
+  // numerics/recipe.h resolve_recipe makes the Recipe the model runs.
+  RecipeSpec recipe;
   double mtp_loss_weight = 0.3;        // lambda of DeepSeek-V3's MTP loss (0.3 early, 0.1 late)
   double bias_update_rate = 0.001;     // gamma of the auxiliary-loss-free balancing
   double seq_aux_loss_alpha = 0.0001;  // sequence-wise balance loss weight; 0 disables it

@@ -188,7 +188,7 @@ std::string describe_model(const ModelConfig& c, const Recipe& r, int64_t tokens
   row("norms", p.norms);
   row("mtp projection", p.mtp_projection);
 
-  os << "\nrecipe " << r.name << ":\n" << recipe_table(r);
+  os << "\nrecipe " << r.name() << ":\n" << recipe_table(r);
   double all = 0;
   for (const auto& s : gemm_flops_per_token(c)) all += s.flops_per_token;
   const double attn = attention_flops_per_token(c, seq_len);
@@ -207,7 +207,7 @@ std::string describe_model(const ModelConfig& c, const Recipe& r, int64_t tokens
      << "moments + GEMM copy; activations: tensors saved for backward):\n";
   for (const auto& name : recipe_names()) {
     Recipe preset = recipe_preset(name);
-    if (name == r.name) preset = r;
+    if (name == r.spec.preset) preset = r;  // with its overrides
     const MemoryEstimate m = estimate_memory(c, preset, tokens);
     std::snprintf(buf, sizeof buf,
                   "  %-20s weights %12s  activations %12s  FP8 GEMM FLOPs %5.1f%%\n", name.c_str(),

@@ -26,17 +26,6 @@ void copy_into(Context& ctx, const Tensor& dst, int64_t offset_elems, const Tens
   ctx.be().copy(d, src.data(), src.nbytes(), same_device(ctx));
 }
 
-QuantTensor quantize_1x128(Context& ctx, const Tensor& x, Fp8Format f, ScaleRounding r,
-                           QuantizeOutput out) {
-  QuantizeArgs qa;
-  qa.input = x;
-  qa.format = f;
-  qa.granularity = Granularity::k1x128;
-  qa.rounding = r;
-  qa.output = out;
-  return quantize(ctx, qa);
-}
-
 // The row counts on the host when the caller read them (one read per MoE layer, not per GEMM).
 const std::vector<int64_t>* hs(const GroupLayoutRef& l) {
   return l.host_sizes.empty() ? nullptr : &l.host_sizes;
@@ -87,10 +76,7 @@ void GroupedLinearLayer::prepare(Context& ctx, const Precision& p, PrepareScope 
   const DType d8 = fp8_dtype(r.forward_format);
   fp8_ = {Tensor(), Tensor(), Granularity::k128x128, r.forward_format};
   fp8_t_ = fp8_;
-  QuantizeArgs qa;
-  qa.format = r.forward_format;
-  qa.granularity = Granularity::k128x128;
-  qa.output = QuantizeOutput::kBoth;
+  QuantizeArgs qa = quantize_args(r, GemmOperand::kWeight, Tensor(), QuantizeOutput::kBoth);
   if (O % kGroup == 0) {
     // No block straddles two experts: one quantization of the stacked (E Out, In) matrix, row-wise
     // only. W_e^T has the same 128x128 blocks, so the same scales and the same FP8 values: Dgrad's
@@ -140,10 +126,15 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   const int64_t R = in_.x.defined() ? in_.x.rows() : in_.qx.rows();
   s = Saved{};
   if (p.probe != nullptr && in_.x.defined() && r.precision != GemmPrecision::kFp8Tensor)
-    p.probe->record(ctx, site, "x", in_.x, r, r.forward_format, r.activation_rounding, nullptr);
+    p.probe->record(ctx, site, GemmOperand::kActivation, in_.x, r, nullptr);
   if (r.precision == GemmPrecision::kBf16) {
     Tensor y = Tensor::empty(ctx, {R, out()}, in_.x.dtype());
-    grouped_gemm_bf16(ctx, {in_.x, w_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
+    grouped_gemm_bf16(ctx, {.a = in_.x,
+                            .b = w_,
+                            .group_sizes = layout.sizes,
+                            .d = y,
+                            .accumulate = Accumulate::kOverwrite,
+                            .host_sizes = hs(layout)});
     s.x = in_.x;
     return y;
   }
@@ -164,7 +155,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   // fp8-block.
   QuantTensor qx;
   if (in_.x.defined()) {
-    qx = quantize_1x128(ctx, in_.x, r.forward_format, r.activation_rounding, QuantizeOutput::kBoth);
+    qx = quantize(ctx, quantize_args(r, GemmOperand::kActivation, in_.x, QuantizeOutput::kBoth));
   } else {
     qx = in_.qx;
     OCTET_CHECK(qx.rounding == ScaleRounding::kPow2 && qx.granularity == Granularity::k1x128,
@@ -174,8 +165,12 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     scaling_aware_transpose(ctx, qx);
   }
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
-  grouped_gemm_fp8(
-      ctx, {rowwise_operand(qx), fp8_, layout.sizes, y, Accumulate::kOverwrite, hs(layout)});
+  grouped_gemm_fp8(ctx, {.a = rowwise_operand(qx),
+                         .b = fp8_,
+                         .group_sizes = layout.sizes,
+                         .d = y,
+                         .accumulate = Accumulate::kOverwrite,
+                         .host_sizes = hs(layout)});
   // Wgrad reads only the column-wise copy.
   qx.data = Tensor::wrap(nullptr, {R, in()}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();
@@ -188,14 +183,25 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t R = dy.rows(), E = experts();
   if (p.probe != nullptr && r.precision != GemmPrecision::kFp8Tensor)
-    p.probe->record(ctx, site, "dy", dy, r, r.backward_format, r.gradient_rounding, nullptr);
+    p.probe->record(ctx, site, GemmOperand::kGradient, dy, r, nullptr);
   const Tensor grad3 = param->grad;  // (E, Out, In) f32
   if (r.precision == GemmPrecision::kBf16) {
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
-    grouped_gemm_bf16(
-        ctx, {dy, w_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});  // dX = dY W
-    grouped_wgrad_bf16(ctx, {dy, s.x, layout.sizes, grad3, Accumulate::kAdd, hs(layout),
-                             OperandLayout::kMNMajor});  // dW += dY^T X
+    // dX = dY W
+    grouped_gemm_bf16(ctx, {.a = dy,
+                            .b = w_t_,
+                            .group_sizes = layout.sizes,
+                            .d = dx,
+                            .accumulate = Accumulate::kOverwrite,
+                            .host_sizes = hs(layout)});
+    // dW += dY^T X
+    grouped_wgrad_bf16(ctx, {.a = dy,
+                             .b = s.x,
+                             .group_sizes = layout.sizes,
+                             .d = grad3,
+                             .accumulate = Accumulate::kAdd,
+                             .host_sizes = hs(layout),
+                             .layout = OperandLayout::kMNMajor});
     return dx;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
@@ -213,12 +219,22 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
     return dx;
   }
   const QuantTensor qdy =
-      quantize_1x128(ctx, dy, r.backward_format, r.gradient_rounding, QuantizeOutput::kBoth);
+      quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth));
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
-  grouped_gemm_fp8(
-      ctx, {rowwise_operand(qdy), fp8_t_, layout.sizes, dx, Accumulate::kOverwrite, hs(layout)});
-  grouped_wgrad_fp8(ctx, {columnwise_operand(qdy), columnwise_operand(s.qx), layout.sizes, grad3,
-                          Accumulate::kAdd, hs(layout)});  // dW += dY^T X
+  // dX = dY W
+  grouped_gemm_fp8(ctx, {.a = rowwise_operand(qdy),
+                         .b = fp8_t_,
+                         .group_sizes = layout.sizes,
+                         .d = dx,
+                         .accumulate = Accumulate::kOverwrite,
+                         .host_sizes = hs(layout)});
+  // dW += dY^T X
+  grouped_wgrad_fp8(ctx, {.a = columnwise_operand(qdy),
+                          .b = columnwise_operand(s.qx),
+                          .group_sizes = layout.sizes,
+                          .d = grad3,
+                          .accumulate = Accumulate::kAdd,
+                          .host_sizes = hs(layout)});
   return dx;
 }
 

@@ -6,14 +6,11 @@
 #include <optional>
 
 #include "core/rng.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "numerics/fp8.h"
 
 namespace octet {
 namespace {
-
-using io::TensorKind;
-using io::TensorSpec;
 
 const char* const kEmbedName = "model.embed_tokens.weight";
 const char* const kHeadName = "lm_head.weight";
@@ -106,7 +103,7 @@ uint64_t init_stream(const std::string& name) {
 io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed, DType dtype) {
   OCTET_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
               "init_parameters: dtype must be F32 or BF16, got ", dtype_name(dtype));
-  const std::vector<TensorSpec> specs = io::expected_tensors(config);  // validates the config
+  const std::vector<TensorSpec> specs = expected_tensors(config);  // validates the config
   // The main model's embedding and head, for the MTP modules' copies; they come first in specs.
   std::map<std::string, Tensor> shared;
   io::NamedTensors out;

@@ -9,7 +9,7 @@
 //                                      padding_idx; DeepSeek-V3's release sets none)
 // The MTP modules' embed_tokens and shared_head.head are copies of the main model's embedding and
 // output head (lm_head, or the embedding when tie_word_embeddings): DeepSeek-V3 shares them and
-// stores a copy per MTP layer (see io/checkpoint.h).
+// stores a copy per MTP layer (see model/checkpoint.h).
 //
 // Determinism: tensor `name` draws from the Philox stream (seed, stream_id(name)) (core/rng.h),
 // element k (row-major) from index k of that stream, as std * z in FP64 rounded once to FP32. A
@@ -27,7 +27,7 @@
 
 namespace octet {
 
-// Every tensor of io::expected_tensors(config), in that order, as host tensors of `dtype` (kF32 or
+// Every tensor of expected_tensors(config), in that order, as host tensors of `dtype` (kF32 or
 // kBF16: FP32 values rounded to nearest even), except e_score_correction_bias in F32 always.
 io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed,
                                  DType dtype = DType::kF32);

@@ -8,10 +8,6 @@
 namespace octet {
 namespace {
 
-bool delayed(const GemmRecipe& r) {
-  return r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed;
-}
-
 // The FP8 GEMMs on CUDA read rows of K in 16-byte vectors (gemm.h); each of In, Out and T is the K
 // of one of the three GEMMs.
 void check_cuda_dim(Context& ctx, GemmSite site, const GemmRecipe& r, const char* dim, int64_t v,
@@ -24,7 +20,7 @@ void check_cuda_dim(Context& ctx, GemmSite site, const GemmRecipe& r, const char
 }
 
 void check_state(GemmSite site, const GemmRecipe& r, const LinearScalingState* state) {
-  OCTET_CHECK(!delayed(r) || state != nullptr, "linear ", gemm_site_name(site),
+  OCTET_CHECK(!r.is_delayed() || state != nullptr, "linear ", gemm_site_name(site),
               ": the fp8-tensor recipe with delayed scaling needs a LinearScalingState "
               "(make_linear_scaling_state), got none");
 }
@@ -51,16 +47,9 @@ Shape with_cols(const Shape& s, int64_t cols) {
 
 // x or dy in one pass: row-wise for the GEMM of this pass, column-wise for Wgrad. Delayed scaling
 // reads the state's scale (computed from earlier steps' amaxes).
-QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, Fp8Format format,
-                          ScaleRounding rounding, const DelayedScaling* ds,
-                          QuantizeOutput output = QuantizeOutput::kBoth) {
-  QuantizeArgs qa;
-  qa.input = t;
-  qa.format = format;
-  qa.granularity =
-      r.precision == GemmPrecision::kFp8Block ? Granularity::k1x128 : Granularity::kTensor;
-  qa.rounding = rounding;
-  qa.output = output;
+QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, GemmOperand operand,
+                          const DelayedScaling* ds, QuantizeOutput output = QuantizeOutput::kBoth) {
+  QuantizeArgs qa = quantize_args(r, operand, t, output);
   if (ds != nullptr) qa.scale = ds->scale;
   return quantize(ctx, qa);
 }
@@ -68,13 +57,10 @@ QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, Fp
 // After the quantized tensor was consumed: this step's amax enters the history and sets the scale
 // the next step uses (TransformerEngine's order).
 void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds, int64_t& steps,
-                 const Tensor& amax, Fp8Format format, ScaleRounding rounding) {
-  delayed_scaling_update(ctx, ds, amax, steps, st.reduce, {format, rounding, 0.0f, st.margin});
+                 const Tensor& amax, const GemmRecipe& r, GemmOperand operand) {
+  const GemmRecipe::Quantization q = r.quantization(operand);
+  delayed_scaling_update(ctx, ds, amax, steps, st.reduce, {q.format, q.rounding, 0.0f, st.margin});
   ++steps;
-}
-
-AmaxReduce amax_reduce(AmaxReduction r) {
-  return r == AmaxReduction::kMax ? AmaxReduce::kMax : AmaxReduce::kMostRecent;
 }
 
 void check_prepared(GemmSite site, const PreparedWeight& w, const GemmRecipe& r, int64_t in,
@@ -88,12 +74,24 @@ void check_prepared(GemmSite site, const PreparedWeight& w, const GemmRecipe& r,
 
 }  // namespace
 
+QuantizeArgs quantize_args(const GemmRecipe& recipe, GemmOperand operand, const Tensor& input,
+                           QuantizeOutput output) {
+  const GemmRecipe::Quantization q = recipe.quantization(operand);
+  QuantizeArgs qa;
+  qa.input = input;
+  qa.format = q.format;
+  qa.granularity = q.granularity;
+  qa.rounding = q.rounding;
+  qa.output = output;
+  return qa;
+}
+
 LinearScalingState make_linear_scaling_state(Context& ctx, const Recipe& recipe) {
   LinearScalingState s;
   s.x = make_delayed_scaling(ctx, recipe.amax_history_len);
   s.w = make_delayed_scaling(ctx, recipe.amax_history_len);
   s.dy = make_delayed_scaling(ctx, recipe.amax_history_len);
-  s.reduce = amax_reduce(recipe.amax_reduction);
+  s.reduce = recipe.amax_reduction;
   s.margin = recipe.margin;
   return s;
 }
@@ -123,19 +121,12 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& a) {
     p.bf16 = cast(ctx, w, a.activation_dtype);  // Dgrad reads it MN-major: no transposed copy
     return p;
   }
-  QuantizeArgs qa;
-  qa.input = w;
-  qa.format = r.forward_format;
-  // DeepSeek-V3: 128x128 weight blocks, so W^T (the column-wise copy) has the same blocks.
-  qa.granularity =
-      r.precision == GemmPrecision::kFp8Block ? Granularity::k128x128 : Granularity::kTensor;
-  qa.output = QuantizeOutput::kBoth;
-  if (delayed(r)) qa.scale = a.state->w.scale;
+  QuantizeArgs qa = quantize_args(r, GemmOperand::kWeight, w, QuantizeOutput::kBoth);
+  if (r.is_delayed()) qa.scale = a.state->w.scale;
   p.fp8 = quantize(ctx, qa);
   // Delayed scaling: W's amax of this optimizer step sets the scale of the next preparation.
-  if (delayed(r))
-    record_amax(ctx, *a.state, a.state->w, a.state->w_steps, p.fp8.amax, r.forward_format,
-                ScaleRounding::kExact);
+  if (r.is_delayed())
+    record_amax(ctx, *a.state, a.state->w, a.state->w_steps, p.fp8.amax, r, GemmOperand::kWeight);
   return p;
 }
 
@@ -154,13 +145,16 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   saved = LinearSaved{};
   saved.precision = r.precision;
   if (!r.is_fp8()) {
-    gemm_bf16(ctx, {a.x.reshape({t, w.in_features}), w.bf16, y2, Accumulate::kOverwrite});
+    gemm_bf16(ctx, {.a = a.x.reshape({t, w.in_features}),
+                    .b = w.bf16,
+                    .d = y2,
+                    .accumulate = Accumulate::kOverwrite});
     saved.x = a.x;
     return y;
   }
-  DelayedScaling* ds = delayed(r) ? &a.state->x : nullptr;
+  DelayedScaling* ds = r.is_delayed() ? &a.state->x : nullptr;
   const bool keep_fp8 = a.saved_storage == Storage::kFp8;
-  QuantTensor qx = quantize_both(ctx, a.x, r, r.forward_format, r.activation_rounding, ds,
+  QuantTensor qx = quantize_both(ctx, a.x, r, GemmOperand::kActivation, ds,
                                  keep_fp8 ? QuantizeOutput::kBoth : QuantizeOutput::kRowwise);
   GemmFp8Args g;
   g.a = rowwise_operand(qx);     // (T, In)
@@ -168,8 +162,7 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   g.d = y2;                      // (T, Out) bf16
   gemm_fp8(ctx, g);
   if (ds != nullptr)
-    record_amax(ctx, *a.state, *ds, a.state->x_steps, qx.amax, r.forward_format,
-                r.activation_rounding);
+    record_amax(ctx, *a.state, *ds, a.state->x_steps, qx.amax, r, GemmOperand::kActivation);
   if (!keep_fp8) {
     // The site keeps x in a wider storage (DeepSeek-V3's E5M6 o_proj input); backward quantizes
     // it for Wgrad.
@@ -213,15 +206,23 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   if (!r.is_fp8()) {
     const Tensor dy2 = a.dy.reshape({t, w.out_features});
     // dx = dy W: W (Out, In) is B = W^T stored MN-major.
-    gemm_bf16(ctx, {dy2, w.bf16, dx2, Accumulate::kOverwrite, OperandLayout::kKMajor,
-                    OperandLayout::kMNMajor});
+    gemm_bf16(ctx, {.a = dy2,
+                    .b = w.bf16,
+                    .d = dx2,
+                    .accumulate = Accumulate::kOverwrite,
+                    .a_layout = OperandLayout::kKMajor,
+                    .b_layout = OperandLayout::kMNMajor});
     // dW += dy^T x: Wgrad's K is T, and dy (T, Out) and x (T, In) are read as they are stored.
-    gemm_bf16(ctx, {dy2, s.x.reshape({t, w.in_features}), grads.weight, Accumulate::kAdd,
-                    OperandLayout::kMNMajor, OperandLayout::kMNMajor});
+    gemm_bf16(ctx, {.a = dy2,
+                    .b = s.x.reshape({t, w.in_features}),
+                    .d = grads.weight,
+                    .accumulate = Accumulate::kAdd,
+                    .a_layout = OperandLayout::kMNMajor,
+                    .b_layout = OperandLayout::kMNMajor});
     return dx;
   }
-  DelayedScaling* ds = delayed(r) ? &a.state->dy : nullptr;
-  QuantTensor qdy = quantize_both(ctx, a.dy, r, r.backward_format, r.gradient_rounding, ds);
+  DelayedScaling* ds = r.is_delayed() ? &a.state->dy : nullptr;
+  QuantTensor qdy = quantize_both(ctx, a.dy, r, GemmOperand::kGradient, ds);
   GemmFp8Args dgrad;
   dgrad.a = rowwise_operand(qdy);       // (T, Out)
   dgrad.b = columnwise_operand(w.fp8);  // W^T (In, Out)
@@ -230,17 +231,16 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   GemmFp8Args wgrad;
   wgrad.a = columnwise_operand(qdy);  // dy^T (Out, T), groups along T
   // x^T (In, T), groups along T: the saved FP8 copy, or quantized now from the wider storage.
-  const QuantTensor qx =
-      saved_fp8 ? s.qx
-                : quantize_both(ctx, s.x, r, r.forward_format, r.activation_rounding,
-                                delayed(r) ? &a.state->x : nullptr, QuantizeOutput::kColumnwise);
+  const QuantTensor qx = saved_fp8 ? s.qx
+                                   : quantize_both(ctx, s.x, r, GemmOperand::kActivation,
+                                                   r.is_delayed() ? &a.state->x : nullptr,
+                                                   QuantizeOutput::kColumnwise);
   wgrad.b = columnwise_operand(qx);
   wgrad.d = grads.weight;  // (Out, In) f32
   wgrad.accumulate = Accumulate::kAdd;
   gemm_fp8(ctx, wgrad);  // dW += dy^T x
   if (ds != nullptr)
-    record_amax(ctx, *a.state, *ds, a.state->dy_steps, qdy.amax, r.backward_format,
-                r.gradient_rounding);
+    record_amax(ctx, *a.state, *ds, a.state->dy_steps, qdy.amax, r, GemmOperand::kGradient);
   return dx;
 }
 

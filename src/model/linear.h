@@ -62,10 +62,6 @@
 
 namespace octet {
 
-struct LinearWeights {
-  Tensor weight;  // (Out, In) f32: the master weight
-};
-
 struct LinearGrads {
   Tensor weight;  // (Out, In) f32: accumulated (+=) by linear_backward
 };
@@ -75,9 +71,14 @@ struct LinearScalingState {
   DelayedScaling x, w, dy;  // amax histories and scales, on the context's device
   // Amaxes recorded so far per tensor: the history slot the next one goes to.
   int64_t x_steps = 0, w_steps = 0, dy_steps = 0;
-  AmaxReduce reduce = AmaxReduce::kMax;
+  AmaxReduction reduce = AmaxReduction::kMax;
   int margin = 0;
 };
+
+// QuantizeArgs for one operand of a site (GemmRecipe::quantization: format, groups, rounding),
+// with the input and the copies to make; the caller adds a delayed-scaling scale.
+QuantizeArgs quantize_args(const GemmRecipe& recipe, GemmOperand operand, const Tensor& input,
+                           QuantizeOutput output);
 
 // Histories of Recipe::amax_history_len zeros and scales 1, reduced and margined as the recipe
 // says.

@@ -31,14 +31,14 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
   const Tensor kv_h = kv.reshape({N * H, nope + v_dim});
   Tensor k = Tensor::empty(ctx, {B, T, H, dqk}, x.dtype());
   Tensor v = Tensor::empty(ctx, {B, T, H, v_dim}, x.dtype());
-  copy_columns(ctx, {kv_h, 0, k, 0, nope, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = kv_h, .dst = k, .width = nope});
   // The rope key is shared by all heads (MQA-style): row n of kva_rot goes to rows n H .. n H +
   // H-1.
   copy_columns(
       ctx, {kva_rot.reshape({N, kv_lora + rope}), kv_lora, k, nope, rope, H, CopyMode::kBroadcast});
-  copy_columns(ctx, {kv_h, nope, v, 0, v_dim, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = kv_h, .src_col = nope, .dst = v, .width = v_dim});
 
-  AttentionForwardResult att = attention_forward(ctx, {s.q_rot, k, v, 0.0f});
+  AttentionForwardResult att = attention_forward(ctx, {.q = s.q_rot, .k = k, .v = v});
   s.k = k;
   s.v = v;
   s.out = att.o;
@@ -50,18 +50,25 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
                           const Tensor& dy, const Saved& s) {
   const int64_t B = s.B, T = s.T, N = B * T, H = heads, dqk = nope + rope;
   const Tensor d_out = o.backward(ctx, p, dy, s.o).reshape({B, T, H, v_dim});
-  const AttentionGrads g = attention_backward(ctx, {s.q_rot, s.k, s.v, s.out, s.lse, d_out, 0.0f});
+  const AttentionGrads g = attention_backward(
+      ctx, {.q = s.q_rot, .k = s.k, .v = s.v, .o = s.out, .lse = s.lse, .grad_o = d_out});
 
   // k and v came from kv (per head) and the shared rope key: route their gradients back.
   Tensor dkv = Tensor::empty(ctx, {N * H, nope + v_dim}, dy.dtype());
-  copy_columns(ctx, {g.grad_k, 0, dkv, 0, nope, 1, CopyMode::kBroadcast});
-  copy_columns(ctx, {g.grad_v, 0, dkv, nope, v_dim, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = g.grad_k, .dst = dkv, .width = nope});
+  copy_columns(ctx, {.src = g.grad_v, .dst = dkv, .dst_col = nope, .width = v_dim});
   Tensor dkva = Tensor::empty(ctx, {N, kv_lora + rope}, dy.dtype());
-  copy_columns(ctx, {g.grad_k, nope, dkva, kv_lora, rope, H, CopyMode::kSum});  // sum over heads
+  copy_columns(ctx, {.src = g.grad_k,
+                     .src_col = nope,
+                     .dst = dkva,
+                     .dst_col = kv_lora,
+                     .width = rope,
+                     .repeat = H,
+                     .mode = CopyMode::kSum});  // sum over heads
 
   const Tensor dcn = kv_b.backward(ctx, p, dkv.reshape({N, H * (nope + v_dim)}), s.kv_b);
   const Tensor dc = kv_a_norm.backward(ctx, dcn, s.kv_a_norm);
-  copy_columns(ctx, {dc, 0, dkva, 0, kv_lora, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = dc, .dst = dkva, .width = kv_lora});
   // RoPE touched only the rope channels; its backward rotates them back and copies the rest.
   const Tensor dkva_pre =
       rope_backward(ctx, {dkva.reshape({B, T, kv_lora + rope}), rope_table, pairing, kv_lora});

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "backend/backend.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/init.h"
 #include "ops/attention/attention.h"
 #include "ops/cast/cast.h"
@@ -28,9 +28,9 @@ CopyKind to_device_kind(const Context& ctx) {
 
 void check_precision(const Context& ctx, const Precision& p) {
   p.recipe.validate();
-  OCTET_CHECK(!p.recipe.fp8_flow, "recipe ", p.recipe.name,
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
-              "deepseek");
+  OCTET_CHECK(!p.recipe.fp8_flow, "recipe ", p.recipe.name(),
+              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; "
+              "use deepseek");
   OCTET_CHECK(p.act == DType::kBF16 || p.act == DType::kF32,
               "model: activations must be BF16 "
               "(or F32 in the FP32 checking mode), got ",
@@ -51,45 +51,26 @@ void collect_moe(const MoeLayer::Saved& s, ModelLosses& out) {
 }
 
 // Where checkpoint tensor `s` lives in the model: the parameter's name, the first element and the
-// parameter's shape. Dense and shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of a
-// fused gate_up_proj; routed expert j's weights are slices of the stacked
-// mlp.experts.{gate_up,down}_proj.
+// parameter's shape (TensorSpec's fused location, or the tensor itself).
 struct FusedLocation {
   std::string name;
   int64_t offset = 0;
   Shape shape;
 };
 
-FusedLocation fused_location(const io::TensorSpec& s, const ModelConfig& c) {
-  const int64_t D = c.hidden_size, numel = shape_numel(s.shape);
-  const auto ep = s.name.find("mlp.experts.");
-  if (ep != std::string::npos) {
-    const std::string rest = s.name.substr(ep + 12), base = s.name.substr(0, ep + 12);
-    const int64_t j = std::stoll(rest.substr(0, rest.find('.')));
-    const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
-    if (rest.find("gate_proj") != std::string::npos)
-      return {base + "gate_up_proj", 2 * j * numel, {E, 2 * F, D}};
-    if (rest.find("up_proj") != std::string::npos)
-      return {base + "gate_up_proj", (2 * j + 1) * numel, {E, 2 * F, D}};
-    return {base + "down_proj", j * numel, {E, D, F}};
-  }
-  for (const auto& [part, index] : {std::pair<const char*, int64_t>{"gate_proj.weight", 0},
-                                    std::pair<const char*, int64_t>{"up_proj.weight", 1}}) {
-    const auto pos = s.name.find(part);
-    if (pos != std::string::npos)
-      return {
-          s.name.substr(0, pos).append("gate_up_proj.weight"), index * numel, {2 * s.shape[0], D}};
-  }
-  return {s.name, 0, s.shape};
+FusedLocation fused_location(const TensorSpec& s) {
+  if (s.fused_name.empty()) return {s.name, 0, s.shape};
+  return {s.fused_name, s.fused_offset, s.fused_shape};
 }
 
 }  // namespace
 
-Parameter* Model::add(const std::string& name, const Shape& shape, bool decay, bool trainable) {
+Parameter* Model::add(const std::string& name, const Shape& shape, WeightDecay decay,
+                      Trainable trainable) {
   auto p = std::make_unique<Parameter>();
   p->name = name;
-  p->weight_decay = decay;
-  p->trainable = trainable;
+  p->weight_decay = decay == WeightDecay::kYes;
+  p->trainable = trainable == Trainable::kYes;
   // Shape only (no storage yet): the constructor allocates every parameter on the device once all
   // are known.
   p->value = Tensor::wrap(nullptr, shape, DType::kF32, Device::kCpu);
@@ -110,13 +91,13 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   const int64_t L = c.num_hidden_layers, K = c.num_nextn_predict_layers;
 
   // Parameters, named and shaped by the checkpoint layout (fused where the model fuses).
-  for (const io::TensorSpec& s : io::expected_tensors(c)) {
-    if (s.mtp_depth >= 0 &&
-        (s.kind == io::TensorKind::kEmbedding || s.kind == io::TensorKind::kHead))
+  for (const TensorSpec& s : expected_tensors(c)) {
+    if (s.mtp_depth >= 0 && (s.kind == TensorKind::kEmbedding || s.kind == TensorKind::kHead))
       continue;  // the MTP modules' copies of the shared embedding and head
-    const auto [name, offset, shape] = fused_location(s, c);
+    const auto [name, offset, shape] = fused_location(s);
     if (!by_name_.count(name))
-      add(name, shape, shape.size() >= 2, s.kind != io::TensorKind::kRouterBias);
+      add(name, shape, shape.size() >= 2 ? WeightDecay::kYes : WeightDecay::kNo,
+          s.kind == TensorKind::kRouterBias ? Trainable::kNo : Trainable::kYes);
     slots_[s.name] = {by_name_.at(name), offset, shape_numel(s.shape)};
   }
   for (auto& p : params_) {
@@ -256,10 +237,10 @@ io::NamedTensors Model::export_tensors(Context& ctx) const {
   io::NamedTensors out;
   const CopyKind kind =
       ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToHost;
-  for (const io::TensorSpec& s : io::expected_tensors(config_)) {
+  for (const TensorSpec& s : expected_tensors(config_)) {
     std::string source = s.name;
-    if (s.mtp_depth >= 0 && s.kind == io::TensorKind::kEmbedding) source = embed_->name;
-    if (s.mtp_depth >= 0 && s.kind == io::TensorKind::kHead) source = head_proj_.param->name;
+    if (s.mtp_depth >= 0 && s.kind == TensorKind::kEmbedding) source = embed_->name;
+    if (s.mtp_depth >= 0 && s.kind == TensorKind::kHead) source = head_proj_.param->name;
     const Slot slot = slots_.count(source) ? slots_.at(source)
                                            : Slot{by_name_.at(source), 0, shape_numel(s.shape)};
     Tensor t = Tensor::empty(s.shape, DType::kF32);
@@ -461,8 +442,7 @@ void Model::update_router_bias(Context& ctx, const std::vector<ModelLosses>& mic
 }
 
 std::vector<std::string> load_checkpoint_into(Context& ctx, Model& model,
-                                              const io::LoadedCheckpoint& checkpoint,
-                                              uint64_t seed) {
+                                              const LoadedCheckpoint& checkpoint, uint64_t seed) {
   OCTET_CHECK(checkpoint.quantized.empty(),
               "model: read the checkpoint with Fp8Weights::kDequantize to load it for training");
   std::vector<std::string> notes = checkpoint.warnings;
@@ -558,7 +538,7 @@ void Model::load_recipe_state(Context& ctx, const io::NamedTensors& state) {
     ++used;
   }
   OCTET_CHECK(used == state.size(), "recipe state: ", state.size() - used,
-              " tensors do not belong to this model's recipe (", precision_.recipe.name, ")");
+              " tensors do not belong to this model's recipe (", precision_.recipe.name(), ")");
 }
 
 }  // namespace octet

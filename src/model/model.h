@@ -13,7 +13,7 @@
 // known (the logits never outlive their head), so one logits buffer exists at a time.
 //
 // Parameters are FP32 masters on the model's device (model/parameter.h has the fused names); the
-// checkpoint form (io/checkpoint.h names, per-expert tensors, MTP copies of the shared embedding
+// checkpoint form (model/checkpoint.h names, per-expert tensors, MTP copies of the shared embedding
 // and head) is produced by export_tensors and read by load.
 #pragma once
 
@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/block.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/head.h"
 #include "model/mtp.h"
@@ -70,11 +70,11 @@ class Model {
   std::vector<Parameter*> parameters();
   Parameter& parameter(const std::string& name);
 
-  // Checkpoint-form tensors (io::expected_tensors names): fresh ones from model/init.h, or a
+  // Checkpoint-form tensors (expected_tensors names): fresh ones from model/init.h, or a
   // checkpoint's. Missing MTP tensors (a transformers checkpoint) keep the values from `fallback`.
   void load(Context& ctx, const io::NamedTensors& tensors,
             const io::NamedTensors* fallback = nullptr);
-  // Host F32 tensors in io::expected_tensors order.
+  // Host F32 tensors in expected_tensors order.
   io::NamedTensors export_tensors(Context& ctx) const;
 
   // Once per optimizer step, after the weights changed: the GEMMs' copies of the weights. kNotFused
@@ -111,7 +111,8 @@ class Model {
   const RopeTable& rope() const { return rope_; }
 
  private:
-  Parameter* add(const std::string& name, const Shape& shape, bool decay, bool trainable = true);
+  Parameter* add(const std::string& name, const Shape& shape, WeightDecay decay,
+                 Trainable trainable = Trainable::kYes);
   void build_layer(DecoderLayer& layer, int64_t index);
   Tensor device_scalar(Context& ctx, float v);
   // Every Linear and grouped Linear of the model, in preparation order.
@@ -143,12 +144,12 @@ class Model {
   std::map<float, Tensor> scalars_;
 };
 
-// Loads a checkpoint (io::read_checkpoint's result, F32 or dequantized) into the model. A
+// Loads a checkpoint (read_checkpoint's result, F32 or dequantized) into the model. A
 // checkpoint without MTP layers (as the transformers library saves) gets fresh MTP layers from
 // init_parameters(seed); the returned lines (the checkpoint's warnings) are for the caller to
 // print.
 std::vector<std::string> load_checkpoint_into(Context& ctx, Model& model,
-                                              const io::LoadedCheckpoint& checkpoint,
+                                              const LoadedCheckpoint& checkpoint,
                                               uint64_t seed = 0);
 
 }  // namespace octet

@@ -1,6 +1,7 @@
 // MoE feed-forward: forward, then backward in reverse order (moe.h has the dataflow).
 #include "model/moe.h"
 
+#include "model/linear.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm.h"
 #include "ops/grouped_gemm/grouped_gemm.h"
@@ -45,13 +46,17 @@ void MoeLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
 Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences,
                          Saved& s) {
   const Recipe& r = p.recipe;
+  const GemmRecipe& up_r = r.at(GemmSite::kExpertGateUp);
+  const GemmRecipe& down_r = r.at(GemmSite::kExpertDown);
   const int64_t T = x.rows(), D = x.cols(), E = router.num_experts;
   s = Saved{};
   s.sequences = sequences;
   s.x = x;
   // Router: BF16 operands, FP32 scores.
   s.logits = Tensor::empty(ctx, {T, E}, DType::kF32);
-  gemm_bf16(ctx, {x.reshape({T, D}), gate_w_, s.logits, Accumulate::kOverwrite});
+  gemm_bf16(
+      ctx,
+      {.a = x.reshape({T, D}), .b = gate_w_, .d = s.logits, .accumulate = Accumulate::kOverwrite});
   s.route = moe_router_forward(ctx, {s.logits, bias->value, router});
   if (seq_aux_alpha > 0.0f)
     s.aux_loss =
@@ -66,30 +71,30 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   // grouped GEMMs with the row counts read on the device where the build allows: the layer then
   // never synchronises. Other recipes (per-tensor FP8) read the counts to the host once per layer,
   // shared by the six per-expert GEMM loops.
-  const bool fp8_block = r.moe_dispatch == Storage::kFp8 &&
-                         r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kFp8Block &&
-                         r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block &&
-                         grouped_fp8_blockwise_counts_on_device(ctx);
-  const bool bf16 = r.at(GemmSite::kExpertGateUp).precision == GemmPrecision::kBf16 &&
-                    r.at(GemmSite::kExpertDown).precision == GemmPrecision::kBf16 &&
-                    grouped_bf16_counts_on_device(ctx);
+  const bool fp8_block =
+      r.moe_dispatch == Storage::kFp8 && up_r.precision == GemmPrecision::kFp8Block &&
+      down_r.precision == GemmPrecision::kFp8Block && grouped_fp8_blockwise_counts_on_device(ctx);
+  const bool bf16 = up_r.precision == GemmPrecision::kBf16 &&
+                    down_r.precision == GemmPrecision::kBf16 && grouped_bf16_counts_on_device(ctx);
   const bool device_counts = fp8_block || bf16;
   if (!device_counts) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
-    QuantizeArgs qa;  // quantized once, before the dispatch (DeepSeek-V3)
-    qa.input = x.reshape({T, D});
-    qa.format = Fp8Format::kE4M3;
-    qa.granularity = Granularity::k1x128;
-    qa.rounding = ScaleRounding::kPow2;
-    xp.qx = moe_permute(ctx, s.map, quantize(ctx, qa));
+    // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
+    // power-of-2 scales: Recipe::validate).
+    xp.qx = moe_permute(ctx, s.map,
+                        quantize(ctx, quantize_args(up_r, GemmOperand::kActivation,
+                                                    x.reshape({T, D}), QuantizeOutput::kRowwise)));
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }
   s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F)
   GroupedInput h;
-  if (r.at(GemmSite::kExpertDown).precision == GemmPrecision::kFp8Block) {
-    h.qx = swiglu_quantize(ctx, {s.gu, Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f});
+  const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
+  if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
+    // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
+    // copy, so only with power-of-2 scales (else down quantizes the BF16 output itself).
+    h.qx = swiglu_quantize(ctx, {.gate_up = s.gu, .format = hq.format, .rounding = hq.rounding});
   } else {
     h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
     swiglu_forward(ctx, {s.gu, h.x});
@@ -119,10 +124,18 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
                                   aux_grad_scale, d_logits);  // d_logits +=
   const Tensor dl = cast(ctx, d_logits, dy.dtype());
   Tensor dx_router = Tensor::empty(ctx, {T, D}, dy.dtype());
-  gemm_bf16(ctx, {dl, gate_w_, dx_router, Accumulate::kOverwrite, OperandLayout::kKMajor,
-                  OperandLayout::kMNMajor});  // d_logits W_gate
-  gemm_bf16(ctx, {dl, s.x.reshape({T, D}), gate->grad, Accumulate::kAdd, OperandLayout::kMNMajor,
-                  OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
+  gemm_bf16(ctx, {.a = dl,
+                  .b = gate_w_,
+                  .d = dx_router,
+                  .accumulate = Accumulate::kOverwrite,
+                  .a_layout = OperandLayout::kKMajor,
+                  .b_layout = OperandLayout::kMNMajor});  // d_logits W_gate
+  gemm_bf16(ctx, {.a = dl,
+                  .b = s.x.reshape({T, D}),
+                  .d = gate->grad,
+                  .accumulate = Accumulate::kAdd,
+                  .a_layout = OperandLayout::kMNMajor,
+                  .b_layout = OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
   add_into(ctx, dx, dx_router);
   if (shared) add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
   return dx.reshape(dy.shape());

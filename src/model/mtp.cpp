@@ -11,8 +11,8 @@ Tensor MtpModule::forward(Context& ctx, const Precision& p, const RopeTable& rop
   const Tensor en = enorm.forward(ctx, emb, s.e);
   const Tensor hn = hnorm.forward(ctx, h_prev, s.h);
   Tensor cat = Tensor::empty(ctx, {rows, 2 * D}, emb.dtype());
-  copy_columns(ctx, {en, 0, cat, 0, D, 1, CopyMode::kBroadcast});
-  copy_columns(ctx, {hn, 0, cat, D, D, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = en, .dst = cat, .width = D});
+  copy_columns(ctx, {.src = hn, .dst = cat, .dst_col = D, .width = D});
   const Tensor x = eh_proj.forward(ctx, p, cat, s.eh);
   return layer.forward(ctx, p, rope, x, B, T, s.layer);
 }

@@ -7,8 +7,7 @@ namespace octet {
 
 void LinearLayer::init_state(Context& ctx, const Recipe& recipe) {
   const GemmRecipe& r = recipe.at(site);
-  if (r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed)
-    state = make_linear_scaling_state(ctx, recipe);
+  if (r.is_delayed()) state = make_linear_scaling_state(ctx, recipe);
 }
 
 void LinearLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
@@ -55,13 +54,9 @@ Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, L
   a.recipe = p.recipe.at(site);
   a.state = &state;
   a.saved_storage = storage;
-  if (p.probe != nullptr) {
-    const GemmRecipe& r = a.recipe;
-    const bool delayed =
-        r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed;
-    p.probe->record(ctx, site, "x", x, r, r.forward_format, r.activation_rounding,
-                    delayed ? &state.x.scale : nullptr);
-  }
+  if (p.probe != nullptr)
+    p.probe->record(ctx, site, GemmOperand::kActivation, x, a.recipe,
+                    a.recipe.is_delayed() ? &state.x.scale : nullptr);
   return linear_forward(ctx, a, saved);
 }
 
@@ -74,13 +69,9 @@ Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
   a.weight = prepared;
   a.recipe = p.recipe.at(site);
   a.state = &state;
-  if (p.probe != nullptr) {
-    const GemmRecipe& r = a.recipe;
-    const bool delayed =
-        r.precision == GemmPrecision::kFp8Tensor && r.scaling == ScalingMode::kDelayed;
-    p.probe->record(ctx, site, "dy", dy, r, r.backward_format, r.gradient_rounding,
-                    delayed ? &state.dy.scale : nullptr);
-  }
+  if (p.probe != nullptr)
+    p.probe->record(ctx, site, GemmOperand::kGradient, dy, a.recipe,
+                    a.recipe.is_delayed() ? &state.dy.scale : nullptr);
   LinearGrads g{param->grad};
   return linear_backward(ctx, a, g);  // param->grad += dy^T x
 }

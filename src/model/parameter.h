@@ -1,7 +1,7 @@
 // The model's trainable state, as the optimizer and the checkpoint code see it, and the two layer
 // holders every block uses: a Linear site (model/linear.h) and an RMSNorm.
 //
-// Tensors are named as the model holds them. That is the checkpoint name (io/checkpoint.h) except
+// Tensors are named as the model holds them. That is the checkpoint name (model/checkpoint.h) except
 // for fused weights, which keep the fused names of recent transformers versions:
 //   ...mlp.gate_up_proj.weight               (2I, D)  gate_proj rows [0, I), up_proj rows [I, 2I)
 //   ...mlp.shared_experts.gate_up_proj.weight  likewise
@@ -20,6 +20,12 @@
 #include "ops/adamw/adamw.h"
 
 namespace octet {
+
+// Whether AdamW's decoupled weight decay applies to a parameter (not to norms and biases).
+enum class WeightDecay : uint8_t { kNo, kYes };
+// Whether the optimizer moves a parameter (kNo: e_score_correction_bias, moved by the
+// balancing rule only).
+enum class Trainable : uint8_t { kNo, kYes };
 
 struct Parameter {
   std::string name;

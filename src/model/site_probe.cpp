@@ -11,9 +11,9 @@
 
 namespace octet {
 
-void SiteProbe::record(Context& ctx, GemmSite site, const char* role, const Tensor& t,
-                       const GemmRecipe& r, Fp8Format format, ScaleRounding rounding,
-                       const Tensor* delayed_scale) {
+void SiteProbe::record(Context& ctx, GemmSite site, GemmOperand operand, const Tensor& t,
+                       const GemmRecipe& r, const Tensor* delayed_scale) {
+  const char* role = operand == GemmOperand::kGradient ? "dy" : "x";
   const int64_t cols = t.cols();
   if (cols == 0 || t.rows() == 0) return;
   const int64_t rows = std::min<int64_t>(t.rows(), std::max<int64_t>(1, kSampleElements / cols));
@@ -29,7 +29,9 @@ void SiteProbe::record(Context& ctx, GemmSite site, const char* role, const Tens
   s.elements += n;
   for (int64_t i = 0; i < n; ++i) s.nonzero += v[i] != 0.0f;
   if (!r.is_fp8()) return;
-  const ScaleRule rule{format, rounding, 0.0f, 0};
+  const GemmRecipe::Quantization q = r.quantization(operand);
+  const Fp8Format format = q.format;
+  const ScaleRule rule{format, q.rounding, 0.0f, 0};
   // Clamped rather than rounded: beyond the largest value by more than half its ulp (E4M3 464,
   // E5M2 61440). Group maxima with exact scales land a rounding error above fmax and round to it.
   const int man_bits = format == Fp8Format::kE4M3 ? 3 : 2;
@@ -37,12 +39,12 @@ void SiteProbe::record(Context& ctx, GemmSite site, const char* role, const Tens
   auto count = [&](const float* x, int64_t len, float scale) {
     for (int64_t i = 0; i < len; ++i) {
       if (x[i] == 0.0f) continue;
-      const float y = std::fabs(fp32_mul_rn(x[i], scale));
+      const float y = std::fabs(rn::mul(x[i], scale));
       if (y > clamp_above) ++s.saturated;
       if (fp8_to_float(quantize_value(x[i], scale, format), format) == 0.0f) ++s.flushed;
     }
   };
-  if (r.precision == GemmPrecision::kFp8Block) {
+  if (q.granularity == Granularity::k1x128) {
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t c0 = 0; c0 < cols; c0 += kGroup) {
         const int64_t len = std::min(kGroup, cols - c0);

@@ -33,10 +33,11 @@ class SiteProbe {
  public:
   static constexpr int64_t kSampleElements = 1 << 16;
 
-  // Records tensor t (rows, cols) entering site `site` as `role` ("x" or "dy"), quantized with
-  // `format` per the recipe; `delayed_scale` is the (1) f32 scale of delayed scaling, or null.
-  void record(Context& ctx, GemmSite site, const char* role, const Tensor& t, const GemmRecipe& r,
-              Fp8Format format, ScaleRounding rounding, const Tensor* delayed_scale);
+  // Records tensor t (rows, cols) entering site `site` as `operand` (kActivation "x" or kGradient
+  // "dy"), quantized as the recipe quantizes that operand (GemmRecipe::quantization);
+  // `delayed_scale` is the (1) f32 scale of delayed scaling, or null.
+  void record(Context& ctx, GemmSite site, GemmOperand operand, const Tensor& t,
+              const GemmRecipe& r, const Tensor* delayed_scale);
 
   // Keyed "<site>.<role>", e.g. "attn.q_down.x"; aggregated over layers and micro-batches.
   const std::map<std::string, SiteNumerics>& sites() const { return sites_; }

@@ -12,11 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define OCTET_HD __host__ __device__ __forceinline__
-#else
-#define OCTET_HD inline
-#endif
+#include "core/hd.h"
 
 namespace octet {
 

@@ -25,19 +25,24 @@ GemmRecipe tensor_scaled(ScalingMode mode) {
   return g;
 }
 
-GemmRecipe block_scaled() {
+// DeepSeek-V3's block scaling at one site: E4M3 for every tensor, and power-of-2 scales where the
+// report requires them (reference/fp8-facts.md section 4): the input of the Linear after
+// attention, the MoE up-projection input (the FP8 dispatch payload), the SwiGLU output feeding the
+// down-projection, and the activation gradient before the down-projection.
+GemmRecipe block_scaled(GemmSite s) {
   GemmRecipe g;
   g.precision = GemmPrecision::kFp8Block;
-  g.forward_format = Fp8Format::kE4M3;  // DeepSeek-V3: E4M3 for every tensor
+  g.forward_format = Fp8Format::kE4M3;
   g.backward_format = Fp8Format::kE4M3;
+  if (s == GemmSite::kAttnOut || s == GemmSite::kExpertGateUp || s == GemmSite::kExpertDown)
+    g.activation_rounding = ScaleRounding::kPow2;
+  if (s == GemmSite::kExpertDown) g.gradient_rounding = ScaleRounding::kPow2;
   return g;
 }
 
 // The FP8 settings a site takes when an override switches it to FP8 in this recipe.
-GemmRecipe fp8_like(const Recipe& r, GemmPrecision p) {
-  if (p == GemmPrecision::kFp8Block) return block_scaled();
-  const bool delayed = r.name == "fp8-tensor-delayed";
-  return tensor_scaled(delayed ? ScalingMode::kDelayed : ScalingMode::kCurrent);
+GemmRecipe fp8_like(const Recipe& r, GemmSite s, GemmPrecision p) {
+  return p == GemmPrecision::kFp8Block ? block_scaled(s) : tensor_scaled(r.tensor_scaling);
 }
 
 template <typename E, size_t N>
@@ -126,27 +131,30 @@ std::vector<std::string> recipe_names() {
   return {"bf16", "fp8-tensor-delayed", "fp8-tensor-current", "deepseek", "fp8-flow"};
 }
 
+std::string RecipeSpec::label() const {
+  std::string s = preset;
+  for (size_t i = 0; i < overrides.size(); ++i) s += (i ? ", " : " + ") + overrides[i];
+  return s;
+}
+
+bool Recipe::any_fp8() const {
+  for (const GemmRecipe& g : gemm)
+    if (g.is_fp8()) return true;
+  return false;
+}
+
 Recipe recipe_preset(std::string_view name) {
   Recipe r;
-  r.name = std::string(name);
+  r.spec.preset = std::string(name);
   if (name == "bf16") return r;
   if (name == "fp8-tensor-delayed" || name == "fp8-tensor-current") {
-    const ScalingMode mode =
-        name == "fp8-tensor-delayed" ? ScalingMode::kDelayed : ScalingMode::kCurrent;
-    for (GemmSite s : kHeavySites) r.at(s) = tensor_scaled(mode);
+    r.tensor_scaling = name == "fp8-tensor-delayed" ? ScalingMode::kDelayed : ScalingMode::kCurrent;
+    for (GemmSite s : kHeavySites) r.at(s) = tensor_scaled(r.tensor_scaling);
     r.attn_out_input = Storage::kFp8;
     return r;
   }
   if (name == "deepseek" || name == "fp8-flow") {
-    for (GemmSite s : kHeavySites) r.at(s) = block_scaled();
-    // Power-of-2 scales where DeepSeek-V3 requires them (reference/fp8-facts.md section 4): the
-    // input of the Linear after attention, the MoE up-projection input (the FP8 dispatch payload),
-    // the SwiGLU output feeding the down-projection, and the activation gradient before the
-    // down-projection.
-    r.at(GemmSite::kAttnOut).activation_rounding = ScaleRounding::kPow2;
-    r.at(GemmSite::kExpertGateUp).activation_rounding = ScaleRounding::kPow2;
-    r.at(GemmSite::kExpertDown).activation_rounding = ScaleRounding::kPow2;
-    r.at(GemmSite::kExpertDown).gradient_rounding = ScaleRounding::kPow2;
+    for (GemmSite s : kHeavySites) r.at(s) = block_scaled(s);
     r.attn_out_input = Storage::kE5M6;
     r.moe_dispatch = Storage::kFp8;
     if (name == "fp8-flow") {
@@ -165,39 +173,78 @@ Recipe recipe_preset(std::string_view name) {
   OCTET_THROW("unknown recipe '", name, "' (known: ", list, ")");
 }
 
+Recipe resolve_recipe(const RecipeSpec& spec) {
+  Recipe r;
+  try {
+    r = recipe_preset(spec.preset);
+  } catch (const Error& e) {
+    OCTET_THROW("recipe: ", e.what());
+  }
+  for (size_t i = 0; i < spec.overrides.size(); ++i) {
+    try {
+      apply_recipe_override(r, spec.overrides[i]);
+    } catch (const Error& e) {
+      OCTET_THROW("recipe_overrides[", i, "] '", spec.overrides[i], "': ", e.what());
+    }
+  }
+  r.validate();
+  return r;
+}
+
+GemmRecipe::Quantization GemmRecipe::quantization(GemmOperand operand) const {
+  const bool block = precision == GemmPrecision::kFp8Block;
+  switch (operand) {
+    case GemmOperand::kActivation:
+      return {forward_format, block ? Granularity::k1x128 : Granularity::kTensor,
+              activation_rounding};
+    case GemmOperand::kWeight:  // 128x128 blocks, so W^T (the column-wise copy) has the same ones
+      return {forward_format, block ? Granularity::k128x128 : Granularity::kTensor,
+              ScaleRounding::kExact};
+    case GemmOperand::kGradient:
+      return {backward_format, block ? Granularity::k1x128 : Granularity::kTensor,
+              gradient_rounding};
+  }
+  return {};
+}
+
 void Recipe::validate() const {
-  OCTET_CHECK(amax_history_len >= 1 && amax_history_len <= (1 << 20), "recipe ", name,
+  const std::string n = name();
+  OCTET_CHECK(amax_history_len >= 1 && amax_history_len <= (1 << 20), "recipe ", n,
               ": amax_history_len must be in [1, 2^20], got ", amax_history_len);
-  OCTET_CHECK(margin >= 0 && margin <= 64, "recipe ", name, ": margin must be in [0, 64], got ",
+  OCTET_CHECK(margin >= 0 && margin <= 64, "recipe ", n, ": margin must be in [0, 64], got ",
               margin);
+  OCTET_CHECK(!at(GemmSite::kRouter).is_fp8(), "recipe ", n,
+              ": the router runs in BF16 with FP32 scores in every recipe "
+              "(gemm.router cannot be FP8)");
   const GemmRecipe& up = at(GemmSite::kExpertGateUp);
-  OCTET_CHECK(moe_dispatch != Storage::kE5M6, "recipe ", name,
-              ": moe_dispatch must be bf16 or fp8");
+  OCTET_CHECK(moe_dispatch != Storage::kE5M6, "recipe ", n, ": moe_dispatch must be bf16 or fp8");
   OCTET_CHECK(moe_dispatch != Storage::kFp8 || up.precision == GemmPrecision::kFp8Block, "recipe ",
-              name,
-              ": an FP8 MoE dispatch carries 1x128 tiles, so gemm.expert.gate_up must be "
-              "fp8-block (it is ",
-              gemm_precision_name(up.precision), ")");
+              n, ": an FP8 MoE dispatch carries 1x128 tiles, ",
+              "so gemm.expert.gate_up must be fp8-block (it is ", gemm_precision_name(up.precision),
+              ")");
+  // The dispatch payload is quantized once with gate_up's activation settings; the experts' Wgrad
+  // copy of it then comes from the scaling-aware transpose, which is exact for power-of-2 scales
+  // only.
+  OCTET_CHECK(moe_dispatch != Storage::kFp8 || up.activation_rounding == ScaleRounding::kPow2,
+              "recipe ", n, ": an FP8 MoE dispatch needs power-of-2 activation scales on ",
+              "gemm.expert.gate_up (the scaling-aware transpose makes its Wgrad copy)");
   if (fp8_flow) {
     const GemmRecipe& down = at(GemmSite::kExpertDown);
-    OCTET_CHECK(moe_dispatch == Storage::kFp8, "recipe ", name,
-                ": fp8_flow needs moe_dispatch=fp8");
-    OCTET_CHECK(down.precision == GemmPrecision::kFp8Block, "recipe ", name,
+    OCTET_CHECK(moe_dispatch == Storage::kFp8, "recipe ", n, ": fp8_flow needs moe_dispatch=fp8");
+    OCTET_CHECK(down.precision == GemmPrecision::kFp8Block, "recipe ", n,
                 ": fp8_flow keeps every tensor between dispatch and combine in FP8, so "
-                "gemm.expert.down must "
-                "be fp8-block");
+                "gemm.expert.down must be fp8-block");
     for (const GemmRecipe* g : {&up, &down})
       OCTET_CHECK(g->activation_rounding == ScaleRounding::kPow2 &&
                       g->gradient_rounding == ScaleRounding::kPow2,
-                  "recipe ", name,
-                  ": fp8_flow's scaling-aware transpose needs power-of-2 scales on the "
-                  "expert GEMMs");
+                  "recipe ", n, ": fp8_flow's scaling-aware transpose ",
+                  "needs power-of-2 scales on the expert GEMMs");
   }
   for (int i = 0; i < kGemmSiteCount; ++i) {
     const GemmRecipe& g = gemm[static_cast<size_t>(i)];
     OCTET_CHECK(g.precision != GemmPrecision::kFp8Block ||
                     (g.forward_format == Fp8Format::kE4M3 && g.backward_format == Fp8Format::kE4M3),
-                "recipe ", name, ": site ", gemm_site_name(static_cast<GemmSite>(i)),
+                "recipe ", n, ": site ", gemm_site_name(static_cast<GemmSite>(i)),
                 ": block scaling uses E4M3 for every tensor");
   }
 }
@@ -213,13 +260,18 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
                                                         {{"bf16", GemmPrecision::kBf16},
                                                          {"fp8-tensor", GemmPrecision::kFp8Tensor},
                                                          {"fp8-block", GemmPrecision::kFp8Block}});
+    OCTET_CHECK(site != gemm_site_name(GemmSite::kRouter) || p == GemmPrecision::kBf16,
+                "recipe override ", key,
+                ": the router site runs in BF16 with FP32 scores in "
+                "every recipe (DeepSeek-V3) and cannot be switched to ",
+                value);
     bool matched = false;
     for (int i = 0; i < kGemmSiteCount; ++i) {
       const auto s = static_cast<GemmSite>(i);
       if (site != "*" && site != gemm_site_name(s)) continue;
       matched = true;
-      if (r.at(s).precision == p) continue;
-      r.at(s) = p == GemmPrecision::kBf16 ? GemmRecipe{} : fp8_like(r, p);
+      if (r.at(s).precision == p || s == GemmSite::kRouter) continue;
+      r.at(s) = p == GemmPrecision::kBf16 ? GemmRecipe{} : fp8_like(r, s, p);
     }
     if (!matched) {
       std::string list;
@@ -248,11 +300,11 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
   } else if (key == "margin") {
     r.margin = static_cast<int>(parse_int(key, value));
   } else {
-    OCTET_THROW(
-        "recipe override: unknown key '", key,
-        "' (expected gemm.<site>, attn_out_input, moe_dispatch, fp8_flow, amax_history_len, "
-        "amax_reduction or margin)");
+    OCTET_THROW("recipe override: unknown key '", key,
+                "' (expected gemm.<site>, attn_out_input, "
+                "moe_dispatch, fp8_flow, amax_history_len, amax_reduction or margin)");
   }
+  r.spec.overrides.emplace_back(assignment);
   r.validate();
 }
 
@@ -281,9 +333,8 @@ std::string recipe_table(const Recipe& r) {
   os << "o_proj input cached as " << storage_name(r.attn_out_input) << "; MoE dispatch payload "
      << storage_name(r.moe_dispatch) << (r.fp8_flow ? "; FP8-Flow casting-free MoE dataflow" : "")
      << "\n";
-  os << "always: embedding, router, MTP projection, head BF16; RMSNorm, softmax, accumulation "
-        "FP32; master "
-        "weights and gradients FP32; AdamW moments BF16\n";
+  os << "always: embedding BF16; router BF16 with FP32 scores; RMSNorm, softmax, accumulation "
+        "FP32; master weights and gradients FP32; AdamW moments BF16\n";
   return os.str();
 }
 

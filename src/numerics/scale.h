@@ -18,25 +18,18 @@
 
 #include <cstdint>
 
+#include "core/quant_types.h"
+#include "numerics/fp32_rn.h"
 #include "numerics/fp8.h"
 
 namespace octet {
 
-enum class Fp8Format : uint8_t { kE4M3, kE5M2 };
+// Delayed scaling: which amax of the history sets the scale (TransformerEngine's
+// amax_compute_algo "max" / "most_recent").
+enum class AmaxReduction : uint8_t { kMax, kMostRecent };
 
-// Scale groups. Layout of scale_inv (row-major FP32) for a (rows, cols) tensor, as DeepSeek-V3
-// stores its weights: kTensor [1], kRow [rows, 1], k1x128 [rows, ceil(cols/128)], k128x1
-// [ceil(rows/128), cols], k128x128 [ceil(rows/128), ceil(cols/128)]. The last group of a row or
-// column may be partial.
-enum class Granularity : uint8_t { kTensor, kRow, k1x128, k128x1, k128x128 };
-
-enum class ScaleRounding : uint8_t { kExact, kPow2 };
-
-inline constexpr int64_t kGroup = 128;  // DeepSeek-V3's tile and block edge
-
-OCTET_HD int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
+const char* granularity_name(Granularity g);  // "1x128", ...
+const char* format_name(Fp8Format f);         // "e4m3", "e5m2"
 
 OCTET_HD float fp8_max(Fp8Format f) {
   return f == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
@@ -62,22 +55,6 @@ struct ScaleRule {
   int margin = 0;        // delayed scaling: scale / 2^margin
 };
 
-OCTET_HD float fp32_div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-OCTET_HD float fp32_mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
 OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   constexpr float kFltMax = 3.40282347e38f;
   if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
@@ -85,12 +62,12 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   if (amax == 0.0f)
     return 1.0f;  // all-zero group: scale 1 even with an epsilon (its data is all 0)
   if (amax < r.epsilon) amax = r.epsilon;
-  float s = fp32_div_rn(fp8_max(r.format), amax);
+  float s = rn::div(fp8_max(r.format), amax);
   // 2^-margin in factors of at most 2^-126 (a single factor is not a normal FP32 beyond 126). Once
   // a product is subnormal the result ends below FLT_MIN and is clamped below, so only normal
   // products need to be exact; beyond 300 every scale is already clamped.
   for (int m = r.margin < 300 ? r.margin : 300; m > 0; m -= 126)
-    s = fp32_mul_rn(s, bits_float(static_cast<uint32_t>(127 - (m < 126 ? m : 126)) << 23));
+    s = rn::mul(s, bits_float(static_cast<uint32_t>(127 - (m < 126 ? m : 126)) << 23));
   if (abs_bits(s) == 0x7F800000u) s = kFltMax;
   if (r.rounding == ScaleRounding::kPow2) s = bits_float(float_bits(s) & 0xFF800000u);
   if (s < 1.17549435e-38f) s = 1.17549435e-38f;  // only a large margin gets here; keep 1/s finite
@@ -98,12 +75,12 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
 }
 
 OCTET_HD float scale_inverse(float scale) {
-  return fp32_div_rn(1.0f, scale);
+  return rn::div(1.0f, scale);
 }
 
 // One element: q = cvt_rn_satfinite(x * scale) with the product rounded to FP32.
 OCTET_HD uint8_t quantize_value(float x, float scale, Fp8Format f) {
-  return float_to_fp8(fp32_mul_rn(x, scale), f);
+  return float_to_fp8(rn::mul(x, scale), f);
 }
 
 }  // namespace octet

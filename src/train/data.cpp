@@ -18,8 +18,9 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
+#include "io/token_shard.h"
 
-namespace octet {
+namespace octet::train {
 
 namespace fs = std::filesystem;
 
@@ -500,13 +501,6 @@ ShardSet resolve_data_source(const DataSourceArgs& args) {
 
 namespace {
 
-std::string stream_name(const TokenStream& s) {
-  if (s.shards().empty()) return "no shards";
-  std::string name = s.shards()[0].path();
-  if (s.shards().size() > 1) name += " and " + std::to_string(s.shards().size() - 1) + " more";
-  return name;
-}
-
 // Fills row `b` of a (B, T) batch from the T + 1 tokens at `start`.
 void fill_row(const TokenStream& stream, int64_t start, int64_t T, int32_t* inputs,
               int32_t* targets) {
@@ -521,26 +515,40 @@ TokenBatch empty_batch(int64_t B, int64_t T) {
 
 }  // namespace
 
+struct TokenStream::Shards {
+  std::vector<io::TokenShard> files;
+};
+
 TokenStream TokenStream::open(const std::vector<std::string>& paths, int64_t vocab_size) {
   OCTET_CHECK(!paths.empty(), "token stream: no shards given");
   TokenStream s;
+  auto shards = std::make_shared<Shards>();
   int64_t total = 0;
   for (const std::string& p : paths) {
-    s.shards_.push_back(io::TokenShard::open(p, vocab_size));
-    total += s.shards_.back().size();
+    shards->files.push_back(io::TokenShard::open(p, vocab_size));
+    total += shards->files.back().size();
     s.offsets_.push_back(total);
   }
+  s.shards_ = std::move(shards);
   return s;
 }
 
+std::string TokenStream::name() const {
+  if (!shards_ || shards_->files.empty()) return "no shards";
+  std::string name = shards_->files[0].path();
+  if (shards_->files.size() > 1)
+    name += " and " + std::to_string(shards_->files.size() - 1) + " more";
+  return name;
+}
+
 void TokenStream::read(int64_t start, int64_t n, int32_t* out) const {
-  OCTET_CHECK(start >= 0 && n >= 0 && start + n <= size(), "token stream (", stream_name(*this),
-              "): read of [", start, ", ", start + n, ") is outside its ", size(), " tokens");
+  OCTET_CHECK(start >= 0 && n >= 0 && start + n <= size(), "token stream (", name(), "): read of [",
+              start, ", ", start + n, ") is outside its ", size(), " tokens");
   // The first shard whose end lies past `start`.
   size_t i = std::upper_bound(offsets_.begin(), offsets_.end(), start) - offsets_.begin();
   while (n > 0) {
     const int64_t shard_begin = i == 0 ? 0 : offsets_[i - 1];
-    const std::span<const uint16_t> t = shards_[i].tokens();
+    const std::span<const uint16_t> t = shards_->files[i].tokens();
     const int64_t take = std::min(n, offsets_[i] - start);
     std::copy_n(t.begin() + (start - shard_begin), take, out);
     out += take;
@@ -591,7 +599,7 @@ BatchSampler::BatchSampler(TokenStream stream, const SamplerArgs& args)
   OCTET_CHECK(args.seq_len >= 1, "sampler: seq_len must be >= 1, got ", args.seq_len);
   OCTET_CHECK(args.world_size >= 1 && args.rank >= 0 && args.rank < args.world_size,
               "sampler: rank ", args.rank, " is not in [0, world_size = ", args.world_size, ")");
-  OCTET_CHECK(stream_.size() >= args.seq_len + 1, "training data (", stream_name(stream_), ") has ",
+  OCTET_CHECK(stream_.size() >= args.seq_len + 1, "training data (", stream_.name(), ") has ",
               stream_.size(),
               " tokens, fewer than one sequence of seq_len + 1 = ", args.seq_len + 1);
   plan_ = plan_epoch(0);
@@ -645,7 +653,7 @@ SamplerState BatchSampler::state() const {
 
 void BatchSampler::set_state(const SamplerState& s) {
   OCTET_CHECK(s.num_tokens == stream_.size(), "sampler state: taken on training data of ",
-              s.num_tokens, " tokens, but ", stream_name(stream_), " has ", stream_.size(),
+              s.num_tokens, " tokens, but ", stream_.name(), " has ", stream_.size(),
               " (the data changed since the checkpoint)");
   OCTET_CHECK(s.seq_len == args_.seq_len, "sampler state: taken with seq_len ", s.seq_len,
               ", but the sampler has seq_len ", args_.seq_len);
@@ -668,8 +676,8 @@ ValBatches::ValBatches(TokenStream stream, const ValBatchesArgs& args)
   const int64_t windows = stream_.size() >= 1 ? (stream_.size() - 1) / args.seq_len : 0;
   num_batches_ = windows / args.batch_size;
   if (args.max_batches > 0) num_batches_ = std::min(num_batches_, args.max_batches);
-  OCTET_CHECK(num_batches_ >= 1, "validation data (", stream_name(stream_), ") has ",
-              stream_.size(), " tokens, fewer than one batch of ", args.batch_size,
+  OCTET_CHECK(num_batches_ >= 1, "validation data (", stream_.name(), ") has ", stream_.size(),
+              " tokens, fewer than one batch of ", args.batch_size,
               " sequences needs (batch_size * seq_len + 1 = ", args.batch_size * args.seq_len + 1,
               ")");
 }
@@ -686,4 +694,4 @@ TokenBatch ValBatches::batch(int64_t i) const {
   return batch;
 }
 
-}  // namespace octet
+}  // namespace octet::train

@@ -13,15 +13,15 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
-#include "io/token_shard.h"
 
-namespace octet {
+namespace octet::train {
 
 // ---------------------------------------------------------------------------------------------
 // Byte-level tokenizer: token ids 0..255 are the bytes of the UTF-8 text, 256 separates documents.
@@ -129,13 +129,15 @@ class TokenStream {
   static TokenStream open(const std::vector<std::string>& paths, int64_t vocab_size);
 
   int64_t size() const { return offsets_.empty() ? 0 : offsets_.back(); }
-  const std::vector<io::TokenShard>& shards() const { return shards_; }
+  // The first shard's path, and how many more there are: for messages.
+  std::string name() const;
   // Copies tokens [start, start + n) of the stream, across shard boundaries, as int32.
   void read(int64_t start, int64_t n, int32_t* out) const;
 
  private:
-  std::vector<io::TokenShard> shards_;
-  std::vector<int64_t> offsets_;  // offsets_[i] = tokens in shards 0..i
+  struct Shards;                          // the memory-mapped shard files (data.cpp)
+  std::shared_ptr<const Shards> shards_;  // shared by copies
+  std::vector<int64_t> offsets_;          // offsets_[i] = tokens in shards 0..i
 };
 
 struct TokenBatch {
@@ -224,4 +226,4 @@ class ValBatches {
   int64_t num_batches_ = 0;
 };
 
-}  // namespace octet
+}  // namespace octet::train

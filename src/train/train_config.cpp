@@ -210,13 +210,11 @@ std::vector<Key> make_keys() {
   k.push_back(field("keep_checkpoints", "most recent checkpoints kept; 0 keeps all",
                     at(&C::keep_checkpoints)));
   k.push_back(field("seed", "initialisation and data order", at(&C::seed)));
-  // The model's recipe field follows this key (it is what config.json records as octet_recipe).
-  k.push_back(custom(
-      "recipe", Type::kString, "bf16, fp8-tensor-delayed, fp8-tensor-current, deepseek or fp8-flow",
-      [](const C& c) { return Value(c.recipe); },
-      [](C& c, const Value& v) { c.recipe = c.model.recipe = std::get<std::string>(v); }));
+  // The model's recipe (config.json's octet_recipe and octet_recipe_overrides), stored there once.
+  k.push_back(field("recipe", "bf16, fp8-tensor-delayed, fp8-tensor-current, deepseek or fp8-flow",
+                    Ref<std::string>([](C& c) -> std::string& { return c.model.recipe.preset; })));
   k.push_back(field("recipe_overrides", "per-site overrides, e.g. \"gemm.attn.out=bf16\"",
-                    at(&C::recipe_overrides)));
+                    Ref<StringList>([](C& c) -> StringList& { return c.model.recipe.overrides; })));
   k.push_back(enum_field(
       "device", "auto: cuda when a GPU is visible", at(&C::device),
       {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}}));
@@ -283,8 +281,10 @@ std::vector<Key> make_keys() {
       "model.config", Type::kString, "config.json to start the model from",
       [](const C&) { return Value(std::string()); },
       [](C& c, const Value& v) {
+        // The recipe is the trainer's keys', not the file's octet_recipe.
+        const RecipeSpec recipe = c.model.recipe;
         c.model = read_model_config(std::get<std::string>(v));
-        c.model.recipe = c.recipe;
+        c.model.recipe = recipe;
       });
   config.emitted = false;
   k.push_back(config);
@@ -590,13 +590,10 @@ std::string guard_toml_text(std::string_view text, const std::string& source) {
 }  // namespace
 
 bool operator==(const TrainConfig& a, const TrainConfig& b) {
-  return a.run_dir == b.run_dir && a.steps == b.steps && a.checkpoint_every == b.checkpoint_every &&
-         a.keep_checkpoints == b.keep_checkpoints && a.seed == b.seed && a.recipe == b.recipe &&
-         a.recipe_overrides == b.recipe_overrides && a.device == b.device &&
-         a.batch_size == b.batch_size && a.seq_len == b.seq_len && a.grad_accum == b.grad_accum &&
-         a.log_every == b.log_every && a.sites_every == b.sites_every && a.optim == b.optim &&
-         a.data == b.data && a.eval == b.eval && a.safety == b.safety &&
-         model_config_to_json(a.model) == model_config_to_json(b.model);
+  // Every key of the table (the model's extra keys as JSON text).
+  for (const Key& k : keys())
+    if (k.get(a) != k.get(b)) return false;
+  return true;
 }
 
 TrainConfig parse_train_config(std::string_view text, const std::string& source) {
@@ -757,20 +754,7 @@ AdamWConfig TrainConfig::adamw() const {
 }
 
 Recipe TrainConfig::resolved_recipe() const {
-  Recipe r;
-  try {
-    r = recipe_preset(recipe);
-  } catch (const Error& e) {
-    OCTET_THROW("recipe: ", e.what());
-  }
-  for (size_t i = 0; i < recipe_overrides.size(); ++i) {
-    try {
-      apply_recipe_override(r, recipe_overrides[i]);
-    } catch (const Error& e) {
-      OCTET_THROW("recipe_overrides[", i, "] '", recipe_overrides[i], "': ", e.what());
-    }
-  }
-  return r;
+  return resolve_recipe(model.recipe);
 }
 
 namespace {

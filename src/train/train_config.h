@@ -98,8 +98,6 @@ struct TrainConfig {
   int64_t checkpoint_every = 100;  // 0: only at the end
   int64_t keep_checkpoints = 2;    // most recent K kept; 0 keeps all
   int64_t seed = 1234;
-  std::string recipe = "deepseek";            // a name of recipe_names()
-  std::vector<std::string> recipe_overrides;  // apply_recipe_override assignments, in order
   DeviceChoice device = DeviceChoice::kAuto;
   int64_t batch_size = 8;  // sequences per micro-batch
   int64_t seq_len = 128;
@@ -112,7 +110,8 @@ struct TrainConfig {
   DataConfig data;
   EvalConfig eval;
   SafetyConfig safety;
-  ModelConfig model = default_model_config();  // model.recipe follows `recipe`
+  // Its recipe (model.recipe) is what the keys `recipe` and `recipe_overrides` set.
+  ModelConfig model = default_model_config();
 
   // Checks every value; the message names the key ("optim.min_lr must be ...").
   void validate() const;
@@ -123,7 +122,7 @@ struct TrainConfig {
   Recipe resolved_recipe() const;  // preset + overrides, validated
 };
 
-// Equal when every key is (the model compared through model_config_to_json).
+// Equal when every key of the key table is.
 bool operator==(const TrainConfig& a, const TrainConfig& b);
 
 // Parses TOML text over the defaults. `source` names the text in errors ("train.toml:12:5: ...").

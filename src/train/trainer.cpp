@@ -19,7 +19,7 @@
 
 #include "backend/backend.h"
 #include "io/atomic_file.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/describe.h"
 #include "model/init.h"
 #include "model/model.h"
@@ -92,11 +92,7 @@ struct Run {
   Run(const TrainConfig& c, std::ostream& o, Device device)
       : cfg(c), out(o), ctx(make_context(device)) {}
 
-  ModelConfig model_config() const {
-    ModelConfig m = cfg.model;
-    m.recipe = cfg.recipe;
-    return m;
-  }
+  const ModelConfig& model_config() const { return cfg.model; }
 
   void build(const ShardSet& shards) {
     const ModelConfig mc = model_config();
@@ -120,7 +116,7 @@ struct Run {
     const std::string partial = final_dir + ".partial";
     std::error_code ec;
     fs::remove_all(partial, ec);
-    io::write_checkpoint(partial, model_config(), model->export_tensors(ctx));
+    write_checkpoint(partial, model_config(), model->export_tensors(ctx));
     io::write_safetensors(partial + "/" + kOptimizerFile, optim->state_dict(ctx));
     io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
     nlohmann::json st;
@@ -179,12 +175,14 @@ struct Run {
     outputs_attached = true;
   }
 
-  // Weights, optimizer, recipe state; with `data`, also the sampler position and the spike window.
-  void load_checkpoint(const std::string& dir, bool data) {
+  // Weights, optimizer, recipe state; with kModelAndData, also the sampler position and the
+  // spike window.
+  enum class Restore : uint8_t { kModelOnly, kModelAndData };
+  void load_checkpoint(const std::string& dir, Restore what) {
     outputs_attached = false;  // the masters change: the next step prepares everything
-    io::CheckpointReadOptions ro;
-    ro.cast = io::ReadCast::kToF32;
-    const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
+    CheckpointReadOptions ro;
+    ro.cast = ReadCast::kToF32;
+    const LoadedCheckpoint ck = read_checkpoint(dir, ro);
     for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
       out << "warning: " << w << "\n";
     optim->load_state_dict(ctx, io::read_safetensors(dir + "/" + kOptimizerFile).tensors);
@@ -195,7 +193,7 @@ struct Run {
                 " (not a training checkpoint)");
     const TrainerState st = read_trainer_state(state_file);
     step = st.step;
-    if (!data) return;
+    if (what == Restore::kModelOnly) return;
     tokens_seen = st.tokens_seen;
     sampler->set_state(st.sampler);
     spike_window.assign(st.spike_window.begin(), st.spike_window.end());
@@ -301,8 +299,8 @@ std::vector<ConfigChange> check_resume(const TrainConfig& cfg, const RunOptions&
   OCTET_CHECK(refused.empty() || opt.allow_config_change, "--resume ", opt.resume_from,
               ": this would change what the run computes: ", refused,
               "; a resume keeps the run's config.toml except steps, checkpointing, logging, "
-              "evaluation, safety and device. Pass --allow-config-change to change it anyway "
-              "(recorded in metrics.jsonl)");
+              "evaluation, safety and device. "
+              "Pass --allow-config-change to change it anyway (recorded in metrics.jsonl)");
   const int64_t done = checkpoint_step(t.checkpoint);
   OCTET_CHECK(done < cfg.steps, "--resume ", opt.resume_from, ": the run already finished (",
               t.checkpoint, " is at step ", done, " of steps = ", cfg.steps,
@@ -319,20 +317,16 @@ std::string gib(double bytes) {
 // Before the first large allocation: the run's estimated memory (describe.h's estimate) against
 // what the device can still give.
 void check_memory(const TrainConfig& cfg, Backend& be, Device device) {
-  ModelConfig mc = cfg.model;
-  mc.recipe = cfg.recipe;
-  const MemoryEstimate m = estimate_memory(mc, cfg.resolved_recipe(), cfg.batch_size * cfg.seq_len);
+  const MemoryEstimate m =
+      estimate_memory(cfg.model, cfg.resolved_recipe(), cfg.batch_size * cfg.seq_len);
   const double need = m.weight_bytes + m.activation_bytes;
   const int64_t have = be.available_bytes();
   OCTET_CHECK(have < 0 || need <= static_cast<double>(have), "the run needs about ", gib(need),
               " of ", device == Device::kCpu ? "host" : "GPU",
-              " memory (parameters, gradients "
-              "and optimizer state ",
-              gib(m.weight_bytes), ", activations of a micro-batch of ", cfg.batch_size, " x ",
-              cfg.seq_len, " tokens ", gib(m.activation_bytes), ") but ",
-              gib(static_cast<double>(have)),
-              " is available; reduce batch_size or seq_len (and "
-              "raise grad_accum), or the model");
+              " memory (parameters, gradients and optimizer state ", gib(m.weight_bytes),
+              ", activations of a micro-batch of ", cfg.batch_size, " x ", cfg.seq_len, " tokens ",
+              gib(m.activation_bytes), ") but ", gib(static_cast<double>(have)),
+              " is available; reduce batch_size or seq_len (and raise grad_accum), or the model");
 }
 
 void write_config(const TrainConfig& cfg, std::ostream& out) {
@@ -351,9 +345,9 @@ bool stop_requested(const RunOptions& opt) {
 RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
   // Everything that can be wrong is checked before anything is written.
   cfg.validate();
-  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.recipe,
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; use "
-              "deepseek");
+  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.model.recipe.label(),
+              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; "
+              "use deepseek");
   std::optional<ResumeTarget> target;
   std::vector<ConfigChange> changes;
   if (!opt.resume_from.empty()) {
@@ -395,7 +389,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else {
-    run.load_checkpoint(target->checkpoint, true);  // a failure here has written nothing
+    // A failure here has written nothing.
+    run.load_checkpoint(target->checkpoint, Run::Restore::kModelAndData);
     run.rollback_dir = target->checkpoint;
     ensure_run_record(cfg.run_dir);
   }
@@ -411,7 +406,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     for (const ConfigChange& c : changes)
       out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
   }
-  out << "device: " << device_name(device) << ", recipe: " << cfg.recipe << ", parameters: " <<
+  out << "device: " << device_name(device) << ", recipe: " << cfg.model.recipe.label()
+      << ", parameters: " <<
       [&] {
         int64_t n = 0;
         for (Parameter* p : run.model->parameters()) n += p->value.numel();
@@ -486,7 +482,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       } else if (cfg.safety.spike_action == SpikeAction::kRollback) {
         if (!run.rollback_dir.empty() && rollbacks_in_a_row < 3) {
           const std::string dir = run.rollback_dir;
-          run.load_checkpoint(dir, false);  // the sampler moves on past the offending batches
+          // The sampler moves on past the offending batches.
+          run.load_checkpoint(dir, Run::Restore::kModelOnly);
           // The steps after the checkpoint are run again: their records are replaced.
           metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
           ++rollbacks_in_a_row;
@@ -517,7 +514,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       progress.message("step " + std::to_string(sm.step) + ": " + sm.skip_reason +
                        ", update skipped");
     if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
-        cfg.recipe != "bf16") {
+        cfg.resolved_recipe().any_fp8()) {
       const double fp8_first = run.model->read_losses(run.ctx, micro[0]).main;
       const double bf = run.shadow_loss(first);
       sm.shadow_bf16_loss = bf;

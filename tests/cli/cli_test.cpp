@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "cli_fixture.h"
 #include "io/safetensors.h"
 #include "ops/quantize/quantize.h"

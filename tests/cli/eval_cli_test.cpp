@@ -56,8 +56,8 @@ TEST_F(EvalCli, FreshCheckpointScoresAboutLnVocabOnTextAndShard) {
   EXPECT_GT(value(text.out, "mtp_loss\\[1\\]"), 0.0) << text.out;
 
   // The same tokens as an llm.c shard: the same loss.
-  std::vector<uint16_t> toks = {static_cast<uint16_t>(kEndOfText)};
-  for (uint16_t t : encode_bytes(slurp(p("text.txt")))) toks.push_back(t);
+  std::vector<uint16_t> toks = {static_cast<uint16_t>(train::kEndOfText)};
+  for (uint16_t t : train::encode_bytes(slurp(p("text.txt")))) toks.push_back(t);
   io::write_token_shard(p("text.bin"), toks);
   const test::CliResult shard = run("eval " + p("ckpt") + " --tokens " + p("text.bin") +
                                     " --device cpu --seq-len 32 --batch 2 --recipe bf16");
@@ -70,6 +70,36 @@ TEST_F(EvalCli, FreshCheckpointScoresAboutLnVocabOnTextAndShard) {
                                   " --device cpu --seq-len 32 --batch 2 --recipe deepseek");
   ASSERT_EQ(fp8.code, 0) << fp8.err;
   EXPECT_NEAR(value(fp8.out, "loss"), loss, 0.02);
+}
+
+// A checkpoint's recipe is its config.json's preset and overrides (octet_recipe_overrides):
+// deepseek with every GEMM site in BF16 scores what --recipe bf16 does, bit for bit, and not what
+// deepseek alone does.
+TEST_F(EvalCli, UsesTheCheckpointsRecipeOverrides) {
+  ModelConfig c = test::tiny_model_config();
+  c.vocab_size = 272;
+  c.recipe = {"deepseek", {"gemm.*=bf16"}};
+  write_model_config(p("over.json"), c);
+  ASSERT_EQ(run("init " + p("over.json") + " " + p("ckpt") + " --seed 3").code, 0);
+  EXPECT_EQ(read_model_config(p("ckpt/config.json")).recipe, c.recipe);
+  const std::string data = " --text " + p("text.txt") + " --device cpu --seq-len 32 --batch 2";
+  const test::CliResult over = run("eval " + p("ckpt") + data);
+  ASSERT_EQ(over.code, 0) << over.err;
+  EXPECT_NE(over.out.find("recipe: deepseek + gemm.*=bf16\n"), std::string::npos) << over.out;
+  const test::CliResult bf16 = run("eval " + p("ckpt") + data + " --recipe bf16");
+  ASSERT_EQ(bf16.code, 0) << bf16.err;
+  EXPECT_EQ(value(over.out, "loss"), value(bf16.out, "loss"));
+  const test::CliResult fp8 = run("eval " + p("ckpt") + data + " --recipe deepseek");
+  ASSERT_EQ(fp8.code, 0) << fp8.err;
+  EXPECT_NE(value(over.out, "loss"), value(fp8.out, "loss"));
+
+  // An override the recipe refuses is one clear error naming it.
+  nlohmann::json j = model_config_to_json(c);
+  j["octet_recipe_overrides"] = {"gemm.router=fp8-block"};
+  std::ofstream(p("ckpt/config.json")) << j.dump();
+  const test::CliResult bad = run("eval " + p("ckpt") + data);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("octet_recipe_overrides[0]"), std::string::npos) << bad.err;
 }
 
 TEST_F(EvalCli, BadInputsAreOneClearError) {

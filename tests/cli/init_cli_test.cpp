@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "cli_fixture.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/init.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -78,7 +78,7 @@ TEST_F(InitCli, F32CheckpointEqualsInitParameters) {
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_TRUE(fs::is_regular_file(path("ckpt/model.safetensors")));
 
-  const io::LoadedCheckpoint ck = io::read_checkpoint(path("ckpt"));
+  const LoadedCheckpoint ck = read_checkpoint(path("ckpt"));
   EXPECT_FALSE(ck.stored_fp8);
   EXPECT_TRUE(ck.warnings.empty());
   EXPECT_EQ(ck.config.hidden_size, 64);
@@ -87,10 +87,10 @@ TEST_F(InitCli, F32CheckpointEqualsInitParameters) {
 
   // The default seed is 0, and --seed=S is the same flag.
   ASSERT_EQ(run(path("config.json") + " " + path("zero")).code, 0);
-  expect_equal_params(init_parameters(tiny_config(), 0), io::read_checkpoint(path("zero")).tensors);
+  expect_equal_params(init_parameters(tiny_config(), 0), read_checkpoint(path("zero")).tensors);
   ASSERT_EQ(run(path("config.json") + " " + path("big") + " --seed=18446744073709551615").code, 0);
   expect_equal_params(init_parameters(tiny_config(), ~uint64_t{0}),
-                      io::read_checkpoint(path("big")).tensors);
+                      read_checkpoint(path("big")).tensors);
 }
 
 TEST_F(InitCli, Bf16AndShardedCheckpoints) {
@@ -106,36 +106,36 @@ TEST_F(InitCli, Bf16AndShardedCheckpoints) {
   EXPECT_GT(shards, 3);
   EXPECT_NE(r.out.find(std::to_string(shards + 2) + " files"), std::string::npos) << r.out;
   expect_equal_params(init_parameters(tiny_config(), 5, DType::kBF16),
-                      io::read_checkpoint(path("ckpt")).tensors);
+                      read_checkpoint(path("ckpt")).tensors);
 }
 
 TEST_F(InitCli, Fp8CheckpointReads) {
   const RunResult r = run(path("config.json") + " " + path("ckpt") + " --format fp8 --seed 8");
   ASSERT_EQ(r.code, 0) << r.err;
   const ModelConfig c = tiny_config();
-  const std::vector<io::TensorSpec> specs = io::expected_tensors(c);
+  const std::vector<TensorSpec> specs = expected_tensors(c);
   const io::NamedTensors f32 = init_parameters(c, 8);
 
-  io::CheckpointReadOptions keep;
-  keep.fp8_weights = io::Fp8Weights::kKeep;
-  const io::LoadedCheckpoint q = io::read_checkpoint(path("ckpt"), keep);
+  CheckpointReadOptions keep;
+  keep.fp8_weights = Fp8Weights::kKeep;
+  const LoadedCheckpoint q = read_checkpoint(path("ckpt"), keep);
   EXPECT_TRUE(q.stored_fp8);
   size_t linear = 0;
-  for (const io::TensorSpec& s : specs) {
-    if (s.kind != io::TensorKind::kLinear) continue;
+  for (const TensorSpec& s : specs) {
+    if (s.kind != TensorKind::kLinear) continue;
     ++linear;
     ASSERT_TRUE(q.quantized.count(s.name)) << s.name;
     EXPECT_EQ(q.quantized.at(s.name).data.dtype(), DType::kE4M3);
-    EXPECT_EQ(q.quantized.at(s.name).scale_inv.shape(), io::fp8_scale_shape(s.shape));
+    EXPECT_EQ(q.quantized.at(s.name).scale_inv.shape(), fp8_scale_shape(s.shape));
   }
   EXPECT_EQ(q.quantized.size(), linear);
   EXPECT_GT(linear, 20u);
 
   // Dequantized: every weight within E4M3's half ulp (2^-4 relative) of the F32 initial value,
   // or, below E4M3's normal range, half its smallest subnormal (2^-10) times the block's scale.
-  io::CheckpointReadOptions f32_read;
-  f32_read.cast = io::ReadCast::kToF32;
-  const io::LoadedCheckpoint d = io::read_checkpoint(path("ckpt"), f32_read);
+  CheckpointReadOptions f32_read;
+  f32_read.cast = ReadCast::kToF32;
+  const LoadedCheckpoint d = read_checkpoint(path("ckpt"), f32_read);
   ASSERT_EQ(d.tensors.size(), f32.size());
   for (size_t i = 0; i < f32.size(); ++i) {
     SCOPED_TRACE(f32[i].first);
@@ -145,7 +145,7 @@ TEST_F(InitCli, Fp8CheckpointReads) {
     float amax = 0;
     for (int64_t k = 0; k < want.numel(); ++k)
       amax = std::max(amax, std::fabs(want.data_as<float>()[k]));
-    const bool fp8 = specs[i].kind == io::TensorKind::kLinear;
+    const bool fp8 = specs[i].kind == TensorKind::kLinear;
     for (int64_t k = 0; k < want.numel(); ++k) {
       const double w = want.data_as<float>()[k], g = got.data_as<float>()[k];
       // Non-FP8 tensors went through BF16 (2^-8 relative); amax / 448 bounds every block's scale.
@@ -211,7 +211,7 @@ TEST_F(InitCli, ErrorsAreOneLineAndLeaveOutDirUntouched) {
   std::ofstream(path("huge.json")) << huge.dump();
   expect_failure(path("huge.json") + " " + path("huge"), "GiB of host memory");
   EXPECT_FALSE(fs::exists(path("huge")));
-  expect_equal_params(init_parameters(tiny_config(), 2), io::read_checkpoint(out).tensors);
+  expect_equal_params(init_parameters(tiny_config(), 2), read_checkpoint(out).tensors);
 }
 
 // `octet init` never deletes or replaces a file it did not write (issue 13): a file in OUT_DIR
@@ -262,7 +262,7 @@ TEST_F(InitCli, NeverDeletesOrReplacesAFileItDidNotWrite) {
   EXPECT_EQ(slurp(lookalike + "/mine"), "not octet's")
       << "init removed a directory of someone else";
   EXPECT_EQ(slurp(path("out/notes.tmp.txt")), "mine") << "init dropped a file it did not write";
-  expect_equal_params(init_parameters(tiny_config(), 2), io::read_checkpoint(out).tensors);
+  expect_equal_params(init_parameters(tiny_config(), 2), read_checkpoint(out).tensors);
 }
 
 TEST_F(InitCli, HelpDescribesFlagsAndDefaults) {

@@ -56,9 +56,40 @@ TEST(ModelConfig, RoundTripsThroughAFile) {
   const ModelConfig back = read_model_config(path.string());
   std::filesystem::remove(path);
   EXPECT_EQ(model_config_to_json(back), model_config_to_json(c));
-  EXPECT_EQ(back.recipe, "bf16");
+  EXPECT_EQ(back.recipe.preset, "bf16");
   EXPECT_EQ(back.num_nextn_predict_layers, 2);
   EXPECT_EQ(back.extra.at("eos_token_id"), 1);
+}
+
+TEST(ModelConfig, RecipeOverridesRoundTripThroughConfigJson) {
+  Json j = small_hf_config();
+  const ModelConfig plain = model_config_from_json(j);
+  EXPECT_EQ(plain.recipe, RecipeSpec{});  // deepseek, no overrides
+  j["octet_recipe"] = "fp8-tensor-delayed";
+  j["octet_recipe_overrides"] = {"gemm.head=fp8-tensor", "margin=1"};
+  const ModelConfig c = model_config_from_json(j);
+  EXPECT_EQ(c.recipe, (RecipeSpec{"fp8-tensor-delayed", {"gemm.head=fp8-tensor", "margin=1"}}));
+  const Json out = model_config_to_json(c);
+  EXPECT_EQ(out.at("octet_recipe"), "fp8-tensor-delayed");
+  EXPECT_EQ(out.at("octet_recipe_overrides"), j.at("octet_recipe_overrides"));
+  EXPECT_EQ(model_config_from_json(out).recipe, c.recipe);
+  EXPECT_FALSE(c.extra.contains("octet_recipe_overrides"));  // a field, not an unknown key
+
+  auto error = [&](const Json& v) {
+    Json bad = j;
+    bad["octet_recipe_overrides"] = v;
+    try {
+      model_config_from_json(bad, "c.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error("margin=1").find("must be an array of strings"), std::string::npos);
+  EXPECT_NE(error(Json::array({1})).find("octet_recipe_overrides[0] must be a string"),
+            std::string::npos);
+  EXPECT_NE(error(Json::array({"margin=1", "gemm.nowhere=bf16"})).find("octet_recipe_overrides[1]"),
+            std::string::npos);
 }
 
 TEST(ModelConfig, ReadsRopeThetaAtTheTopLevelToo) {

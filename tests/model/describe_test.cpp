@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/describe.h"
 
 namespace octet {
@@ -35,7 +35,7 @@ ModelConfig small() {
 // embedding and the head in every MTP layer (shared weights, counted once here).
 int64_t count_from_checkpoint_names(const ModelConfig& c) {
   int64_t n = 0;
-  for (const auto& t : io::expected_tensors(c)) {
+  for (const auto& t : expected_tensors(c)) {
     const bool mtp_copy =
         t.mtp_depth >= 0 && (t.name.find("embed_tokens") != std::string::npos ||
                              t.name.find("shared_head.head") != std::string::npos);
@@ -71,10 +71,19 @@ TEST(Describe, Fp8ShareFollowsTheRecipe) {
   const double ds = fp8_flop_share(c, recipe_preset("deepseek"));
   EXPECT_GT(ds, 0.0);
   EXPECT_LT(ds, 1.0);  // router, MTP projection and head stay BF16
+  // Every overridable site in FP8: all but the router's FLOPs (the router stays BF16, and
+  // describe used to count a refused gemm.router=fp8-block as FP8).
   Recipe all = recipe_preset("deepseek");
-  for (const char* s : {"gemm.router=fp8-block", "gemm.mtp.proj=fp8-block", "gemm.head=fp8-block"})
+  for (const char* s : {"gemm.mtp.proj=fp8-block", "gemm.head=fp8-block"})
     apply_recipe_override(all, s);
-  EXPECT_DOUBLE_EQ(fp8_flop_share(c, all), 1.0);
+  EXPECT_THROW(apply_recipe_override(all, "gemm.router=fp8-block"), Error);
+  double flops = 0, router = 0;
+  for (const auto& s : gemm_flops_per_token(c)) {
+    flops += s.flops_per_token;
+    if (s.site == GemmSite::kRouter) router = s.flops_per_token;
+  }
+  EXPECT_GT(router, 0.0);
+  EXPECT_DOUBLE_EQ(fp8_flop_share(c, all), 1.0 - router / flops);
   // FP8 storage saves activation memory.
   EXPECT_LT(estimate_memory(c, recipe_preset("deepseek"), 4096).activation_bytes,
             estimate_memory(c, recipe_preset("bf16"), 4096).activation_bytes);

@@ -11,7 +11,7 @@
 #include <map>
 
 #include "core/rng.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "numerics/fp8.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -19,7 +19,6 @@
 namespace octet {
 namespace {
 
-using io::TensorKind;
 using test::bitwise_equal;
 
 ModelConfig tiny_config() {
@@ -45,7 +44,7 @@ TEST(Init, NamesShapesAndDtypesFollowExpectedTensors) {
   ModelConfig no_mtp = tiny_config();
   no_mtp.num_nextn_predict_layers = 0;
   for (const ModelConfig& c : {tiny_config(), plain, tied, no_mtp}) {
-    const std::vector<io::TensorSpec> specs = io::expected_tensors(c);
+    const std::vector<TensorSpec> specs = expected_tensors(c);
     for (DType dt : {DType::kF32, DType::kBF16}) {
       const io::NamedTensors params = init_parameters(c, 1, dt);
       ASSERT_EQ(params.size(), specs.size());
@@ -69,7 +68,7 @@ TEST(Init, NormalStatisticsNormsOneBiasZero) {
   const std::map<std::string, Tensor> m = by_name(params);
   double all_sum = 0, all_sq = 0;
   int64_t all_n = 0, gaussian_tensors = 0;
-  for (const io::TensorSpec& s : io::expected_tensors(c)) {
+  for (const TensorSpec& s : expected_tensors(c)) {
     SCOPED_TRACE(s.name);
     const Tensor& t = m.at(s.name);
     const float* v = t.data_as<float>();
@@ -149,7 +148,7 @@ TEST(Init, SameSeedSameBitsOtherSeedOtherValues) {
   const ModelConfig c = tiny_config();
   const io::NamedTensors a = init_parameters(c, 42), b = init_parameters(c, 42);
   const io::NamedTensors other = init_parameters(c, 43);
-  const std::vector<io::TensorSpec> specs = io::expected_tensors(c);
+  const std::vector<TensorSpec> specs = expected_tensors(c);
   for (size_t i = 0; i < a.size(); ++i) {
     SCOPED_TRACE(a[i].first);
     EXPECT_TRUE(bitwise_equal(a[i].second, b[i].second));

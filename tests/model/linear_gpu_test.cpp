@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../ops/norm_act_test_util.h"
+#include "backend/backend.h"
 #include "model/linear.h"
 #include "ops/cast/cast.h"
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../ops/norm_act_test_util.h"
+#include "backend/backend.h"
 #include "model/linear.h"
 #include "ops/cast/cast.h"
 
@@ -237,7 +238,7 @@ TEST(Linear, DelayedScalingKeepsTheScaleOnAZeroAmax) {
   Recipe most_recent = r;
   most_recent.amax_reduction = AmaxReduction::kMostRecent;
   LinearScalingState st = make_linear_scaling_state(cpu(), most_recent);
-  EXPECT_EQ(st.reduce, AmaxReduce::kMostRecent);
+  EXPECT_EQ(st.reduce, AmaxReduction::kMostRecent);
   Problem p = make_problem(32, 64, 32, 17);
   (void)run_step(cpu(), p, g, &st, zeros({32, 64}));
   const float sx = st.x.scale.data_as<const float>()[0];

@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 
+#include "backend/backend.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "ops/cross_entropy/cross_entropy.h"

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "backend/backend.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "test_util.h"

@@ -3,6 +3,7 @@
 // shared embedding and head equal to the main ones), and a missing tensor is an error naming it.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "test_util.h"

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 
+#include "backend/backend.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "ops/cast/cast.h"

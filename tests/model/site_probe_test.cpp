@@ -2,6 +2,7 @@
 // produces, on hand-made tensors whose answer is known.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "model/site_probe.h"
 
 namespace octet {
@@ -24,8 +25,8 @@ TEST(SiteProbe, DelayedScaleThatIsTooLargeSaturates) {
   SiteProbe p;
   Tensor scale = Tensor::empty({1}, DType::kF32);
   scale.data_as<float>()[0] = 100.0f;  // 1.0 * 100 fits, 5.0 * 100 = 500 > 464 is clamped
-  p.record(ctx, GemmSite::kAttnOut, "x", values({1.0f, 5.0f, -6.0f, 0.0f}, 4), per_tensor(),
-           Fp8Format::kE4M3, ScaleRounding::kExact, &scale);
+  p.record(ctx, GemmSite::kAttnOut, GemmOperand::kActivation, values({1.0f, 5.0f, -6.0f, 0.0f}, 4),
+           per_tensor(), &scale);
   const SiteNumerics& s = p.sites().at("attn.out.x");
   EXPECT_EQ(s.elements, 4);
   EXPECT_EQ(s.saturated, 2);
@@ -37,8 +38,8 @@ TEST(SiteProbe, CurrentScalingNeverSaturatesButFlushesTinyValues) {
   Context ctx = make_context(Device::kCpu);
   SiteProbe p;
   // amax 448 -> scale 1; 1e-4 is far below E4M3's smallest subnormal 2^-9.
-  p.record(ctx, GemmSite::kDenseDown, "dy", values({448.0f, 1e-4f, -3.0f, 2e-4f}, 2), per_tensor(),
-           Fp8Format::kE4M3, ScaleRounding::kExact, nullptr);
+  p.record(ctx, GemmSite::kDenseDown, GemmOperand::kGradient,
+           values({448.0f, 1e-4f, -3.0f, 2e-4f}, 2), per_tensor(), nullptr);
   const SiteNumerics& s = p.sites().at("dense.down.dy");
   EXPECT_EQ(s.saturated, 0);
   EXPECT_EQ(s.flushed, 2);
@@ -52,11 +53,11 @@ TEST(SiteProbe, TilesScaleEachGroupAndBf16SitesReportAmaxOnly) {
   block.precision = GemmPrecision::kFp8Block;
   // One row, one tile: its own amax sets the scale, so 1e-4 next to 1.0 survives (1e-4 * 448 is
   // above the smallest subnormal).
-  p.record(ctx, GemmSite::kAttnQUp, "x", values({1.0f, 1e-4f}, 2), block, Fp8Format::kE4M3,
-           ScaleRounding::kExact, nullptr);
+  p.record(ctx, GemmSite::kAttnQUp, GemmOperand::kActivation, values({1.0f, 1e-4f}, 2), block,
+           nullptr);
   EXPECT_EQ(p.sites().at("attn.q_up.x").flushed, 0);
-  p.record(ctx, GemmSite::kHead, "x", values({2.0f, -7.0f}, 2), GemmRecipe{}, Fp8Format::kE4M3,
-           ScaleRounding::kExact, nullptr);
+  p.record(ctx, GemmSite::kHead, GemmOperand::kActivation, values({2.0f, -7.0f}, 2), GemmRecipe{},
+           nullptr);
   EXPECT_DOUBLE_EQ(p.sites().at("head.x").amax, 7.0);
   EXPECT_EQ(p.sites().at("head.x").saturated, 0);
 }

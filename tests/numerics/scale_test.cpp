@@ -215,7 +215,7 @@ TEST(Scale, QuantizeValueRoundsTheProductToFp32First) {
   // x * s = 1.0625 + 2^-27 - 2^-46 exactly, just above the E4M3 tie between 1 and 1.125; the FP32
   // product is the tie itself, which rounds to the even 1.0. A single rounding would give 1.125.
   const float x = std::nextafter(1.0625f, 0.0f), s = 1.0f + 0x1p-23f;
-  EXPECT_EQ(fp32_mul_rn(x, s), 1.0625f);
+  EXPECT_EQ(rn::mul(x, s), 1.0625f);
   EXPECT_EQ(quantize_value(x, s, Fp8Format::kE4M3), 0x38);
   EXPECT_EQ(quantize_value(5.0f, 100.0f, Fp8Format::kE4M3), 0x7E);  // 500 saturates
   EXPECT_EQ(quantize_value(2.0f, 100.0f, Fp8Format::kE5M2), float_to_e5m2(200.0f));

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/adamw/adamw.h"
 #include "ops/quantize/quantize.h"

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/attention/attention.h"
 #include "test_util.h"

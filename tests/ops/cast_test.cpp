@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/cast/cast.h"
 

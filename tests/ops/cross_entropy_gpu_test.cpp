@@ -14,6 +14,7 @@
 #include <random>
 #include <tuple>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/cross_entropy/cross_entropy.h"
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/embedding/embedding.h"
 

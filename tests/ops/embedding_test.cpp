@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/embedding/embedding.h"
 

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "backend/backend.h"
 #include "gemm_test_util.h"
 #include "ops/cast/cast.h"
 

@@ -2,6 +2,7 @@
 // accumulator, the += contract and the messages for what is not supported.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "gemm_test_util.h"
 #include "ops/cast/cast.h"
 

@@ -2,6 +2,7 @@
 // the Wgrad += contract, and the layout rules.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "grouped_gemm_test_util.h"
 #include "ops/cast/cast.h"
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ops/moe_permute/moe_permute.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"

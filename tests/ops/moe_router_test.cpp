@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp32_rn.h"
 #include "ops/moe_router/moe_router.h"
 #include "test_util.h"

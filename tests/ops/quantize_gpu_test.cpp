@@ -301,7 +301,7 @@ TEST(AmaxGpu, MatchesCpuIncludingNaN) {
 TEST(DelayedScalingGpu, MatchesCpuOverASequence) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
-  for (AmaxReduce reduce : {AmaxReduce::kMax, AmaxReduce::kMostRecent}) {
+  for (AmaxReduction reduce : {AmaxReduction::kMax, AmaxReduction::kMostRecent}) {
     DelayedScaling sc = make_delayed_scaling(cpu, 5), sg = make_delayed_scaling(gpu, 5);
     const ScaleRule rule{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 1};
     const float amaxes[] = {3.0f,  0.0f,   7.5f, std::numeric_limits<float>::quiet_NaN(),

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
@@ -663,34 +664,34 @@ TEST(DelayedScaling, HistoryReductionAndMargin) {
   EXPECT_EQ(scale_of(s), 1.0f);
   EXPECT_EQ(s.scale_inv.data_as<float>()[0], 1.0f);
 
-  delayed_scaling_update(ctx, s, scalar(10.0f), 0, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(10.0f), 0, AmaxReduction::kMax, e4);
   EXPECT_EQ(hist(s, 0), 10.0f);
   EXPECT_EQ(scale_of(s), 448.0f / 10.0f);
   EXPECT_EQ(s.scale_inv.data_as<float>()[0], 1.0f / (448.0f / 10.0f));
-  delayed_scaling_update(ctx, s, scalar(5.0f), 1, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(5.0f), 1, AmaxReduction::kMax, e4);
   EXPECT_EQ(scale_of(s), 448.0f / 10.0f);  // the max of the history is still 10
-  delayed_scaling_update(ctx, s, scalar(4.0f), 2, AmaxReduce::kMostRecent, e4);
+  delayed_scaling_update(ctx, s, scalar(4.0f), 2, AmaxReduction::kMostRecent, e4);
   EXPECT_EQ(scale_of(s), 448.0f / 4.0f);
-  delayed_scaling_update(ctx, s, scalar(2.0f), 3, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(2.0f), 3, AmaxReduction::kMax, e4);
   EXPECT_EQ(scale_of(s), 448.0f / 10.0f);
   // Step 4 overwrites slot 0 (the 10): the ring buffer forgets it.
-  delayed_scaling_update(ctx, s, scalar(1.0f), 4, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(1.0f), 4, AmaxReduction::kMax, e4);
   EXPECT_EQ(hist(s, 0), 1.0f);
   EXPECT_EQ(hist(s, 1), 5.0f);
   EXPECT_EQ(scale_of(s), 448.0f / 5.0f);
-  delayed_scaling_update(ctx, s, scalar(1.0f), 5, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(1.0f), 5, AmaxReduction::kMax, e4);
   EXPECT_EQ(scale_of(s), 448.0f / 4.0f);
 
   const ScaleRule margin{Fp8Format::kE5M2, ScaleRounding::kExact, 0.0f, 3};
-  delayed_scaling_update(ctx, s, scalar(7.0f), 6, AmaxReduce::kMostRecent, margin);
+  delayed_scaling_update(ctx, s, scalar(7.0f), 6, AmaxReduction::kMostRecent, margin);
   EXPECT_EQ(scale_of(s), (57344.0f / 7.0f) / 8.0f);
   const ScaleRule pow2{Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 1};
-  delayed_scaling_update(ctx, s, scalar(3.0f), 7, AmaxReduce::kMostRecent, pow2);
+  delayed_scaling_update(ctx, s, scalar(3.0f), 7, AmaxReduction::kMostRecent, pow2);
   EXPECT_EQ(scale_of(s), 64.0f);  // 448 / 3 / 2 = 74.7, rounded down
   EXPECT_EQ(s.scale_inv.data_as<float>()[0], 1.0f / 64.0f);
   // quantize.h: delayed scaling has no amax floor, whatever the rule's epsilon.
   const ScaleRule eps{Fp8Format::kE4M3, ScaleRounding::kExact, 1.0f, 0};
-  delayed_scaling_update(ctx, s, scalar(0.5f), 8, AmaxReduce::kMostRecent, eps);
+  delayed_scaling_update(ctx, s, scalar(0.5f), 8, AmaxReduction::kMostRecent, eps);
   EXPECT_EQ(scale_of(s), 896.0f);
 }
 
@@ -698,22 +699,22 @@ TEST(DelayedScaling, ZeroAndNonFiniteAmaxKeepThePreviousScale) {
   Context ctx = make_context(Device::kCpu);
   const ScaleRule e4{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 0};
   DelayedScaling s = make_delayed_scaling(ctx, 2);
-  delayed_scaling_update(ctx, s, scalar(2.0f), 0, AmaxReduce::kMostRecent, e4);
+  delayed_scaling_update(ctx, s, scalar(2.0f), 0, AmaxReduction::kMostRecent, e4);
   ASSERT_EQ(scale_of(s), 224.0f);
   for (float bad : {0.0f, kNaN, kInf}) {
-    delayed_scaling_update(ctx, s, scalar(bad), 1, AmaxReduce::kMostRecent, e4);
+    delayed_scaling_update(ctx, s, scalar(bad), 1, AmaxReduction::kMostRecent, e4);
     EXPECT_EQ(scale_of(s), 224.0f) << bad;
     EXPECT_EQ(s.scale_inv.data_as<float>()[0], 1.0f / 224.0f) << bad;
   }
   // Under kMax a NaN in the history holds the scale until it leaves the ring buffer.
-  delayed_scaling_update(ctx, s, scalar(kNaN), 2, AmaxReduce::kMax, e4);
-  delayed_scaling_update(ctx, s, scalar(8.0f), 3, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(kNaN), 2, AmaxReduction::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(8.0f), 3, AmaxReduction::kMax, e4);
   EXPECT_EQ(scale_of(s), 224.0f);
-  delayed_scaling_update(ctx, s, scalar(4.0f), 4, AmaxReduce::kMax, e4);
+  delayed_scaling_update(ctx, s, scalar(4.0f), 4, AmaxReduction::kMax, e4);
   EXPECT_EQ(scale_of(s), 56.0f);  // history {4, 8}
-  EXPECT_THROW(delayed_scaling_update(ctx, s, scalar(1.0f), -1, AmaxReduce::kMax, e4), Error);
+  EXPECT_THROW(delayed_scaling_update(ctx, s, scalar(1.0f), -1, AmaxReduction::kMax, e4), Error);
   EXPECT_THROW(
-      delayed_scaling_update(ctx, s, scalar(1.0f), 0, AmaxReduce::kMax, ScaleRule{.margin = 65}),
+      delayed_scaling_update(ctx, s, scalar(1.0f), 0, AmaxReduction::kMax, ScaleRule{.margin = 65}),
       Error);
   EXPECT_THROW(make_delayed_scaling(ctx, 0), Error);
 }
@@ -735,7 +736,7 @@ TEST(DelayedScaling, QuantizeUsesTheGivenScale) {
               float_bits(s.scale_inv.data_as<float>()[0]));
     EXPECT_TRUE(
         same_codes(ref_quantize(host_floats(x), x.rows(), x.cols(), p).data, q.data, Fp8Ref(p.f)));
-    delayed_scaling_update(ctx, s, q.amax, step, AmaxReduce::kMax, e4);
+    delayed_scaling_update(ctx, s, q.amax, step, AmaxReduction::kMax, e4);
     EXPECT_EQ(hist(s, step), q.amax.data_as<float>()[0]);
   }
   EXPECT_NE(scale_of(s), 1.0f);

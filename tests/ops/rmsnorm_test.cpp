@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "rmsnorm_residual_check.h"

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/rope/rope.h"
 #include "test_util.h"

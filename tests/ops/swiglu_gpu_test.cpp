@@ -7,6 +7,7 @@
 #include <limits>
 #include <tuple>
 
+#include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/quantize/quantize.h"
 #include "ops/swiglu/swiglu.h"

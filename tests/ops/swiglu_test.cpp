@@ -3,6 +3,7 @@
 // bit against quantize() of the FP32 output.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "numerics/fp32_rn.h"
 
 #include <cmath>

@@ -12,8 +12,9 @@
 #include <set>
 
 #include "core/check.h"
+#include "io/token_shard.h"
 
-namespace octet {
+namespace octet::train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -414,4 +415,4 @@ TEST_F(DataTest, DefaultCorpusPreparesIntoEnglishText) {
 }
 
 }  // namespace
-}  // namespace octet
+}  // namespace octet::train

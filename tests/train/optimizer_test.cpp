@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 
+#include "backend/backend.h"
 #include "core/context.h"
 #include "io/safetensors.h"
 #include "numerics/fp8.h"

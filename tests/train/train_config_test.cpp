@@ -33,7 +33,7 @@ TEST(TrainConfig, BuiltInDefaultParsesToTheDefaultsAndValidates) {
   EXPECT_NO_THROW(c.validate());
   EXPECT_EQ(c.model.vocab_size, 257);
   EXPECT_EQ(c.model.num_nextn_predict_layers, 1);
-  EXPECT_EQ(c.recipe, "deepseek");
+  EXPECT_EQ(c.model.recipe.preset, "deepseek");
   EXPECT_TRUE(parse_train_config("", "empty") == TrainConfig{});
 }
 
@@ -70,9 +70,9 @@ mtp_loss_weight = 0.1
                                            "t.toml");
   EXPECT_EQ(c.run_dir, "runs/x");
   EXPECT_EQ(c.steps, 50);
-  EXPECT_EQ(c.recipe, "fp8-flow");
-  EXPECT_EQ(c.model.recipe, "fp8-flow");
-  EXPECT_EQ(c.recipe_overrides, (std::vector<std::string>{"gemm.attn.out=bf16", "margin=1"}));
+  EXPECT_EQ(c.model.recipe.preset, "fp8-flow");
+  EXPECT_EQ(c.model.recipe.preset, "fp8-flow");
+  EXPECT_EQ(c.model.recipe.overrides, (std::vector<std::string>{"gemm.attn.out=bf16", "margin=1"}));
   EXPECT_EQ(c.device, DeviceChoice::kCpu);
   EXPECT_EQ(c.optim.lr, 1.0);
   EXPECT_EQ(c.optim.schedule, LrScheduleKind::kConstant);
@@ -146,7 +146,7 @@ TEST(TrainConfig, NonAsciiIsRefusedOutsideStringsAndKeptInside) {
       "t.toml");
   EXPECT_EQ(q.run_dir, "caf\xc3\xa9");
   EXPECT_EQ(q.data.text, "\xc2\xa7 x");
-  EXPECT_EQ(q.recipe_overrides.size(), 2u);
+  EXPECT_EQ(q.model.recipe.overrides.size(), 2u);
 
   const TrainConfig c = parse_train_config(
       "\xEF\xBB\xBF# caf\xc3\xa9 \xc2\xa7\n"
@@ -216,8 +216,8 @@ TEST(TrainConfig, SetOverridesAreTypeChecked) {
   apply_set(c, "recipe_overrides=gemm.attn.out=bf16");  // one bare string: a one-element array
   EXPECT_EQ(c.optim.lr, 1e-3);
   EXPECT_EQ(c.steps, 50);
-  EXPECT_EQ(c.recipe, "bf16");
-  EXPECT_EQ(c.model.recipe, "bf16");
+  EXPECT_EQ(c.model.recipe.preset, "bf16");
+  EXPECT_EQ(c.model.recipe.preset, "bf16");
   EXPECT_EQ(c.run_dir, "runs/exp 1");
   EXPECT_EQ(c.data.text, "corpus.txt");
   EXPECT_EQ(c.device, DeviceChoice::kCuda);
@@ -225,11 +225,11 @@ TEST(TrainConfig, SetOverridesAreTypeChecked) {
   EXPECT_EQ(c.model.hidden_size, 256);
   EXPECT_FALSE(c.model.q_lora_rank.has_value());
   EXPECT_FALSE(c.model.rope_interleave);
-  EXPECT_EQ(c.recipe_overrides, std::vector<std::string>{"gemm.attn.out=bf16"});
+  EXPECT_EQ(c.model.recipe.overrides, std::vector<std::string>{"gemm.attn.out=bf16"});
   apply_set(c, R"(recipe_overrides=["gemm.*=bf16", "fp8_flow=false"])");
-  EXPECT_EQ(c.recipe_overrides.size(), 2u);
+  EXPECT_EQ(c.model.recipe.overrides.size(), 2u);
   apply_set(c, "recipe_overrides=");
-  EXPECT_TRUE(c.recipe_overrides.empty());
+  EXPECT_TRUE(c.model.recipe.overrides.empty());
   apply_set(c, "run_dir=2024");  // a number is still a path for a string key
   EXPECT_EQ(c.run_dir, "2024");
 
@@ -345,7 +345,7 @@ TEST(TrainConfig, ModelFromConfigJsonWithInlineOverrides) {
   EXPECT_EQ(c.model.hidden_size, 96);  // inline over the file, whatever the order
   EXPECT_EQ(c.model.vocab_size, tiny.vocab_size);
   EXPECT_EQ(c.model.num_hidden_layers, 3);
-  EXPECT_EQ(c.model.recipe, "bf16");
+  EXPECT_EQ(c.model.recipe.preset, "bf16");
   EXPECT_EQ(c.model.extra.at("bos_token_id"), 0);
   EXPECT_TRUE(parse_train_config(to_toml(c), "resolved") == c);
 }
@@ -363,7 +363,7 @@ TEST(TrainConfig, BuildsTheScheduleAndOptimizerConfig) {
   EXPECT_EQ(a.lr, 0.01f);
   EXPECT_EQ(a.beta2, 0.95f);
   EXPECT_EQ(a.grad_clip, 1.0f);
-  EXPECT_EQ(c.resolved_recipe().name, "deepseek");
+  EXPECT_EQ(c.resolved_recipe().name(), "deepseek");
 }
 
 }  // namespace

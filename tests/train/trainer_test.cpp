@@ -147,6 +147,37 @@ TEST(Trainer, FusedWeightPreparationIsBitIdentical) {
   fs::remove_all(dir);
 }
 
+// The recipe's overrides are part of the run: written into every checkpoint's config.json
+// (octet_recipe_overrides, what `octet eval` reads), kept by a resume, and a resume that would
+// change them is refused.
+TEST(Trainer, RecipeOverridesTravelWithTheRunAndItsCheckpoints) {
+  const std::string dir = temp_dir("overrides");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  const std::vector<std::string> overrides = {"gemm.attn.out=bf16", "attn_out_input=bf16"};
+  TrainConfig c = tiny(dir + "/run", corpus, "deepseek");
+  apply_set(c, R"(recipe_overrides=["gemm.attn.out=bf16", "attn_out_input=bf16"])");
+  apply_set(c, "steps=3");
+  c.validate();
+  run_training(c, quiet(dir + "/cache"), log);
+  const ModelConfig saved = read_model_config(dir + "/run/checkpoints/step_00000003/config.json");
+  EXPECT_EQ(saved.recipe, (RecipeSpec{"deepseek", overrides}));
+  EXPECT_EQ(resolve_recipe(saved.recipe).at(GemmSite::kAttnOut).precision, GemmPrecision::kBf16);
+
+  TrainConfig rest = c;
+  apply_set(rest, "steps=4");
+  RunOptions o = quiet(dir + "/cache");
+  o.resume_from = dir + "/run";
+  TrainConfig other = rest;
+  apply_set(other, "recipe_overrides=gemm.attn.out=bf16");
+  EXPECT_THROW(run_training(other, o, log), Error);
+  run_training(rest, o, log);
+  EXPECT_EQ(losses(dir + "/run").size(), 4u);
+  EXPECT_EQ(read_model_config(dir + "/run/checkpoints/step_00000004/config.json").recipe,
+            (RecipeSpec{"deepseek", overrides}));
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, NonFiniteLossSkipsTheStepAndGoesOn) {
   const std::string dir = temp_dir("nan");
   const std::string corpus = write_corpus(dir);

@@ -12,8 +12,8 @@
 
 #include "backend/backend.h"
 #include "cli.h"
-#include "io/checkpoint.h"
 #include "io/token_shard.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "train/data.h"
 
@@ -27,11 +27,12 @@ std::vector<int32_t> read_tokens(const Args& args, int64_t vocab_size) {
     OCTET_CHECK(f.good(), *text, ": cannot open the text file");
     const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     OCTET_CHECK(!s.empty(), *text, ": the text file is empty");
-    OCTET_CHECK(vocab_size >= kByteVocabSize, "--text tokenizes byte by byte (", kByteVocabSize,
-                " ids) but the model's vocab_size is ", vocab_size,
+    OCTET_CHECK(vocab_size >= train::kByteVocabSize, "--text tokenizes byte by byte (",
+                train::kByteVocabSize, " ids) but the model's vocab_size is ", vocab_size,
                 "; pass --tokens with a shard in the model's vocabulary");
-    out.push_back(kEndOfText);  // documents start with end-of-text, as the prepared shards do
-    for (const uint16_t t : encode_bytes(s)) out.push_back(t);
+    out.push_back(
+        train::kEndOfText);  // documents start with end-of-text, as the prepared shards do
+    for (const uint16_t t : train::encode_bytes(s)) out.push_back(t);
     return out;
   }
   const auto path = args.get("tokens");
@@ -52,14 +53,15 @@ int run_eval(const std::vector<std::string>& argv) {
                   {});
   args.expect_positional(1, 1, "octet eval CHECKPOINT_DIR --text FILE|--tokens FILE [flags]");
   OCTET_CHECK(args.has("text") != args.has("tokens"),
-              "octet eval: give exactly one of --text and "
-              "--tokens");
+              "octet eval: give exactly one of --text and --tokens");
   const std::string dir = args.positional()[0];
-  io::CheckpointReadOptions ro;
-  ro.cast = io::ReadCast::kToF32;
-  const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
+  CheckpointReadOptions ro;
+  ro.cast = ReadCast::kToF32;
+  const LoadedCheckpoint ck = read_checkpoint(dir, ro);
   const ModelConfig& c = ck.config;
-  const std::string recipe = args.get_or("recipe", c.recipe);
+  // The checkpoint's recipe with its overrides (config.json), or --recipe's preset alone.
+  const RecipeSpec spec = args.has("recipe") ? RecipeSpec{*args.get("recipe"), {}} : c.recipe;
+  const Recipe recipe = resolve_recipe(spec);
   const Device device = pick_device(args.choice("device", {"auto", "cpu", "cuda"}, "auto"));
   const int64_t T = args.get_int("seq-len", std::min<int64_t>(256, c.max_position_embeddings));
   const int64_t B = args.get_int("batch", 8);
@@ -74,11 +76,11 @@ int run_eval(const std::vector<std::string>& argv) {
               " tokens, fewer than one sequence of ", T + 1);
 
   Context ctx = make_context(device);
-  Model model(ctx, c, {recipe_preset(recipe), DType::kBF16});
+  Model model(ctx, c, {recipe, DType::kBF16});
   for (const std::string& w : load_checkpoint_into(ctx, model, ck))
     std::fprintf(stderr, "warning: %s\n", w.c_str());
   model.prepare(ctx);
-  std::printf("checkpoint: %s\nrecipe: %s\ndevice: %s\n", dir.c_str(), recipe.c_str(),
+  std::printf("checkpoint: %s\nrecipe: %s\ndevice: %s\n", dir.c_str(), spec.label().c_str(),
               device_name(device));
 
   double sum = 0;
@@ -113,7 +115,8 @@ Command eval_command() {
           "usage: octet eval CHECKPOINT_DIR (--text FILE | --tokens FILE) [flags]\n"
           "  --text FILE        UTF-8 text, tokenized byte by byte (vocab_size >= 257)\n"
           "  --tokens FILE      an llm.c token shard (header + uint16 tokens)\n"
-          "  --recipe R         precision recipe (default: the checkpoint config's octet_recipe)\n"
+          "  --recipe R         precision recipe, without overrides (default: the checkpoint\n"
+          "                     config's octet_recipe with its octet_recipe_overrides)\n"
           "  --device D         auto (default: cuda when a GPU is present), cpu or cuda\n"
           "  --seq-len T        tokens per sequence (default min(256, max_position_embeddings))\n"
           "  --batch B          sequences per forward pass (default 8)\n"

@@ -3,6 +3,7 @@
 // `d` (M, N).
 #include <cstdio>
 
+#include "backend/backend.h"
 #include "cli.h"
 #include "core/context.h"
 #include "io/safetensors.h"

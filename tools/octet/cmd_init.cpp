@@ -18,7 +18,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/describe.h"
 #include "model/init.h"
@@ -28,7 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The files whose presence makes a directory a checkpoint (io/checkpoint.h's layout).
+// The files whose presence makes a directory a checkpoint (model/checkpoint.h's layout).
 const char* const kCheckpointFiles[] = {"config.json", "model.safetensors",
                                         "model.safetensors.index.json"};
 
@@ -100,10 +100,10 @@ int run_init(const std::vector<std::string>& argv) {
   args.expect_positional(2, 2, "octet init CONFIG_JSON OUT_DIR [flags] (see --help)");
   const uint64_t seed = parse_seed(args);
   const std::string format = args.choice("format", {"f32", "bf16", "fp8"}, "f32");
-  io::CheckpointWriteOptions options;
-  options.format = format == "f32"    ? io::CheckpointFormat::kAsIs
-                   : format == "bf16" ? io::CheckpointFormat::kBf16
-                                      : io::CheckpointFormat::kFp8;
+  CheckpointWriteOptions options;
+  options.format = format == "f32"    ? CheckpointFormat::kAsIs
+                   : format == "bf16" ? CheckpointFormat::kBf16
+                                      : CheckpointFormat::kFp8;
   options.shard_bytes = args.get_int("shard-bytes", options.shard_bytes);
   OCTET_CHECK(options.shard_bytes > 0, "bad value '", *args.get("shard-bytes"),
               "' for --shard-bytes: expected a positive integer");
@@ -124,7 +124,7 @@ int run_init(const std::vector<std::string>& argv) {
     ++files;
     bytes += static_cast<int64_t>(fs::file_size(file));
   };
-  io::write_checkpoint(out.string(), config, params, options);
+  write_checkpoint(out.string(), config, params, options);
   std::printf(
       "initialised %lld parameters in %zu tensors (seed %llu, %s): %d files, %lld bytes: %s\n",
       static_cast<long long>(numel), params.size(), static_cast<unsigned long long>(seed),

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "cli.h"
 #include "core/context.h"
 #include "io/safetensors.h"
@@ -102,7 +103,7 @@ Stats measure(const std::vector<float>& x, const float* deq, int64_t rows, int64
       ++finite;
       signal += v * v;
       noise += err * err;
-      if (std::fabs(fp32_mul_rn(x[k], scales[static_cast<size_t>(map(i, j))])) > bound) ++saturated;
+      if (std::fabs(rn::mul(x[k], scales[static_cast<size_t>(map(i, j))])) > bound) ++saturated;
       if (v == 0) continue;
       ++nonzero;
       if (deq[k] == 0.0f) ++flushed;

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "backend/backend.h"
 #include "cli.h"
 #include "core/context.h"
 #include "io/safetensors.h"

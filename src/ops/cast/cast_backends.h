@@ -36,14 +36,14 @@ OCTET_HD float add_element(float y, float x) {
 OCTET_HD float storage_tile_scale(float amax, ExMyFormat f) {
   constexpr uint32_t kMaxScaleBits = (127u + 100u) << 23;  // 2^100
   if (!(amax > 0.0f) || amax != amax || float_bits(amax) >= 0x7F800000u) return 1.0f;
-  const float ratio = fp32_div_rn(decode_exmy(f.max_code(), f), amax);
+  const float ratio = rn::div(decode_exmy(f.max_code(), f), amax);
   const uint32_t pow2 = float_bits(ratio) & 0x7F800000u;  // floor to a power of 2 (ratio > 0)
   if (pow2 == 0) return bits_float(0x00800000u);          // smallest normal: amax near FLT_MAX
   return bits_float(pow2 > kMaxScaleBits ? kMaxScaleBits : pow2);
 }
 
 OCTET_HD float storage_round(float x, float scale, ExMyFormat f) {
-  return fp32_div_rn(round_to_exmy(fp32_mul_rn(x, scale), f), scale);
+  return rn::div(round_to_exmy(rn::mul(x, scale), f), scale);
 }
 
 }  // namespace octet

@@ -6,24 +6,9 @@
 
 #include "numerics/fp8.h"
 #include "ops/cast/cast_backends.h"
+#include "ops/cpu_elements.h"
 
 namespace octet::cpu {
-namespace {
-
-float load(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
-  return bf16_to_float(t.data_as<const uint16_t>()[i]);
-}
-
-void store(const Tensor& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = float_to_bf16(v);
-}
-
-}  // namespace
-
 void cast(Context&, const Tensor& x, const Tensor& out) {
   const int64_t n = x.numel();
   for (int64_t i = 0; i < n; ++i) store(out, i, load(x, i));

@@ -170,11 +170,11 @@ __global__ void __launch_bounds__(256)
     for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
     if (c >= cols) continue;
     const float s = storage_tile_scale(bits_float(m), f);
-    const float inv = fp32_div_rn(1.0f, s);  // exact: s is a power of 2 in [2^-126, 2^100]
+    const float inv = rn::div(1.0f, s);  // exact: s is a power of 2 in [2^-126, 2^100]
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float q = round_to_exmy(fp32_mul_rn(v[i], s), f);
-      v[i] = q != q ? fp32_div_rn(q, s) : fp32_mul_rn(q, inv);
+      const float q = round_to_exmy(rn::mul(v[i], s), f);
+      v[i] = q != q ? rn::div(q, s) : rn::mul(q, inv);
     }
     store8(out + r * cols + c, v);
   }

@@ -3,22 +3,11 @@
 #include <limits>
 
 #include "numerics/fp8.h"
+#include "ops/cpu_elements.h"
 #include "ops/cross_entropy/cross_entropy_backends.h"
 
 namespace octet::cpu {
 namespace {
-
-double load(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
-  return bf16_to_float(t.data_as<const uint16_t>()[i]);
-}
-
-void store(const Tensor& t, int64_t i, double v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = static_cast<float>(v);
-  else
-    t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
-}
 
 // The row's target, or -1 for an ignored row; throws for one outside [0, V).
 int64_t checked_target(const Tensor& targets, int64_t r, int64_t vocab) {
@@ -38,11 +27,11 @@ void cross_entropy_forward(Context&, const CrossEntropyForwardArgs& a) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = checked_target(a.targets, r, vocab);
     double m = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, load(a.logits, r * vocab + v));
+    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, load_f64(a.logits, r * vocab + v));
     double s = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) s += std::exp(load(a.logits, r * vocab + v) - m);
+    for (int64_t v = 0; v < vocab; ++v) s += std::exp(load_f64(a.logits, r * vocab + v) - m);
     const double lse = m + std::log(s);
-    const double loss = t < 0 ? 0.0 : lse - load(a.logits, r * vocab + t);
+    const double loss = t < 0 ? 0.0 : lse - load_f64(a.logits, r * vocab + t);
     a.lse.data_as<float>()[r] = static_cast<float>(lse);
     a.losses.data_as<float>()[r] = static_cast<float>(loss);
     if (t >= 0) sum += loss, ++count;
@@ -62,7 +51,7 @@ void cross_entropy_backward(Context&, const CrossEntropyBackwardArgs& a) {
     for (int64_t v = 0; v < vocab; ++v) {
       const int64_t i = r * vocab + v;
       const double g =
-          t < 0 ? 0.0 : (std::exp(load(a.logits, i) - lse) - (v == t ? 1.0 : 0.0)) * scale;
+          t < 0 ? 0.0 : (std::exp(load_f64(a.logits, i) - lse) - (v == t ? 1.0 : 0.0)) * scale;
       store(a.dlogits, i, g);  // after the read of the same element: in place is safe
     }
   }

@@ -3,22 +3,11 @@
 #include <vector>
 
 #include "numerics/fp8.h"
+#include "ops/cpu_elements.h"
 #include "ops/embedding/embedding_backends.h"
 
 namespace octet::cpu {
 namespace {
-
-float load(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
-  return bf16_to_float(t.data_as<const uint16_t>()[i]);
-}
-
-void store(const Tensor& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = float_to_bf16(v);
-}
 
 int32_t checked_id(const Tensor& ids, int64_t t, int64_t vocab) {
   const int32_t id = ids.data_as<const int32_t>()[t];

@@ -2,39 +2,30 @@
 #include "ops/gemm/gemm.h"
 
 #include "backend/dispatch.h"
+#include "numerics/scale.h"
 #include "ops/gemm/gemm_backends.h"
 
 namespace octet {
-namespace {
-
-bool block_scaled(Granularity g) {
-  return g == Granularity::k1x128 || g == Granularity::k128x128;
-}
-
-// BF16 operands; F32 on the CPU too, the FP32 checking mode the model's finite-difference tests
-// run in (the CPU reference decodes both to FP32 anyway).
-void check_high_precision_operand(const Context& ctx, const Tensor& t, const char* name) {
-  if (ctx.device == Device::kCpu)
+void check_high_precision_operand(const Tensor& t, const char* name, Device device) {
+  if (device == Device::kCpu)
     check_dtype(t, name, {DType::kBF16, DType::kF32});
   else
     check_dtype(t, name, {DType::kBF16});
+  check_device(t, name, device);
 }
 
-}  // namespace
-
 void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
-                        bool check_scale_shape) {
+                        ScaleShapeCheck scales) {
   OCTET_CHECK(op.data.data() != nullptr || op.data.numel() == 0, "gemm operand ", name,
               ": data is not written (was that copy of the QuantTensor requested?)");
   check_dtype(op.data, name, {fp8_dtype(op.format)});
   check_device(op.data, name, device);
   check_dtype(op.scale_inv, name, {DType::kF32});
   check_device(op.scale_inv, name, device);
-  OCTET_CHECK(
-      op.granularity != Granularity::k128x1, "gemm operand ", name,
-      ": 128x1 scales run across rows of K; pass the other copy of the tensor, whose 1x128 groups "
-      "lie along K");
-  if (!check_scale_shape) return;
+  OCTET_CHECK(op.granularity != Granularity::k128x1, "gemm operand ", name,
+              ": 128x1 scales run across rows of K; "
+              "pass the other copy of the tensor, whose 1x128 groups lie along K");
+  if (scales == ScaleShapeCheck::kStacked) return;
   const Shape want = scale_shape(op.granularity, op.rows(), op.cols());
   OCTET_CHECK(op.scale_inv.numel() == shape_numel(want), "gemm operand ", name,
               ": scale_inv for granularity ", granularity_name(op.granularity), " of a ", op.rows(),
@@ -55,17 +46,15 @@ void check_gemm_output(const Tensor& d, int64_t m, int64_t n, Accumulate acc, De
 void check_cuda_block_output(int64_t n, DType d) {
   OCTET_CHECK((n * dtype_size(d)) % 16 == 0, "gemm on CUDA: output D has rows of N = ", n, " ",
               dtype_name(d),
-              " elements; with block scales (1x128, 128x128) cuBLASLt needs them to be whole "
-              "16-byte vectors: N a "
-              "multiple of ",
+              " elements; with block scales (1x128, 128x128) cuBLASLt needs them to be "
+              "whole 16-byte vectors: N a multiple of ",
               16 / dtype_size(d), " for ", dtype_name(d), " output");
 }
 
 void check_cuda_fp8_k(int64_t k) {
-  OCTET_CHECK(
-      k % 16 == 0, "gemm on CUDA: K = ", k,
-      " must be a multiple of 16 for FP8 operands (cuBLASLt reads rows of A and B in 16-byte "
-      "vectors); pad K with zeros");
+  OCTET_CHECK(k % 16 == 0, "gemm on CUDA: K = ", k,
+              " must be a multiple of 16 for FP8 operands "
+              "(cuBLASLt reads rows of A and B in 16-byte vectors); pad K with zeros");
 }
 
 Fp8Operand rowwise_operand(const QuantTensor& q) {
@@ -81,11 +70,10 @@ Fp8Operand columnwise_operand(const QuantTensor& q) {
 
 void check_fp8_pairing(const Fp8Operand& a, const Fp8Operand& b, Accumulation accumulation) {
   const Granularity ga = a.granularity, gb = b.granularity;
-  OCTET_CHECK(
-      !(a.format == Fp8Format::kE5M2 && b.format == Fp8Format::kE5M2),
-      "gemm: E5M2 x E5M2 is not supported by the FP8 tensor cores (cuBLASLt); quantize one operand "
-      "E4M3");
-  const bool both_block = block_scaled(ga) && block_scaled(gb);
+  OCTET_CHECK(!(a.format == Fp8Format::kE5M2 && b.format == Fp8Format::kE5M2),
+              "gemm: E5M2 x E5M2 is not supported by the FP8 tensor cores (cuBLASLt); "
+              "quantize one operand E4M3");
+  const bool both_block = scales_vary_along_k(ga) && scales_vary_along_k(gb);
   OCTET_CHECK(ga == gb || both_block, "gemm: A is ", granularity_name(ga), "-scaled and B ",
               granularity_name(gb),
               "-scaled; supported pairings are tensor x tensor, row x row, and the "
@@ -110,9 +98,7 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
   check_gemm_output(args.d, args.a.rows(), args.b.rows(), args.accumulate, ctx.device);
   const AccumulatorEmulation& e = args.emulation;
   OCTET_CHECK(e.mantissa_bits >= 0 && e.mantissa_bits <= 23,
-              "gemm: emulated accumulator mantissa bits must be "
-              "in [0, 23], got ",
-              e.mantissa_bits);
+              "gemm: emulated accumulator mantissa bits must be in [0, 23], got ", e.mantissa_bits);
   OCTET_CHECK(e.promote_interval >= 0, "gemm: promotion interval must be >= 0, got ",
               e.promote_interval);
   if (ctx.device == Device::kCuda && args.a.cols() > 0) check_cuda_fp8_k(args.a.cols());
@@ -122,12 +108,10 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
 }
 
 void gemm_bf16(Context& ctx, const GemmBf16Args& args) {
-  check_high_precision_operand(ctx, args.a, "gemm A");
-  check_high_precision_operand(ctx, args.b, "gemm B");
+  check_high_precision_operand(args.a, "gemm A", ctx.device);
+  check_high_precision_operand(args.b, "gemm B", ctx.device);
   OCTET_CHECK(args.a.dtype() == args.b.dtype(), "gemm: A is ", dtype_name(args.a.dtype()),
               " but B is ", dtype_name(args.b.dtype()), "; both must be BF16 (or both F32)");
-  check_device(args.a, "gemm A", ctx.device);
-  check_device(args.b, "gemm B", ctx.device);
   const bool a_t = args.a_layout == OperandLayout::kMNMajor,
              b_t = args.b_layout == OperandLayout::kMNMajor;
   const int64_t m = a_t ? args.a.cols() : args.a.rows(), ka = a_t ? args.a.rows() : args.a.cols();

@@ -6,10 +6,11 @@
 // one consumed (core/quant_tensor.h: `data` is the source, `columnwise_data` its transpose):
 //
 //   Linear y = x W^T, x (T, In) tokens, W (Out, In), dy (T, Out):
-//   Fprop  Y  = X W^T     : A = rowwise(X)     (T, In)   B = rowwise(W)     (Out, In)  M=T   N=Out
-//   K=In Dgrad  dX = dY W      : A = rowwise(dY)    (T, Out)  B = columnwise(W)  (In, Out)  M=T
-//   N=In  K=Out Wgrad  dW = dY^T X    : A = columnwise(dY) (Out, T)  B = columnwise(X)  (In, T)
-//   M=Out N=In  K=T
+//
+//   pass   math          A                        B                        M    N    K
+//   Fprop  Y  = X W^T    rowwise(X)     (T, In)   rowwise(W)    (Out, In)  T    Out  In
+//   Dgrad  dX = dY W     rowwise(dY)    (T, Out)  columnwise(W) (In, Out)  T    In   Out
+//   Wgrad  dW = dY^T X   columnwise(dY) (Out, T)  columnwise(X) (In, T)    Out  In   T
 //
 // DeepSeek-V3 recipe: activations and gradients 1x128 (so Wgrad's operands are 1x128 along tokens:
 // the column-wise copies quantized along T), weights 128x128 (W's column-wise copy is its transpose

@@ -14,9 +14,14 @@ inline bool scales_vary_along_k(Granularity g) {
 }
 
 // Validation shared with grouped_gemm (messages name the operand and the rule).
+// kStacked: the caller checks the scales' shape itself (grouped_gemm's stacked per-expert weights).
+enum class ScaleShapeCheck : uint8_t { kOneMatrix, kStacked };
 void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
-                        bool check_scale_shape = true);
+                        ScaleShapeCheck scales = ScaleShapeCheck::kOneMatrix);
 void check_gemm_output(const Tensor& d, int64_t m, int64_t n, Accumulate acc, Device device);
+// A BF16 operand on `device`; F32 on the CPU too, the FP32 checking mode the model's
+// finite-difference tests run in (the CPU reference decodes both to FP32 anyway).
+void check_high_precision_operand(const Tensor& t, const char* name, Device device);
 // cuBLASLt's FP8 kernels read rows of A and B in 16-byte vectors along K.
 void check_cuda_fp8_k(int64_t k);
 // cuBLASLt's block-scaled kernels write rows of D (N elements) in whole 16-byte vectors.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "numerics/scale.h"
 #include "ops/gemm/gemm_cpu.h"
 
 namespace octet::cpu {

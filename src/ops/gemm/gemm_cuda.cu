@@ -8,14 +8,13 @@
 // Scale layouts. octet stores scale_inv row-major (core/quant_tensor.h): 1x128 as [rows, L] and
 // 128x128 as [ceil(rows/128), L], L = ceil(K/128). cuBLASLt (documentation, "128-element 1D and
 // 128x128 2D block scaling for FP8", "Scaling factors layouts") reads
-//   VEC128_32F     : one float per (row, K-group), rows contiguous ("M-major" for its A, "N-major"
-//   for
-//                    its B): element (r, g) at g * ld + r. We use ld = rows rounded up to 4 (the
-//                    16-byte alignment of every K-group's column; the padding holds 1.0).
+//   VEC128_32F     : one float per (row, K-group), rows contiguous ("M-major" for its A,
+//                    "N-major" for its B): element (r, g) at g * ld + r. We use ld = rows rounded
+//                    up to 4 (the 16-byte alignment of every K-group's column; the padding holds
+//                    1.0).
 //   BLK128x128_32F : one float per (row block, K-group), K-groups contiguous with the stride
-//   between
-//                    row blocks a multiple of 4: element (rb, g) at rb * L4 + g, L4 = L rounded up
-//                    to 4.
+//                    between row blocks a multiple of 4: element (rb, g) at rb * L4 + g, L4 = L
+//                    rounded up to 4.
 // so VEC128 scales are transposed and BLK128x128 scales re-strided (or used in place when L % 4 ==
 // 0). SCALAR_32F (one float) and OUTER_VEC_32F (one float per row, contiguous) are octet's layouts
 // as is. All of this runs on the context's stream; the scratch tensors are released stream-ordered
@@ -24,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "numerics/scale.h"
 #include "ops/cast/cast.h"
 
 namespace octet::cuda {

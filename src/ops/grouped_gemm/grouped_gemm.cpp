@@ -4,6 +4,7 @@
 
 #include "backend/backend.h"
 #include "backend/dispatch.h"
+#include "numerics/scale.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm_backends.h"
 #include "ops/grouped_gemm/grouped_gemm_backends.h"
@@ -19,8 +20,7 @@ void check_group_sizes(const Context& ctx, const Tensor& sizes) {
   check_dtype(sizes, "grouped gemm group_sizes", {DType::kI32, DType::kI64});
   check_device(sizes, "grouped gemm group_sizes", ctx.device);
   OCTET_CHECK(sizes.rank() == 1 && sizes.numel() >= 1,
-              "grouped gemm group_sizes: expected shape [E] with E >= 1, "
-              "got ",
+              "grouped gemm group_sizes: expected shape [E] with E >= 1, got ",
               shape_str(sizes.shape()));
 }
 
@@ -76,17 +76,15 @@ void check_stacked_scales(const Fp8Operand& b, int64_t experts, int64_t n) {
     return;
   }
   OCTET_CHECK(b.granularity == Granularity::k128x128,
-              "grouped gemm B: expected 128x128 (or 1x128) weight scales, "
-              "got ",
+              "grouped gemm B: expected 128x128 (or 1x128) weight scales, got ",
               granularity_name(b.granularity));
   const int64_t want = experts * ceil_div(n, kGroup) * groups;
   OCTET_CHECK(b.scale_inv.numel() == want, "grouped gemm B: 128x128 scale_inv must hold ", experts,
               " x ", ceil_div(n, kGroup), " x ", groups, " blocks (one set per expert), got ",
               shape_str(b.scale_inv.shape()));
   OCTET_CHECK(n % kGroup == 0 || b.scale_inv.rank() == 3, "grouped gemm B: with N = ", n,
-              " not a multiple of 128, scale_inv must be rank 3 (E, ceil(N/128), ceil(K/128)) so "
-              "that no block "
-              "straddles two experts; quantize each expert on its own");
+              " not a multiple of 128, scale_inv must be rank 3 (E, ceil(N/128), ceil(K/128)) "
+              "so that no block straddles two experts; quantize each expert on its own");
 }
 
 // FP8 Wgrad slices the token axis of the column-wise copies: the 128-token scale groups must not
@@ -99,20 +97,11 @@ void check_wgrad_offsets(const GroupLayout& l) {
                 "1x128 scale groups along tokens must not straddle two experts)");
 }
 
-// BF16; F32 on the CPU too (the model's FP32 checking mode).
-void check_bf16(const Tensor& t, const char* name, Device device) {
-  if (device == Device::kCpu)
-    check_dtype(t, name, {DType::kBF16, DType::kF32});
-  else
-    check_dtype(t, name, {DType::kBF16});
-  check_device(t, name, device);
-}
-
 }  // namespace
 
 void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   check_gemm_operand(args.a, "A", ctx.device);
-  check_gemm_operand(args.b, "B", ctx.device, false);
+  check_gemm_operand(args.b, "B", ctx.device, ScaleShapeCheck::kStacked);
   OCTET_CHECK(args.a.granularity == Granularity::k1x128,
               "grouped gemm A: expected 1x128 activations, got ",
               granularity_name(args.a.granularity));
@@ -140,8 +129,8 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
 }
 
 void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
-  check_bf16(args.a, "grouped gemm A", ctx.device);
-  check_bf16(args.b, "grouped gemm B", ctx.device);
+  check_high_precision_operand(args.a, "grouped gemm A", ctx.device);
+  check_high_precision_operand(args.b, "grouped gemm B", ctx.device);
   OCTET_CHECK(args.a.cols() == args.b.cols(), "grouped gemm: A has K = ", args.a.cols(),
               " and B has K = ", args.b.cols());
   const int64_t n = per_expert_rows(args.b.rows(), args.group_sizes.numel(), "B");
@@ -191,9 +180,9 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
     check_cuda_block_output(k, args.d.dtype());
     for (int64_t e = 0; e < experts; ++e)
       OCTET_CHECK(l.size[e] % 16 == 0, "grouped wgrad on CUDA: expert ", e, " has ", l.size[e],
-                  " tokens; FP8 Wgrad needs multiples of 16 (K of each expert's GEMM: cuBLASLt "
-                  "reads 16-byte "
-                  "vectors); pad the expert's rows");
+                  " tokens; FP8 Wgrad needs multiples of 16 "
+                  "(K of each expert's GEMM: cuBLASLt reads 16-byte vectors); "
+                  "pad the expert's rows");
     OCTET_CHECK(
         args.a.cols() % 16 == 0, "grouped wgrad on CUDA: the token count ", args.a.cols(),
         " must be a multiple of 16 (the row stride of the column-wise copies, 16-byte aligned)");
@@ -210,8 +199,8 @@ bool grouped_bf16_counts_on_device(const Context& ctx) {
 }
 
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args) {
-  check_bf16(args.a, "grouped wgrad A", ctx.device);
-  check_bf16(args.b, "grouped wgrad B", ctx.device);
+  check_high_precision_operand(args.a, "grouped wgrad A", ctx.device);
+  check_high_precision_operand(args.b, "grouped wgrad B", ctx.device);
   const bool mn = args.layout == OperandLayout::kMNMajor;
   const int64_t tokens_a = mn ? args.a.rows() : args.a.cols(),
                 tokens_b = mn ? args.b.rows() : args.b.cols();

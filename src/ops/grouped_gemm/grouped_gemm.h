@@ -2,18 +2,19 @@
 //
 // The tokens routed to the E experts sit in one tensor, grouped by expert: rows [o_e, o_e + M_e)
 // belong to expert e, with o_e = M_0 + ... + M_{e-1}. The per-expert row counts M_e live in a
-// device tensor
-// (`group_sizes`, (E) int32 or int64, zeros allowed), as the permute that builds the layout writes
-// them. Each expert is one GEMM of gemm.h (same TN form, same numerics, same = / += contract):
+// device tensor (`group_sizes`, (E) int32 or int64, zeros allowed), as the permute that builds the
+// layout writes them. Each expert is one GEMM of gemm.h (same TN form, same numerics, same = / +=
+// contract):
 //
-//   Fprop  Y_e  = X_e  W_e^T  : a = rowwise(X) (sum M_e, In) 1x128,  b = W stacked (E, Out, In)
-//   128x128 Dgrad  dX_e = dY_e W_e    : a = rowwise(dY) (sum M_e, Out) 1x128, b = W_e^T stacked (E,
-//   In, Out)
-//                               128x128 (each expert's transpose quantized on its own)
-//   Wgrad  dW_e = dY_e^T X_e  : a = columnwise(dY) (Out, sum M_e), b = columnwise(X) (In, sum M_e),
-//   both
-//                               1x128 along tokens (or b 128x128 from the scaling-aware transpose);
-//                               dW (E, Out, In), += into FP32 for training.
+//   Fprop  Y_e  = X_e W_e^T   a = rowwise(X)  (sum M_e, In)  1x128
+//                             b = W stacked   (E, Out, In)   128x128
+//   Dgrad  dX_e = dY_e W_e    a = rowwise(dY) (sum M_e, Out) 1x128
+//                             b = W_e^T stacked (E, In, Out) 128x128 (each expert's transpose
+//                                                            quantized on its own)
+//   Wgrad  dW_e = dY_e^T X_e  a = columnwise(dY) (Out, sum M_e)  1x128 along tokens
+//                             b = columnwise(X)  (In, sum M_e)   1x128 along tokens (or 128x128
+//                                                                from the scaling-aware transpose)
+//                             dW (E, Out, In), += into FP32 for training
 //
 // Stacked weights: data (E, N, K) (any shape with E * N rows of K), scales per expert:
 // scale_inv (E, ceil(N/128), ceil(K/128)) for 128x128, (E * N, ceil(K/128)) for 1x128. A 128x128
@@ -31,9 +32,9 @@
 //
 // CUDA: DeepSeek-V3's pairings (see grouped_fp8_blockwise_counts_on_device) and the BF16 GEMMs
 // (grouped_bf16_counts_on_device) run as one CUTLASS grouped launch per call that reads the row
-// counts on the device. Everything else runs one
-// cuBLASLt GEMM per non-empty expert (plans cached per shape) from a host copy of the counts: the
-// caller's host_sizes, or a read of group_sizes, which synchronises the stream.
+// counts on the device. Everything else runs one cuBLASLt GEMM per non-empty expert (plans cached
+// per shape) from a host copy of the counts: the caller's host_sizes, or a read of group_sizes,
+// which synchronises the stream.
 #pragma once
 
 #include <vector>

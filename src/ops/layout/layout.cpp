@@ -35,7 +35,7 @@ void copy_columns(Context& ctx, const CopyColumnsArgs& a) {
 
 Tensor slice_columns(Context& ctx, const Tensor& x, int64_t col, int64_t width, DType dtype) {
   Tensor out = Tensor::empty(ctx, {x.rows(), width}, dtype);
-  copy_columns(ctx, {x, col, out, 0, width, 1, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = x, .src_col = col, .dst = out, .width = width});
   return out;
 }
 

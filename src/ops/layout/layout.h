@@ -6,10 +6,10 @@
 // row counts, which lets one op broadcast a row to several (forward of a shared key) and sum
 // several rows into one (its backward):
 //
-//   kBroadcast  dst[r, dst_col + j] = src[r / repeat, src_col + j]         rows(dst) = rows(src) *
-//   repeat kSum        dst[r, dst_col + j] = sum_{i < repeat} src[r * repeat + i, src_col + j]
-//                                                                       rows(src) = rows(dst) *
-//                                                                       repeat
+//   kBroadcast  dst[r, dst_col + j] = src[r / repeat, src_col + j]
+//               rows(dst) = rows(src) * repeat
+//   kSum        dst[r, dst_col + j] = sum_{i < repeat} src[r * repeat + i, src_col + j]
+//               rows(src) = rows(dst) * repeat
 //
 // for r over dst's rows and j < width. Columns of dst outside [dst_col, dst_col + width) are not
 // touched, so several calls fill one tensor. kSum adds in FP32 in increasing i (deterministic),

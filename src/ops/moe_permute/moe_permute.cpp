@@ -2,6 +2,7 @@
 #include "ops/moe_permute/moe_permute.h"
 
 #include "backend/dispatch.h"
+#include "numerics/scale.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 
 namespace octet {

@@ -6,16 +6,15 @@
 
 namespace octet {
 
-#define OCTET_MOE_PERMUTE_BACKEND_DECLS                                                            \
-  void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& map);                 \
-  /* out[r] = src[token_of[r]] for rows of row_bytes bytes; padding rows filled with fill_word. */ \
-  void moe_gather_rows(Context& ctx, const PermuteMap& map, const Tensor& src, int64_t row_bytes,  \
-                       uint32_t fill_word, Tensor& out);                                           \
-  /* out[t] = sum_j w[t, j] * src[row_of[t, j]] (w == 1 when weight is undefined), FP32, slot      \
-   * order. */                                                                                     \
-  void moe_weighted_gather(Context& ctx, const PermuteMap& map, const Tensor& src,                 \
-                           const Tensor& weight, Tensor& out);                                     \
-  void moe_combine_backward(Context& ctx, const PermuteMap& map, const CombineBackwardArgs& args,  \
+#define OCTET_MOE_PERMUTE_BACKEND_DECLS                                                           \
+  void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& map);                \
+  /* out[r] = src[token_of[r]], rows of row_bytes bytes; padding rows get fill_word. */           \
+  void moe_gather_rows(Context& ctx, const PermuteMap& map, const Tensor& src, int64_t row_bytes, \
+                       uint32_t fill_word, Tensor& out);                                          \
+  /* out[t] = sum_j w[t, j] src[row_of[t, j]] (w = 1 without weight), FP32, slot order */         \
+  void moe_weighted_gather(Context& ctx, const PermuteMap& map, const Tensor& src,                \
+                           const Tensor& weight, Tensor& out);                                    \
+  void moe_combine_backward(Context& ctx, const PermuteMap& map, const CombineBackwardArgs& args, \
                             CombineGrads& grads);
 
 namespace cpu {

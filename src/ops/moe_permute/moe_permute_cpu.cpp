@@ -4,25 +4,10 @@
 #include <vector>
 
 #include "numerics/fp32_rn.h"
+#include "ops/cpu_elements.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 
 namespace octet::cpu {
-namespace {
-
-float load(const Tensor& t, int64_t i) {
-  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
-                                  : bf16_to_float(t.data_as<const uint16_t>()[i]);
-}
-
-void store(Tensor& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = float_to_bf16(v);
-}
-
-}  // namespace
-
 void moe_permute_map(Context&, const PermuteMapArgs& args, PermuteMap& m) {
   const int64_t T = m.num_tokens, k = m.top_k, E = m.num_experts;
   const int32_t* idx = args.topk_idx.data_as<const int32_t>();

@@ -131,7 +131,7 @@ DelayedScaling make_delayed_scaling(Context& ctx, int64_t history_len) {
 }
 
 void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
-                            AmaxReduce reduce, const ScaleRule& rule) {
+                            AmaxReduction reduce, const ScaleRule& rule) {
   OCTET_CHECK(step >= 0, "delayed scaling: step must be >= 0, got ", step);
   OCTET_CHECK(rule.margin >= 0 && rule.margin <= 64,
               "delayed scaling: margin must be in [0, 64], got ", rule.margin);

@@ -8,6 +8,7 @@
 
 #include "core/context.h"
 #include "core/quant_tensor.h"
+#include "numerics/scale.h"
 
 namespace octet {
 
@@ -54,8 +55,6 @@ void scaling_aware_transpose(Context& ctx, QuantTensor& q);
 
 // Delayed scaling state of one per-tensor site (TransformerEngine's DelayedScaling). Lives on the
 // device of the context so that the training step never reads it back to the host.
-enum class AmaxReduce : uint8_t { kMax, kMostRecent };
-
 struct DelayedScaling {
   Tensor amax_history;  // (history_len) fp32, ring buffer; slot step % history_len is the newest
   Tensor scale;         // (1) fp32: the scale the next quantize uses
@@ -69,6 +68,6 @@ DelayedScaling make_delayed_scaling(Context& ctx, int64_t history_len);
 //   scale = compute_scale(reduced, {format, rounding, epsilon = 0, margin}); otherwise the previous
 //   scale is kept. scale_inv = 1 / scale.
 void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
-                            AmaxReduce reduce, const ScaleRule& rule);
+                            AmaxReduction reduce, const ScaleRule& rule);
 
 }  // namespace octet

@@ -14,7 +14,7 @@ namespace octet {
   void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata,          \
                                Tensor& cscale);                                             \
   void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax,      \
-                              int64_t step, AmaxReduce reduce, const ScaleRule& rule);
+                              int64_t step, AmaxReduction reduce, const ScaleRule& rule);
 
 namespace cpu {
 OCTET_QUANTIZE_BACKEND_DECLS

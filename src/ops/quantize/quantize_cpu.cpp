@@ -95,7 +95,7 @@ void dequantize(Context&, const Tensor& data, const Tensor& scale_inv, Granulari
   const float* s = scale_inv.data_as<const float>();
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
-      const float v = fp32_mul_rn(fp8_to_float(q[i * cols + j], f), s[(i / gh) * gcols + j / gw]);
+      const float v = rn::mul(fp8_to_float(q[i * cols + j], f), s[(i / gh) * gcols + j / gw]);
       if (out.dtype() == DType::kF32)
         out.data_as<float>()[i * cols + j] = v;
       else
@@ -136,13 +136,13 @@ void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Ten
 }
 
 void delayed_scaling_update(Context&, DelayedScaling& state, const Tensor& amax, int64_t step,
-                            AmaxReduce reduce, const ScaleRule& rule) {
+                            AmaxReduction reduce, const ScaleRule& rule) {
   float* hist = state.amax_history.data_as<float>();
   const int64_t len = state.amax_history.numel();
   const float a = amax.data_as<const float>()[0];
   hist[step % len] = a;
   uint32_t reduced = abs_bits(a);
-  if (reduce == AmaxReduce::kMax)
+  if (reduce == AmaxReduction::kMax)
     for (int64_t i = 0; i < len; ++i) reduced = std::max(reduced, abs_bits(hist[i]));
   if (reduced != 0 && reduced < 0x7F800000u) {
     const float scale = compute_scale(bits_float(reduced), rule);

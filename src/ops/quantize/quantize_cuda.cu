@@ -248,10 +248,10 @@ void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata,
 }
 
 void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
-                            AmaxReduce reduce, const ScaleRule& rule) {
+                            AmaxReduction reduce, const ScaleRule& rule) {
   kernels::delayed_scaling_update_kernel<<<1, 256, 0, stream_of(ctx)>>>(
       state.amax_history.data_as<float>(), state.amax_history.numel(), amax.data_as<const float>(),
-      step, reduce == AmaxReduce::kMax, rule, state.scale.data_as<float>(),
+      step, reduce == AmaxReduction::kMax, rule, state.scale.data_as<float>(),
       state.scale_inv.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }

@@ -113,7 +113,7 @@ struct Chunk1x128 {
     uint16_t q[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      q[i] = cvt_fp8x2(fp32_mul_rn(v[2 * i], scale), fp32_mul_rn(v[2 * i + 1], scale), rule.format);
+      q[i] = cvt_fp8x2(rn::mul(v[2 * i], scale), rn::mul(v[2 * i + 1], scale), rule.format);
     if constexpr (kVec == 8) {
       if (c < cols)
         *reinterpret_cast<uint2*>(data + r * cols + c) = make_uint2(
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
         const uint16_t pair = cvt_fp8x2(
-            fp32_mul_rn(v[i], tile_scale_of(p.rowwise, s, 0, tr, tc + i)),
-            fp32_mul_rn(v[i + 1], tile_scale_of(p.rowwise, s, 0, tr, tc + i + 1)), p.rule.format);
+            rn::mul(v[i], tile_scale_of(p.rowwise, s, 0, tr, tc + i)),
+            rn::mul(v[i + 1], tile_scale_of(p.rowwise, s, 0, tr, tc + i + 1)), p.rule.format);
         q[i] = static_cast<uint8_t>(pair), q[i + 1] = static_cast<uint8_t>(pair >> 8);
       }
       if (vec && c < p.cols) {
@@ -408,10 +408,9 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
     if (p.columnwise.data) {
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
-        const uint16_t pair =
-            cvt_fp8x2(fp32_mul_rn(v[i], tile_scale_of(p.columnwise, s, 1, tr, tc + i)),
-                      fp32_mul_rn(v[i + 1], tile_scale_of(p.columnwise, s, 1, tr, tc + i + 1)),
-                      p.rule.format);
+        const uint16_t pair = cvt_fp8x2(
+            rn::mul(v[i], tile_scale_of(p.columnwise, s, 1, tr, tc + i)),
+            rn::mul(v[i + 1], tile_scale_of(p.columnwise, s, 1, tr, tc + i + 1)), p.rule.format);
         s.q[tr * kSmemStride + tc + i] = static_cast<uint8_t>(pair);
         s.q[tr * kSmemStride + tc + i + 1] = static_cast<uint8_t>(pair >> 8);
       }
@@ -475,7 +474,7 @@ static __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
   for (int w = 0; w < 8; ++w) m = max(m, warp_max_s[w]);
   const float smax = bits_float(m);
-  if (i < kTile) ratio[i] = si > 0.0f ? fp32_div_rn(si, smax) : 0.0f;
+  if (i < kTile) ratio[i] = si > 0.0f ? rn::div(si, smax) : 0.0f;
   if (threadIdx.x == 0) out_scale_inv[blockIdx.x * rblocks + blockIdx.y] = smax;
   __syncthreads();
   const bool ovec = rows % 16 == 0;
@@ -487,8 +486,8 @@ static __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int j = 0; j < 16; j += 2) {
       const int tr = 16 * k + j;
-      const float a = fp32_mul_rn(lut[tile[tr * kSmemStride + c]], ratio[tr]);
-      const float b = fp32_mul_rn(lut[tile[(tr + 1) * kSmemStride + c]], ratio[tr + 1]);
+      const float a = rn::mul(lut[tile[tr * kSmemStride + c]], ratio[tr]);
+      const float b = rn::mul(lut[tile[(tr + 1) * kSmemStride + c]], ratio[tr + 1]);
       w[j / 4] |= static_cast<uint32_t>(cvt_fp8x2(a, b, format)) << (8 * (j % 4));
     }
     if (ovec) {
@@ -579,7 +578,7 @@ __global__ void __launch_bounds__(256)
     for (int i = 0; i < 8; ++i) {
       const float s =
           (shared_scale || c + i >= cols) ? s0 : sinv[scale_offset(g, r, c + i, rows, cols)];
-      v[i] = fp32_mul_rn(fp8_to_float(code[i], f), s);
+      v[i] = rn::mul(fp8_to_float(code[i], f), s);
     }
     if constexpr (kVec && sizeof(OutT) == 4) {
       reinterpret_cast<float4*>(out + base)[0] = make_float4(v[0], v[1], v[2], v[3]);

@@ -4,27 +4,15 @@
 
 #include "numerics/fp8.h"
 #include "ops/cast/cast_backends.h"
+#include "ops/cpu_elements.h"
 #include "ops/rmsnorm/rmsnorm_backends.h"
 
 namespace octet::cpu {
 namespace {
 
-double load(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
-  return bf16_to_float(t.data_as<const uint16_t>()[i]);
-}
-
-void store(const Tensor& t, int64_t i, double v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = static_cast<float>(v);
-  else
-    t.data_as<uint16_t>()[i] = float_to_bf16(static_cast<float>(v));
-}
-
 // t[i] = round(t[i] + r[i]) over the whole tensor: add_into's element (ops/cast).
 void add_residual(const Tensor& t, const Tensor& r) {
-  for (int64_t i = 0; i < t.numel(); ++i)
-    store(t, i, add_element(static_cast<float>(load(t, i)), static_cast<float>(load(r, i))));
+  for (int64_t i = 0; i < t.numel(); ++i) store(t, i, add_element(load(t, i), load(r, i)));
 }
 
 }  // namespace
@@ -36,10 +24,10 @@ void rmsnorm_forward(Context&, const RmsNormForwardArgs& a) {
   float* rstd = a.rstd.data_as<float>();
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0.0;
-    for (int64_t j = 0; j < d; ++j) ss += load(a.x, r * d + j) * load(a.x, r * d + j);
+    for (int64_t j = 0; j < d; ++j) ss += load_f64(a.x, r * d + j) * load_f64(a.x, r * d + j);
     const float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + a.epsilon));
     rstd[r] = rs;
-    for (int64_t j = 0; j < d; ++j) store(a.y, r * d + j, load(a.x, r * d + j) * rs * w[j]);
+    for (int64_t j = 0; j < d; ++j) store(a.y, r * d + j, load_f64(a.x, r * d + j) * rs * w[j]);
   }
 }
 
@@ -52,10 +40,10 @@ void rmsnorm_backward(Context&, const RmsNormBackwardArgs& a) {
     const double rs = rstd[r];
     double dot = 0.0;  // sum_k g_k * xhat_k
     for (int64_t j = 0; j < d; ++j)
-      dot += load(a.dy, r * d + j) * w[j] * (load(a.x, r * d + j) * rs);
+      dot += load_f64(a.dy, r * d + j) * w[j] * (load_f64(a.x, r * d + j) * rs);
     const double mean = dot / static_cast<double>(d);
     for (int64_t j = 0; j < d; ++j) {
-      const double xhat = load(a.x, r * d + j) * rs, dy = load(a.dy, r * d + j);
+      const double xhat = load_f64(a.x, r * d + j) * rs, dy = load_f64(a.dy, r * d + j);
       store(a.dx, r * d + j, rs * (dy * w[j] - xhat * mean));
       dw[static_cast<size_t>(j)] += dy * xhat;
     }

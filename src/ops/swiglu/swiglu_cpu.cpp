@@ -3,26 +3,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/cpu_elements.h"
 #include "ops/swiglu/swiglu_backends.h"
 #include "ops/swiglu/swiglu_math.h"
 
 namespace octet::cpu {
-namespace {
-
-float load(const Tensor& t, int64_t i) {
-  if (t.dtype() == DType::kF32) return t.data_as<const float>()[i];
-  return bf16_to_float(t.data_as<const uint16_t>()[i]);
-}
-
-void store(const Tensor& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = float_to_bf16(v);
-}
-
-}  // namespace
-
 void swiglu_forward(Context&, const SwigluForwardArgs& a) {
   const int64_t rows = a.h.rows(), f = a.h.cols();
   for (int64_t r = 0; r < rows; ++r)

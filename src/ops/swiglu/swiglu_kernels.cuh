@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(kThreads)
     const float scale = compute_scale(bits_float(a), rule);
     if (lane == 0) scale_inv[grp] = scale_inverse(scale);
     const uint16_t lo = __nv_cvt_float2_to_fp8x2(
-        make_float2(fp32_mul_rn(h[0], scale), fp32_mul_rn(h[1], scale)), __NV_SATFINITE, kind);
+        make_float2(rn::mul(h[0], scale), rn::mul(h[1], scale)), __NV_SATFINITE, kind);
     const uint16_t hi = __nv_cvt_float2_to_fp8x2(
-        make_float2(fp32_mul_rn(h[2], scale), fp32_mul_rn(h[3], scale)), __NV_SATFINITE, kind);
+        make_float2(rn::mul(h[2], scale), rn::mul(h[3], scale)), __NV_SATFINITE, kind);
     const uint32_t word = lo | (static_cast<uint32_t>(hi) << 16);
     uint8_t* out = data + r * f + c;
     if (vec && c < f) {

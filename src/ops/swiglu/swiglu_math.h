@@ -27,7 +27,7 @@ OCTET_HD float sigmoid(float g) {
 
 // h = silu(g) * u = (g * sigmoid(g)) * u.
 OCTET_HD float swiglu(float g, float u) {
-  return canonical_nan(fp32_mul_rn(fp32_mul_rn(g, sigmoid(g)), u));
+  return canonical_nan(rn::mul(rn::mul(g, sigmoid(g)), u));
 }
 
 // Gradients of h = silu(g) * u given dh:
@@ -38,9 +38,9 @@ struct SwigluGrad {
 };
 OCTET_HD SwigluGrad swiglu_grad(float g, float u, float dh) {
   const float s = sigmoid(g);
-  const float du = fp32_mul_rn(dh, fp32_mul_rn(g, s));
-  const float dsilu = fp32_mul_rn(s, rn::add(1.0f, fp32_mul_rn(g, rn::add(1.0f, -s))));
-  return {canonical_nan(fp32_mul_rn(fp32_mul_rn(dh, u), dsilu)), canonical_nan(du)};
+  const float du = rn::mul(dh, rn::mul(g, s));
+  const float dsilu = rn::mul(s, rn::add(1.0f, rn::mul(g, rn::add(1.0f, -s))));
+  return {canonical_nan(rn::mul(rn::mul(dh, u), dsilu)), canonical_nan(du)};
 }
 
 }  // namespace octet::swiglu_math

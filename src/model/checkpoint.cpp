@@ -1,4 +1,4 @@
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,12 +14,23 @@
 #include <set>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "io/atomic_file.h"
 #include "io/json_keys.h"
 #include "numerics/fp8.h"
+#include "ops/cast/cast.h"
 #include "ops/quantize/quantize.h"
 
-namespace octet::io {
+namespace octet {
+
+using io::AtomicFile;
+using io::DuplicateKey;
+using io::find_duplicate_key;
+using io::NamedTensors;
+using io::read_safetensors;
+using io::write_safetensors;
+using io::write_text_file_atomic;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -42,6 +53,12 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
   auto add = [&](const std::string& name, Shape shape, TensorKind kind) {
     out.push_back({p + name, std::move(shape), kind, layer, depth});
   };
+  // Fused where the model fuses: `fused` (a name under this layer), element `offset`, `shape`.
+  auto fuse = [&](const std::string& fused, int64_t offset, Shape shape) {
+    out.back().fused_name = p + fused;
+    out.back().fused_offset = offset;
+    out.back().fused_shape = std::move(shape);
+  };
   add("input_layernorm.weight", {D}, TensorKind::kNorm);
   if (c.q_lora_rank) {
     add("self_attn.q_a_proj.weight", {*c.q_lora_rank, D}, TensorKind::kLinear);
@@ -57,9 +74,12 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
       TensorKind::kLinear);
   add("self_attn.o_proj.weight", {D, H * c.v_head_dim}, TensorKind::kLinear);
   add("post_attention_layernorm.weight", {D}, TensorKind::kNorm);
+  // A SwiGLU MLP whose gate_proj and up_proj the model holds as one gate_up_proj.
   auto add_mlp = [&](const std::string& mlp, int64_t inter) {
     add(mlp + "gate_proj.weight", {inter, D}, TensorKind::kLinear);
+    fuse(mlp + "gate_up_proj.weight", 0, {2 * inter, D});
     add(mlp + "up_proj.weight", {inter, D}, TensorKind::kLinear);
+    fuse(mlp + "gate_up_proj.weight", inter * D, {2 * inter, D});
     add(mlp + "down_proj.weight", {D, inter}, TensorKind::kLinear);
   };
   if (!c.is_moe_layer(layer)) {
@@ -68,8 +88,17 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
   }
   add("mlp.gate.weight", {c.n_routed_experts, D}, TensorKind::kRouterGate);
   add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, TensorKind::kRouterBias);
-  for (int64_t j = 0; j < c.n_routed_experts; ++j)
-    add_mlp("mlp.experts." + std::to_string(j) + ".", c.moe_intermediate_size);
+  // The routed experts, stacked: (E, 2F, D) gate_up and (E, D, F) down.
+  const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
+  for (int64_t j = 0; j < E; ++j) {
+    const std::string e = "mlp.experts." + std::to_string(j) + ".";
+    add(e + "gate_proj.weight", {F, D}, TensorKind::kLinear);
+    fuse("mlp.experts.gate_up_proj", 2 * j * F * D, {E, 2 * F, D});
+    add(e + "up_proj.weight", {F, D}, TensorKind::kLinear);
+    fuse("mlp.experts.gate_up_proj", (2 * j + 1) * F * D, {E, 2 * F, D});
+    add(e + "down_proj.weight", {D, F}, TensorKind::kLinear);
+    fuse("mlp.experts.down_proj", j * D * F, {E, D, F});
+  }
   if (c.n_shared_experts > 0)
     add_mlp("mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
 }
@@ -171,44 +200,28 @@ std::string missing_message(const std::vector<const TensorSpec*>& missing) {
 
 // ---- Conversions ----
 
-enum class Storage : uint8_t { kAsGiven, kF32, kBf16, kFp8 };
+enum class StoredAs : uint8_t { kAsGiven, kF32, kBf16, kFp8 };
 
-Storage storage_for(TensorKind kind, CheckpointFormat format) {
-  if (format == CheckpointFormat::kAsIs) return Storage::kAsGiven;
-  if (kind == TensorKind::kRouterBias) return Storage::kF32;
-  if (format == CheckpointFormat::kFp8 && kind == TensorKind::kLinear) return Storage::kFp8;
-  return Storage::kBf16;
+StoredAs storage_for(TensorKind kind, CheckpointFormat format) {
+  if (format == CheckpointFormat::kAsIs) return StoredAs::kAsGiven;
+  if (kind == TensorKind::kRouterBias) return StoredAs::kF32;
+  if (format == CheckpointFormat::kFp8 && kind == TensorKind::kLinear) return StoredAs::kFp8;
+  return StoredAs::kBf16;
 }
 
-int64_t stored_bytes(const Matched& m, Storage s) {
+int64_t stored_bytes(const Matched& m, StoredAs s) {
   const int64_t n = shape_numel(m.spec->shape);
   switch (s) {
-    case Storage::kAsGiven:
+    case StoredAs::kAsGiven:
       return m.value.nbytes() + (m.fp8() ? m.scale_inv.nbytes() : 0);
-    case Storage::kF32:
+    case StoredAs::kF32:
       return 4 * n;
-    case Storage::kBf16:
+    case StoredAs::kBf16:
       return 2 * n;
-    case Storage::kFp8:
+    case StoredAs::kFp8:
       return n + 4 * shape_numel(fp8_scale_shape(m.spec->shape));
   }
   return 0;
-}
-
-Tensor cast(const Tensor& t, DType to) {
-  if (t.dtype() == to) return t;
-  Tensor out = Tensor::empty(t.shape(), to);
-  const int64_t n = t.numel();
-  if (to == DType::kBF16) {
-    const float* src = t.data_as<float>();
-    auto* dst = out.data_as<uint16_t>();
-    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-  } else {
-    const auto* src = t.data_as<uint16_t>();
-    float* dst = out.data_as<float>();
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-  }
-  return out;
 }
 
 QuantTensor as_quant(const Matched& m) {
@@ -221,23 +234,23 @@ QuantTensor as_quant(const Matched& m) {
 }
 
 Tensor to_float(Context& ctx, const Matched& m, DType to) {
-  if (!m.fp8()) return cast(m.value, to);
+  if (!m.fp8()) return m.value.dtype() == to ? m.value : cast(ctx, m.value, to);
   return dequantize(ctx, as_quant(m), to).reshape(m.spec->shape);
 }
 
 // The tensor(s) a match is stored as: one, or the FP8 weight followed by its scales.
-NamedTensors convert(Context& ctx, const Matched& m, Storage s) {
+NamedTensors convert(Context& ctx, const Matched& m, StoredAs s) {
   const std::string& name = m.spec->name;
   const std::string sname = fp8_scale_name(name);
   switch (s) {
-    case Storage::kAsGiven:
+    case StoredAs::kAsGiven:
       if (m.fp8()) return {{name, m.value}, {sname, m.scale_inv}};
       return {{name, m.value}};
-    case Storage::kF32:
+    case StoredAs::kF32:
       return {{name, to_float(ctx, m, DType::kF32)}};
-    case Storage::kBf16:
+    case StoredAs::kBf16:
       return {{name, to_float(ctx, m, DType::kBF16)}};
-    case Storage::kFp8: {
+    case StoredAs::kFp8: {
       if (m.fp8()) return {{name, m.value}, {sname, m.scale_inv}};
       QuantizeArgs args;
       args.input = m.value;
@@ -442,7 +455,7 @@ namespace {
 struct WritePlan {
   struct Entry {
     const Matched* m;
-    Storage storage;
+    StoredAs storage;
     int64_t bytes;  // stored data bytes (an FP8 weight's scales included)
   };
   std::vector<TensorSpec> specs;  // what `matched` points into
@@ -476,12 +489,12 @@ WritePlan plan_write(const ModelConfig& config, const NamedTensors& params,
     auto it = by_name.find(name);
     if (it == by_name.end()) continue;  // the scales of an FP8 weight travel with it
     const Matched& m = *it->second;
-    const Storage s = storage_for(m.spec->kind, options.format);
+    const StoredAs s = storage_for(m.spec->kind, options.format);
     plan.entries.push_back({&m, s, stored_bytes(m, s)});
     plan.total += plan.entries.back().bytes;
-    plan.any_fp8 |= s == Storage::kFp8 || (s == Storage::kAsGiven && m.fp8());
+    plan.any_fp8 |= s == StoredAs::kFp8 || (s == StoredAs::kAsGiven && m.fp8());
     if (m.spec->kind == TensorKind::kEmbedding && m.spec->layer < 0)
-      plan.dtype = s == Storage::kAsGiven ? m.value.dtype() : DType::kBF16;
+      plan.dtype = s == StoredAs::kAsGiven ? m.value.dtype() : DType::kBF16;
   }
   // transformers' sharding: a new shard when the next entry would overflow a non-empty one.
   plan.shards.emplace_back();
@@ -699,4 +712,4 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name,
   return out;
 }
 
-}  // namespace octet::io
+}  // namespace octet

@@ -6,8 +6,8 @@
 //                                   when FP8 weights are stored)
 //   model.safetensors               when every tensor fits in one shard, or
 //   model-00001-of-0000N.safetensors + model.safetensors.index.json
-//                                   {"metadata": {"total_size": data bytes}, "weight_map": {name:
-//                                   file}}
+//                                   {"metadata": {"total_size": data bytes},
+//                                    "weight_map": {name: file}}
 // Each shard carries the safetensors metadata {"format": "pt"} that transformers' loader expects.
 // Reading takes the index when present (its total_size is informational and not checked, as in
 // transformers); a directory holding both an index and model.safetensors is rejected as ambiguous.
@@ -57,7 +57,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 
-namespace octet::io {
+namespace octet {
 
 // What a parameter is, which decides how each format stores it.
 enum class TensorKind : uint8_t {
@@ -77,6 +77,14 @@ struct TensorSpec {
   TensorKind kind = TensorKind::kLinear;
   int64_t layer = -1;      // decoder layer index (MTP layers included); -1 outside the layers
   int64_t mtp_depth = -1;  // 0-based MTP depth; -1 for the main model
+  // Where the model holds it when it fuses parameters (model/parameter.h): the fused parameter's
+  // name and shape, and this tensor's first element in it. Empty: held as itself. Dense and
+  // shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of `mlp.gate_up_proj.weight`;
+  // routed expert j's are [2j] / [2j + 1] of `mlp.experts.gate_up_proj` (E, 2F, D), its down_proj
+  // [j] of `mlp.experts.down_proj` (E, D, F).
+  std::string fused_name;
+  int64_t fused_offset = 0;
+  Shape fused_shape;
 };
 
 // Every parameter of the model, in a fixed order: embed_tokens, layers 0..N-1, model.norm, lm_head
@@ -106,8 +114,8 @@ struct CheckpointWriteOptions {
 // expected_tensors(config) lists them, exactly those, with those shapes, in F32 or BF16; a kLinear
 // weight may instead be given in the release form, `X.weight` F8_E4M3 with `X.weight_scale_inv`.
 // Shards hold the tensors in the order of `params`.
-void write_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& params,
-                      const CheckpointWriteOptions& options = {});
+void write_checkpoint(const std::string& dir, const ModelConfig& config,
+                      const io::NamedTensors& params, const CheckpointWriteOptions& options = {});
 
 enum class Fp8Weights : uint8_t {
   kDequantize,  // X.weight + X.weight_scale_inv -> F32 tensor (octet::dequantize, 128x128)
@@ -126,7 +134,7 @@ struct CheckpointReadOptions {
 struct LoadedCheckpoint {
   ModelConfig config;
   // Host tensors in expected_tensors order. FP8 weights kept as QuantTensors are not in here.
-  NamedTensors tensors;
+  io::NamedTensors tensors;
   // With Fp8Weights::kKeep: "X.weight" -> {data (out, in) E4M3, scale_inv (ceil(out/128),
   // ceil(in/128)) F32, granularity k128x128, format kE4M3}; amax is left undefined (not stored).
   std::map<std::string, QuantTensor> quantized;
@@ -157,4 +165,4 @@ LoadedCheckpoint read_checkpoint(const std::string& dir, const CheckpointReadOpt
 std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
                                                           const std::string& source);
 
-}  // namespace octet::io
+}  // namespace octet

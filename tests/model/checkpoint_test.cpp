@@ -2,7 +2,7 @@
 // the released model), round trips in every format, the release's FP8 layout, sharding, the no-MTP
 // warning, one test per kind of corruption (each error must name what is wrong), and atomic
 // replacement when a write is interrupted.
-#include "io/checkpoint.h"
+#include "model/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,14 +10,22 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
+#include "backend/backend.h"
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
-namespace octet::io {
+namespace octet {
+
+using io::NamedTensors;
+using io::read_safetensors;
+using io::SafetensorsFile;
+using io::write_safetensors;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -209,6 +217,44 @@ TEST_F(CheckpointTest, ExpectedTensorsCountMatchesTheDeepSeekV3Release) {
   size_t linear = 0;
   for (const TensorSpec& s : specs) linear += s.kind == TensorKind::kLinear;
   EXPECT_EQ(specs.size() + linear, 91991u);
+}
+
+// The model's fused parameters derive from the same list as the checkpoint names: every fused
+// parameter is tiled exactly once by the tensors that name it, with one shape.
+TEST(ExpectedTensors, FusedLocationsTileTheFusedParameters) {
+  const ModelConfig c = test::tiny_model_config();
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, std::vector<int>> cover;
+  for (const TensorSpec& s : expected_tensors(c)) {
+    if (s.fused_name.empty()) continue;
+    auto [it, fresh] = shapes.emplace(s.fused_name, s.fused_shape);
+    EXPECT_EQ(it->second, s.fused_shape) << s.name;
+    std::vector<int>& v = cover[s.fused_name];
+    v.resize(static_cast<size_t>(shape_numel(s.fused_shape)));
+    ASSERT_LE(s.fused_offset + shape_numel(s.shape), shape_numel(s.fused_shape)) << s.name;
+    for (int64_t i = 0; i < shape_numel(s.shape); ++i) ++v[static_cast<size_t>(s.fused_offset + i)];
+  }
+  for (const auto& [name, v] : cover)
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], 1) << name << " element " << i;
+  // One of each kind, by hand: a dense MLP, a routed expert's up_proj, a shared expert.
+  const int64_t D = c.hidden_size, I = c.intermediate_size, F = c.moe_intermediate_size;
+  const int64_t E = c.n_routed_experts;
+  std::map<std::string, const TensorSpec*> by;
+  const std::vector<TensorSpec> specs = expected_tensors(c);
+  for (const TensorSpec& s : specs) by[s.name] = &s;
+  const TensorSpec& up0 = *by.at("model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(up0.fused_name, "model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_EQ(up0.fused_offset, I * D);
+  EXPECT_EQ(up0.fused_shape, (Shape{2 * I, D}));
+  const TensorSpec& e3 = *by.at("model.layers.1.mlp.experts.3.up_proj.weight");
+  EXPECT_EQ(e3.fused_name, "model.layers.1.mlp.experts.gate_up_proj");
+  EXPECT_EQ(e3.fused_offset, 7 * F * D);
+  EXPECT_EQ(e3.fused_shape, (Shape{E, 2 * F, D}));
+  EXPECT_EQ(by.at("model.layers.1.mlp.experts.3.down_proj.weight")->fused_offset, 3 * D * F);
+  EXPECT_EQ(by.at("model.layers.1.mlp.shared_experts.gate_proj.weight")->fused_name,
+            "model.layers.1.mlp.shared_experts.gate_up_proj.weight");
+  EXPECT_TRUE(by.at("model.layers.0.mlp.down_proj.weight")->fused_name.empty());
+  EXPECT_TRUE(by.at("model.layers.0.self_attn.o_proj.weight")->fused_name.empty());
 }
 
 TEST_F(CheckpointTest, RoundTripAsIsIsBitExact) {
@@ -616,4 +662,4 @@ TEST_F(CheckpointTest, OverwriteReplacesShardsAndKeepsOtherFiles) {
 }
 
 }  // namespace
-}  // namespace octet::io
+}  // namespace octet
