@@ -534,14 +534,50 @@ void TokenStream::read(int64_t start, int64_t n, int32_t* out) const {
   size_t i = std::upper_bound(offsets_.begin(), offsets_.end(), start) - offsets_.begin();
   while (n > 0) {
     const int64_t shard_begin = i == 0 ? 0 : offsets_[i - 1];
-    const std::span<const uint16_t> t = shards_[i].tokens();
     const int64_t take = std::min(n, offsets_[i] - start);
-    std::copy_n(t.begin() + (start - shard_begin), take, out);
+    shards_[i].read(start - shard_begin, take, out);
     out += take;
     start += take;
     n -= take;
     ++i;
   }
+}
+
+DataVocab data_vocab(const ShardSet& shards) {
+  DataVocab v;
+  if (shards.train.empty()) return v;
+  const fs::path manifest = fs::path(shards.train[0]).parent_path() / kManifestName;
+  std::ifstream in(manifest);
+  if (!in) return v;
+  Json m;
+  try {
+    m = Json::parse(in);
+  } catch (const Json::exception& e) {
+    OCTET_THROW(manifest.string(), ": not valid JSON: ", e.what());
+  }
+  v.manifest = manifest.string();
+  if (m.contains("vocab_size") && m["vocab_size"].is_number_integer()) {
+    v.vocab_size = m["vocab_size"].get<int64_t>();
+    if (m.contains("tokenizer") && m["tokenizer"].is_object())
+      v.tokenizer = m["tokenizer"].value("sha256", std::string());
+  } else if (m.contains("inputs") && m["inputs"].value("tokenizer", "") == "bytes") {
+    v.vocab_size = kByteVocabSize;
+    v.tokenizer = "bytes";
+  }
+  return v;
+}
+
+DataStreams open_data_streams(const ShardSet& shards, int64_t vocab_size) {
+  const DataVocab v = data_vocab(shards);
+  OCTET_CHECK(v.vocab_size <= vocab_size, "data: ", v.manifest,
+              " says the data was tokenized with a vocabulary of ", v.vocab_size, " ids",
+              v.tokenizer.empty() ? "" : " (tokenizer " + v.tokenizer + ")",
+              ", but the model's vocab_size is ", vocab_size,
+              "; set model.vocab_size = ", v.vocab_size, " (or more)");
+  DataStreams d;
+  d.train = TokenStream::open(shards.train, vocab_size);
+  if (!shards.val.empty()) d.val = TokenStream::open(shards.val, vocab_size);
+  return d;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -118,6 +119,16 @@ struct DataSourceArgs {
 // nothing matches, when text and shards are mixed, or when a shard is both train and val.
 ShardSet resolve_data_source(const DataSourceArgs& args);
 
+// The vocabulary the data was tokenized with, as the manifest.json beside the first training
+// shard records it (`octet prepare` writes vocab_size; octet's byte-level preparation is 257 ids);
+// vocab_size 0 when there is no manifest (llm.c's shards, for one).
+struct DataVocab {
+  int64_t vocab_size = 0;
+  std::string manifest;   // the manifest's path
+  std::string tokenizer;  // what the manifest names it ("bytes", a tokenizer.json hash, ...)
+};
+DataVocab data_vocab(const ShardSet& shards);
+
 // ---------------------------------------------------------------------------------------------
 // Token streams and batches.
 
@@ -137,6 +148,15 @@ class TokenStream {
   std::vector<io::TokenShard> shards_;
   std::vector<int64_t> offsets_;  // offsets_[i] = tokens in shards 0..i
 };
+
+// The training and validation streams of a data source. Checks the data's vocabulary
+// (data_vocab) against the model's vocab_size first, naming both and the setting to change, then
+// opens every shard with its tokens bounded by vocab_size. val is empty without validation data.
+struct DataStreams {
+  TokenStream train;
+  std::optional<TokenStream> val;
+};
+DataStreams open_data_streams(const ShardSet& shards, int64_t vocab_size);
 
 struct TokenBatch {
   Tensor inputs;   // (B, T) int32, host

@@ -89,7 +89,7 @@ struct Run {
     return m;
   }
 
-  void build(const ShardSet& shards) {
+  void build(DataStreams data) {
     const ModelConfig mc = model_config();
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
     for (Parameter* p : model->parameters())
@@ -98,12 +98,11 @@ struct Run {
     for (Param& p : params) ptrs.push_back(&p);
     optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
     sampler = std::make_unique<BatchSampler>(
-        TokenStream::open(shards.train, mc.vocab_size),
+        std::move(data.train),
         SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
-    if (!shards.val.empty() && cfg.eval.every > 0)
+    if (data.val && cfg.eval.every > 0)
       val = std::make_unique<ValBatches>(
-          TokenStream::open(shards.val, mc.vocab_size),
-          ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+          std::move(*data.val), ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
   }
 
   void save_checkpoint() {
@@ -334,6 +333,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   if (!target && opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir))
     start_new_run(cfg.run_dir, opt.start);
   const ShardSet shards = resolve_data_source(da);
+  DataStreams data = open_data_streams(shards, cfg.model.vocab_size);
   const Device device = pick_device(cfg.device);
   Run run(cfg, out, device);
   check_memory(cfg, run.ctx.be(), device);
@@ -352,7 +352,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
     out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
         << run.ckpt_root << "\n";
-  run.build(shards);
+  run.build(std::move(data));
   std::unique_ptr<MetricsWriter> metrics;
   if (!target) {
     run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));

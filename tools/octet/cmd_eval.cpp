@@ -37,7 +37,8 @@ std::vector<int32_t> read_tokens(const Args& args, int64_t vocab_size) {
   const auto path = args.get("tokens");
   OCTET_CHECK(path.has_value(), "octet eval needs --text FILE or --tokens FILE");
   const io::TokenShard shard = io::TokenShard::open(*path, vocab_size);
-  for (const uint16_t t : shard.tokens()) out.push_back(t);
+  out.resize(static_cast<size_t>(shard.size()));
+  shard.read(0, shard.size(), out.data());
   return out;
 }
 
@@ -112,7 +113,7 @@ Command eval_command() {
   return {"eval", "mean cross-entropy of a checkpoint over text or a token shard",
           "usage: octet eval CHECKPOINT_DIR (--text FILE | --tokens FILE) [flags]\n"
           "  --text FILE        UTF-8 text, tokenized byte by byte (vocab_size >= 257)\n"
-          "  --tokens FILE      an llm.c token shard (header + uint16 tokens)\n"
+          "  --tokens FILE      an llm.c token shard (uint16 or uint32 tokens)\n"
           "  --recipe R         precision recipe (default: the checkpoint config's octet_recipe)\n"
           "  --device D         auto (default: cuda when a GPU is present), cpu or cuda\n"
           "  --seq-len T        tokens per sequence (default min(256, max_position_embeddings))\n"
