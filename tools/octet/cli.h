@@ -72,5 +72,6 @@ Command describe_command();
 Command compare_command();
 Command eval_command();
 Command train_command();
+Command prepare_command();
 
 }  // namespace octet::cli
