@@ -723,7 +723,9 @@ LrSchedule TrainConfig::lr_schedule() const {
   s.kind = optim.schedule;
   s.lr = optim.lr;
   s.min_lr = optim.min_lr;
-  s.warmup_steps = optim.warmup_steps;
+  // A short trial run (steps below the warm-up) warms up over all of its steps; the trainer says
+  // so.
+  s.warmup_steps = std::min(optim.warmup_steps, steps);
   s.warmup_init = optim.warmup_init;
   s.total_steps = steps;
   return s;
@@ -793,8 +795,6 @@ void TrainConfig::validate() const {
               "optim.lr must be > 0 and finite in FP32 (<= 3.4e38), got ", optim.lr);
   in_range("optim.min_lr", optim.min_lr, 0, optim.lr, "in [0, optim.lr]");
   at_least("optim.warmup_steps", optim.warmup_steps, 0);
-  OCTET_CHECK(optim.warmup_steps <= steps, "optim.warmup_steps (", optim.warmup_steps,
-              ") must be <= steps (", steps, ")");
   OCTET_CHECK(optim.warmup_init >= 0 && optim.warmup_init < 1,
               "optim.warmup_init must be in [0, 1), got ", optim.warmup_init);
   in_range("optim.weight_decay", optim.weight_decay, 0, HUGE_VAL, ">= 0");

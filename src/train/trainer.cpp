@@ -100,9 +100,16 @@ struct Run {
     sampler = std::make_unique<BatchSampler>(
         std::move(data.train),
         SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
-    if (data.val && cfg.eval.every > 0)
+    const int64_t val_need = cfg.batch_size * cfg.seq_len + 1;
+    if (data.val && cfg.eval.every > 0 && data.val->size() < val_need) {
+      out << "note: the validation data has " << data.val->size()
+          << " tokens, fewer than one batch needs (batch_size * seq_len + 1 = " << val_need
+          << "); training without validation (more text, a larger data.val_fraction or "
+             "eval.every = 0 removes this note)\n";
+    } else if (data.val && cfg.eval.every > 0) {
       val = std::make_unique<ValBatches>(
           std::move(*data.val), ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+    }
   }
 
   void save_checkpoint() {
@@ -368,6 +375,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   fs::create_directories(run.ckpt_root, ec);
   OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
   write_config(cfg, out);
+  if (cfg.optim.warmup_steps > cfg.steps)
+    out << "note: steps = " << cfg.steps
+        << " is below optim.warmup_steps = " << cfg.optim.warmup_steps
+        << ": the warm-up is shortened to all " << cfg.steps << " steps\n";
   if (!target) {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
   } else {
