@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -209,6 +211,16 @@ std::vector<Key> make_keys() {
   k.push_back(field("keep_checkpoints", "most recent checkpoints kept; 0 keeps all",
                     at(&C::keep_checkpoints)));
   k.push_back(field("seed", "initialisation and data order", at(&C::seed)));
+  // Read before every other key (parse_train_config): it sets the model, which later keys adjust.
+  k.push_back(custom(
+      "init_from", Type::kString, "checkpoint to start from (step 0, fresh optimizer); \"\": none",
+      [](const C& c) { return Value(c.init_from); },
+      [](C& c, const Value& v) {
+        c.init_from = std::get<std::string>(v);
+        if (c.init_from.empty()) return;
+        c.model = read_model_config(init_checkpoint_dir(c.init_from) + "/config.json");
+        c.model.recipe = c.recipe;
+      }));
   // The model's recipe field follows this key (it is what config.json records as octet_recipe).
   k.push_back(custom(
       "recipe", Type::kString, "bf16, fp8-tensor-delayed, fp8-tensor-current, deepseek or fp8-flow",
@@ -580,6 +592,7 @@ bool operator==(const TrainConfig& a, const TrainConfig& b) {
          a.batch_size == b.batch_size && a.seq_len == b.seq_len && a.grad_accum == b.grad_accum &&
          a.log_every == b.log_every && a.sites_every == b.sites_every && a.optim == b.optim &&
          a.data == b.data && a.eval == b.eval && a.safety == b.safety &&
+         a.init_from == b.init_from &&
          model_config_to_json(a.model) == model_config_to_json(b.model);
 }
 
@@ -593,7 +606,11 @@ TrainConfig parse_train_config(std::string_view text, const std::string& source)
     OCTET_THROW(source, ":", b.line, ":", b.column, ": ", e.description());
   }
   TrainConfig c;
-  // model.config first: the inline model keys apply over the file whatever their order.
+  // init_from, then model.config: the inline model keys apply over them whatever their order.
+  if (const toml::node* init = root.get("init_from")) {
+    const Key& k = *find_key("init_from");
+    set_key(c, k, to_value(k, *init, where_of(source, *init)), where_of(source, *init));
+  }
   if (const toml::table* m = root["model"].as_table()) {
     if (const toml::node* path = m->get("config")) {
       const Key& k = *find_key("model.config");
@@ -606,6 +623,7 @@ TrainConfig parse_train_config(std::string_view text, const std::string& source)
     if (!section) {
       const Key* k = find_key(top);
       if (!k) unknown_key(where_of(source, node), top);
+      if (top == "init_from") continue;
       set_key(c, *k, to_value(*k, node, where_of(source, node)), where_of(source, node));
       continue;
     }
@@ -709,6 +727,22 @@ std::vector<ConfigChange> config_changes(const TrainConfig& before, const TrainC
     if (a != b) out.push_back({k.name, a, b});
   }
   return out;
+}
+
+std::string init_checkpoint_dir(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(path, ec), "init_from = \"", path, "\": not a directory");
+  if (fs::is_regular_file(fs::path(path) / "config.json", ec)) return path;
+  std::ifstream latest(fs::path(path) / "checkpoints" / "latest");
+  std::string name;
+  OCTET_CHECK(latest >> name, "init_from = \"", path,
+              "\": neither a checkpoint (no config.json) nor a run directory (no "
+              "checkpoints/latest)");
+  const std::string dir = (fs::path(path) / "checkpoints" / name).string();
+  OCTET_CHECK(fs::is_regular_file(fs::path(dir) / "config.json", ec), "init_from = \"", path,
+              "\": checkpoints/latest names ", name, ", which is missing or incomplete");
+  return dir;
 }
 
 bool resume_may_change(const std::string& key) {

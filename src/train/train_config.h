@@ -108,6 +108,11 @@ struct TrainConfig {
   EvalConfig eval;
   SafetyConfig safety;
   ModelConfig model = default_model_config();  // model.recipe follows `recipe`
+  // A checkpoint to start a new run from (fresh optimizer, step 0): a transformers-format
+  // directory (BF16 or F32, sharded or not), DeepSeek-V3's released FP8 form, an octet checkpoint
+  // or run directory (its latest checkpoint). Setting it also sets the model to the checkpoint's
+  // config.json (model keys after it override, as with model.config); "" : a fresh initialisation.
+  std::string init_from;
 
   // Checks every value; the message names the key ("optim.min_lr must be ...").
   void validate() const;
@@ -117,6 +122,10 @@ struct TrainConfig {
   AdamWConfig adamw() const;       // lr is the peak rate; the trainer passes lr_at() per step
   Recipe resolved_recipe() const;  // preset + overrides, validated
 };
+
+// The checkpoint directory init_from names: `path` itself when it holds a config.json, else the
+// latest checkpoint of the run directory `path`. Throws naming the path when it is neither.
+std::string init_checkpoint_dir(const std::string& path);
 
 // Equal when every key is (the model compared through model_config_to_json).
 bool operator==(const TrainConfig& a, const TrainConfig& b);

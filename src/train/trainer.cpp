@@ -152,6 +152,19 @@ struct Run {
       fs::remove_all(ckpt_root + "/" + steps[i]);
   }
 
+  // A new run's weights from a checkpoint of any form read_checkpoint takes (FP8 weights
+  // dequantized into the FP32 masters); missing MTP layers are initialised from the seed.
+  void init_from_checkpoint(const std::string& dir) {
+    io::CheckpointReadOptions ro;
+    ro.cast = io::ReadCast::kToF32;
+    const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
+    for (const std::string& w :
+         load_checkpoint_into(ctx, *model, ck, static_cast<uint64_t>(cfg.seed)))
+      out << "warning: " << w << "\n";
+    out << "initialised from " << dir << (ck.stored_fp8 ? " (FP8 weights dequantized)" : "")
+        << ": step 0, fresh optimizer\n";
+  }
+
   // Weights, optimizer, recipe state; with `data`, also the sampler position and the spike window.
   void load_checkpoint(const std::string& dir, bool data) {
     io::CheckpointReadOptions ro;
@@ -361,7 +374,12 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         << run.ckpt_root << "\n";
   run.build(std::move(data));
   std::unique_ptr<MetricsWriter> metrics;
-  if (!target) {
+  if (!target && !cfg.init_from.empty()) {
+    run.init_from_checkpoint(init_checkpoint_dir(cfg.init_from));
+    std::string removed;
+    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (!removed.empty()) out << removed << "\n";
+  } else if (!target) {
     run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
     // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
     std::string removed;
