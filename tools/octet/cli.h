@@ -73,5 +73,6 @@ Command compare_command();
 Command eval_command();
 Command train_command();
 Command prepare_command();
+Command export_command();
 
 }  // namespace octet::cli
