@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
+#include "io/megatron_dataset.h"
 
 namespace octet {
 
@@ -451,6 +452,18 @@ ShardSet find_shards(const std::string& dir) {
 ShardSet resolve_data_source(const DataSourceArgs& args) {
   OCTET_CHECK(args.val_fraction >= 0 && args.val_fraction < 1,
               "data: val_fraction must be in [0, 1), got ", args.val_fraction);
+  if (!args.megatron.empty()) {
+    OCTET_CHECK(args.path.empty() && args.val_path.empty(), "data: a Megatron dataset (",
+                args.megatron, ") excludes text and shards");
+    for (const char* ext : {".idx", ".bin"})
+      OCTET_CHECK(fs::is_regular_file(args.megatron + ext), args.megatron, ext,
+                  ": not found (data.megatron names the prefix of a Megatron-LM dataset's "
+                  ".bin and .idx, e.g. data/my-corpus_text_document)");
+    ShardSet s;
+    s.megatron = args.megatron;
+    s.megatron_val_fraction = args.val_fraction;
+    return s;
+  }
   if (args.path.empty()) return prepare_cached(default_corpus(), args);
   const bool glob = is_glob_pattern(args.path);
   OCTET_CHECK(glob || fs::exists(args.path), args.path, ": data path not found");
@@ -515,6 +528,17 @@ TokenBatch empty_batch(int64_t B, int64_t T) {
 
 }  // namespace
 
+TokenStream TokenStream::from_shards(std::vector<io::TokenShard> shards) {
+  TokenStream s;
+  int64_t total = 0;
+  for (io::TokenShard& shard : shards) {
+    total += shard.size();
+    s.offsets_.push_back(total);
+    s.shards_.push_back(std::move(shard));
+  }
+  return s;
+}
+
 TokenStream TokenStream::open(const std::vector<std::string>& paths, int64_t vocab_size) {
   OCTET_CHECK(!paths.empty(), "token stream: no shards given");
   TokenStream s;
@@ -567,7 +591,33 @@ DataVocab data_vocab(const ShardSet& shards) {
   return v;
 }
 
+namespace {
+
+// The validation tail of a Megatron dataset starts at the first document start at or after the
+// (1 - val_fraction) point of its tokens; without one there, nothing is held out.
+DataStreams open_megatron(const ShardSet& shards, int64_t vocab_size) {
+  const io::MegatronDataset m = io::MegatronDataset::open(shards.megatron, vocab_size);
+  const auto target = static_cast<int64_t>(
+      std::floor((1.0 - shards.megatron_val_fraction) * static_cast<double>(m.num_tokens())));
+  int64_t cut = m.num_tokens();
+  if (shards.megatron_val_fraction > 0) {
+    for (int64_t d = 1; d < m.num_documents(); ++d) {
+      if (m.document_start(d) >= target) {
+        cut = m.document_start(d);
+        break;
+      }
+    }
+  }
+  DataStreams out;
+  out.train = TokenStream::from_shards({m.tokens(0, cut)});
+  if (cut < m.num_tokens()) out.val = TokenStream::from_shards({m.tokens(cut, m.num_tokens())});
+  return out;
+}
+
+}  // namespace
+
 DataStreams open_data_streams(const ShardSet& shards, int64_t vocab_size) {
+  if (!shards.megatron.empty()) return open_megatron(shards, vocab_size);
   const DataVocab v = data_vocab(shards);
   OCTET_CHECK(v.vocab_size <= vocab_size, "data: ", v.manifest,
               " says the data was tokenized with a vocabulary of ", v.vocab_size, " ids",

@@ -64,6 +64,10 @@ TextCorpus default_corpus(const std::string& dir = kDefaultCorpusDir);
 struct ShardSet {
   std::vector<std::string> train;  // shard paths in stream order
   std::vector<std::string> val;    // may be empty (no validation data)
+  // Instead of shards: a Megatron-LM indexed dataset (io/megatron_dataset.h) whose last
+  // megatron_val_fraction of the tokens, cut at a document start, is the validation data.
+  std::string megatron;
+  double megatron_val_fraction = 0;
 };
 
 struct PrepareTextArgs {
@@ -113,6 +117,9 @@ struct DataSourceArgs {
   double val_fraction = 0.05;  // text only, see PrepareTextArgs
   // Text only, see TextCorpus; the default corpus always uses kDefaultCorpusSeparator.
   std::string document_separator;
+  // A Megatron-LM dataset prefix instead of `path` (which must then be empty); its validation
+  // split is val_fraction.
+  std::string megatron;
 };
 
 // The shards to train and validate on; text is prepared first (prepare_text_shards). Throws when
@@ -138,6 +145,8 @@ class TokenStream {
   TokenStream() = default;
   // Opens and validates every shard (io::TokenShard::open), every token bounded by vocab_size.
   static TokenStream open(const std::vector<std::string>& paths, int64_t vocab_size);
+  // Shards already opened (and bound-checked), in stream order.
+  static TokenStream from_shards(std::vector<io::TokenShard> shards);
 
   int64_t size() const { return offsets_.empty() ? 0 : offsets_.back(); }
   const std::vector<io::TokenShard>& shards() const { return shards_; }

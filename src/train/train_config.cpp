@@ -258,6 +258,8 @@ std::vector<Key> make_keys() {
                     at(&C::data, &DataConfig::text)));
   k.push_back(field("data.shards", "directory or glob of llm.c .bin token shards",
                     at(&C::data, &DataConfig::shards)));
+  k.push_back(field("data.megatron", "Megatron-LM indexed dataset: path/prefix of .bin + .idx",
+                    at(&C::data, &DataConfig::megatron)));
   k.push_back(field("data.val_fraction", "held out for evaluation",
                     at(&C::data, &DataConfig::val_fraction)));
 
@@ -841,6 +843,8 @@ void TrainConfig::validate() const {
 
   OCTET_CHECK(data.text.empty() || data.shards.empty(),
               "data.text and data.shards are exclusive: set one (both are set)");
+  OCTET_CHECK(data.megatron.empty() || (data.text.empty() && data.shards.empty()),
+              "data.megatron excludes data.text and data.shards: set one");
   OCTET_CHECK(data.val_fraction >= 0 && data.val_fraction < 1,
               "data.val_fraction must be in [0, 1), got ", data.val_fraction);
   at_least("eval.every", eval.every, 0);

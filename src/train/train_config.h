@@ -55,6 +55,9 @@ struct OptimConfig {
 struct DataConfig {
   std::string text;    // UTF-8 text file, byte-tokenized; "" (and no shards): the default corpus
   std::string shards;  // directory or glob of llm.c .bin token shards; excludes text
+  // Megatron-LM indexed dataset prefix (prefix.bin + prefix.idx); excludes text and shards. The
+  // last val_fraction of its tokens (whole documents) is held out for validation.
+  std::string megatron;
   double val_fraction = 0.05;  // held-out share of the data for evaluation
 
   bool operator==(const DataConfig&) const = default;

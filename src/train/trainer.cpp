@@ -347,6 +347,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   }
   DataSourceArgs da;
   da.path = cfg.data.shards.empty() ? cfg.data.text : cfg.data.shards;
+  da.megatron = cfg.data.megatron;
   da.cache_dir = opt.cache_dir;
   da.val_fraction = cfg.data.val_fraction;
   // A new run into a directory holding one is refused before any work (and again under the lock).
