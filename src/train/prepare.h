@@ -1,6 +1,7 @@
 // Token shards from a real tokenizer's documents, for `octet prepare`: the documents arrive one at
-// a time as token ids (the CLI runs scripts/tokenize.py, which uses the Hugging Face `tokenizers`
-// library), and this writes them as llm.c shards with a manifest that data_vocab reads back.
+// a time as token ids (the CLI runs scripts/prepare_tokens.py, which uses the Hugging Face
+// `tokenizers` library), and this writes them as llm.c shards with a manifest that data_vocab reads
+// back.
 //
 // Output in out_dir:
 //   train_000000.bin ...   llm.c shards (io/token_shard.h): uint16 when the vocabulary fits

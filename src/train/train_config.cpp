@@ -741,7 +741,7 @@ std::string init_checkpoint_dir(const std::string& path) {
   OCTET_CHECK(latest >> name, "init_from = \"", path,
               "\": neither a checkpoint (no config.json) nor a run directory (no "
               "checkpoints/latest)");
-  const std::string dir = (fs::path(path) / "checkpoints" / name).string();
+  std::string dir = (fs::path(path) / "checkpoints" / name).string();
   OCTET_CHECK(fs::is_regular_file(fs::path(dir) / "config.json", ec), "init_from = \"", path,
               "\": checkpoints/latest names ", name, ", which is missing or incomplete");
   return dir;

@@ -1,4 +1,4 @@
-// `octet prepare` end to end with a tokenizer trained in the test (scripts/tokenize.py, the
+// `octet prepare` end to end with a tokenizer trained in the test (scripts/prepare_tokens.py, the
 // `tokenizers` package of the venv): text files, a directory and JSON lines become shards whose
 // documents each start with the end-of-text id, the tokenizer.json and manifest beside them, the
 // given tokenizer gives the same ids, `octet train` trains on them, and a model whose vocab_size is

@@ -1,10 +1,10 @@
 // `octet prepare`: text (files, directories, JSON lines) -> token shards with a real tokenizer.
 //
-// The tokenizing is scripts/tokenize.py's, with the Hugging Face `tokenizers` library from the
-// project's venv (scripts/setup.sh installs it): it loads a tokenizer.json or trains a byte-level
-// BPE on the inputs, and streams each document's ids back through a pipe (its docstring has the
-// protocol). The shards and the manifest are written here (train/prepare.h), so their format has
-// one owner.
+// The tokenizing is scripts/prepare_tokens.py's, with the Hugging Face `tokenizers` library from
+// the project's venv (scripts/setup.sh installs it): it loads a tokenizer.json or trains a
+// byte-level BPE on the inputs, and streams each document's ids back through a pipe (its docstring
+// has the protocol). The shards and the manifest are written here (train/prepare.h), so their
+// format has one owner.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -40,7 +40,7 @@ fs::path find_in_repo(const std::string& rel, const std::string& what) {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   OCTET_CHECK(!ec, "cannot locate the octet executable (/proc/self/exe): ", ec.message());
   for (const char* up : {"..", "../.."}) {
-    const fs::path p = (exe.parent_path() / up / rel).lexically_normal();
+    fs::path p = (exe.parent_path() / up / rel).lexically_normal();
     if (fs::exists(p, ec)) return p;
   }
   OCTET_THROW("cannot find ", rel, " next to ", exe.parent_path().string(), "/.. (", what, ")");
@@ -65,13 +65,14 @@ struct Child {
   }
   void read_exact(void* dst, size_t n, const char* what) {
     OCTET_CHECK(std::fread(dst, 1, n, out) == n, "the tokenizer script (", python,
-                " scripts/tokenize.py) stopped in the middle of ", what,
+                " scripts/prepare_tokens.py) stopped in the middle of ", what,
                 "; its error is printed above");
   }
 };
 
 void spawn(Child& c, std::vector<std::string> args) {
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   int fds[2];
@@ -151,7 +152,8 @@ int run_prepare(const std::vector<std::string>& argv) {
                      : find_in_repo(".venv/bin/python",
                                     "the venv that scripts/setup.sh makes: run scripts/setup.sh")
                            .string();
-  const fs::path script = find_in_repo("scripts/tokenize.py", "it ships with the source tree");
+  const fs::path script =
+      find_in_repo("scripts/prepare_tokens.py", "it ships with the source tree");
   std::vector<std::string> cmd = {child.python, script.string(), "--save-tokenizer",
                                   (out / "tokenizer.json").string()};
   if (const auto t = args.get("tokenizer")) cmd.insert(cmd.end(), {"--tokenizer", *t});

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Tokenizes text for `octet prepare` with the Hugging Face `tokenizers` library.
 
+(Not named tokenize.py: a script in scripts/ of that name would shadow Python's own tokenize
+module for every other script here, which matplotlib imports through inspect.)
+
 `octet prepare` runs this with the project's venv python and writes the shards itself: this script
 only reads the inputs, tokenizes each document and streams the ids back on stdout.
 
@@ -35,7 +38,7 @@ MAX_DOC = 0xFFFFFFF0
 # byte-level BPEs, Llama 3, DeepSeek-V3, SentencePiece models (Llama 2, Mistral), Gemma.
 EOT_CANDIDATES = ["<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>"]
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".json")
-BATCH_BYTES = 1 << 22  # documents are encoded in batches of about this much text (encode_batch)
+BATCH_BYTES = 1 << 20  # documents are encoded in batches of about this much text (encode_batch)
 
 
 class InputError(Exception):
@@ -63,23 +66,28 @@ def kind_of(path):
     return "jsonl" if path.endswith((".jsonl", ".json")) else "text"
 
 
-def read_text(path):
+def read_bytes(path):
+    """The file's bytes, checked to be UTF-8 (the error names the first bad byte's offset)."""
     with open(path, "rb") as f:
         data = f.read()
     try:
-        return data.decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text: invalid byte 0x{data[e.start]:02x} at offset "
                          f"{e.start}") from None
+    return data
 
 
 def documents(files, separator, text_field):
-    """Yields (document text, bytes of input consumed so far)."""
+    """Yields (document text, bytes of input read so far), the count exact within a file."""
     done = 0
     for path in files:
-        text = read_text(path)
+        data = read_bytes(path)
         if kind_of(path) == "jsonl":
-            for number, line in enumerate(text.splitlines(), 1):
+            pos = 0
+            for number, raw in enumerate(data.split(b"\n"), 1):
+                pos += len(raw) + 1
+                line = raw.decode("utf-8")
                 if not line.strip():
                     continue
                 try:
@@ -90,21 +98,27 @@ def documents(files, separator, text_field):
                     raise InputError(f"{path}:{number}: no string field \"{text_field}\" "
                                      "(choose the field with --text-field)")
                 if obj[text_field].strip():
-                    yield obj[text_field], done
+                    yield obj[text_field], done + min(pos, len(data))
         elif separator:
-            doc = []
-            for line in text.splitlines(keepends=True):
-                if line.rstrip("\r\n") == separator:
-                    if "".join(doc).strip():
-                        yield "".join(doc), done
+            doc, pos = [], 0
+            sep = separator.encode("utf-8")
+            for raw in data.splitlines(keepends=True):
+                pos += len(raw)
+                if raw.rstrip(b"\r\n") == sep:
+                    text = b"".join(doc).decode("utf-8")
+                    if text.strip():
+                        yield text, done + pos
                     doc = []
                 else:
-                    doc.append(line)
-            if "".join(doc).strip():
-                yield "".join(doc), done
-        elif text.strip():
-            yield text, done
-        done += len(text.encode("utf-8"))
+                    doc.append(raw)
+            text = b"".join(doc).decode("utf-8")
+            if text.strip():
+                yield text, done + len(data)
+        else:
+            text = data.decode("utf-8")
+            if text.strip():
+                yield text, done + len(data)
+        done += len(data)
 
 
 def train_tokenizer(files, args):
@@ -205,10 +219,11 @@ def main():
     total = sum(s["bytes"] for s in sources)
     start = last = time.monotonic()
     docs = tokens = 0
+    shown = None  # the input bytes the last progress line showed
     batch, batch_bytes = [], 0
 
     def flush(done):
-        nonlocal docs, tokens, batch, batch_bytes, last
+        nonlocal docs, tokens, batch, batch_bytes, last, shown
         for enc in tok.encode_batch(batch, add_special_tokens=False):
             out.document(enc.ids)
             tokens += len(enc.ids)
@@ -217,7 +232,7 @@ def main():
         now = time.monotonic()
         if now - last >= 1.0:
             progress(done, total, docs, tokens, start)
-            last = now
+            last, shown = now, done
 
     try:
         done = 0
@@ -227,7 +242,7 @@ def main():
             if batch_bytes >= BATCH_BYTES:
                 flush(done)
         flush(total)
-        if time.monotonic() - start >= 1.0:
+        if shown is not None and shown != total:  # a long input ends with a 100% line
             progress(total, total, docs, tokens, start)
     except InputError as e:
         out.error(str(e))
