@@ -112,6 +112,11 @@ TEST_F(PrepareCli, TrainsATokenizerWritesShardsAndTrainsOnThem) {
                                 " --set steps=2 --set model.vocab_size=" + std::to_string(vocab) +
                                 " --set run_dir='" + path("run") + "'");
   ASSERT_EQ(t.code, 0) << t.err << t.out;
+  // The export of the run carries the tokenizer its data was made with.
+  const test::CliResult e =
+      run("export '" + path("run") + "' '" + path("exported") + "' --format bf16");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(slurp(path("exported/tokenizer.json")), slurp(path("data/tokenizer.json")));
   const test::CliResult small =
       run("train" + std::string(kTinyModel) + data + " --set steps=2 --set model.vocab_size=" +
           std::to_string(vocab - 1) + " --set run_dir='" + path("run_small") + "'");

@@ -5,6 +5,8 @@
 // is io::write_checkpoint's (checkpoint.h has both forms and the sharding).
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "cli.h"
@@ -16,6 +18,28 @@ namespace octet::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The tokenizer.json that belongs with checkpoint `in`: beside it, else beside the token shards
+// of the run it belongs to (RUN/checkpoints/step_N with RUN/config.toml naming data.shards, as
+// octet prepare leaves them). "" when there is none; a run config that no longer parses just
+// means no tokenizer.
+fs::path find_tokenizer(const fs::path& in) {
+  std::error_code ec;
+  if (fs::is_regular_file(in / "tokenizer.json", ec)) return in / "tokenizer.json";
+  const fs::path run = fs::absolute(in).lexically_normal().parent_path().parent_path();
+  std::ifstream f(run / "config.toml");
+  if (!f) return {};
+  try {
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const train::TrainConfig c = train::parse_train_config(text, (run / "config.toml").string());
+    if (c.data.shards.empty()) return {};
+    fs::path data = c.data.shards;
+    if (!fs::is_directory(data, ec)) data = data.parent_path();
+    if (fs::is_regular_file(data / "tokenizer.json", ec)) return data / "tokenizer.json";
+  } catch (const std::exception&) {
+  }
+  return {};
+}
 
 int run_export(const std::vector<std::string>& argv) {
   const Args args(argv, {"format", "shard-bytes"}, {"drop-mtp", "force"});
@@ -59,10 +83,14 @@ int run_export(const std::vector<std::string>& argv) {
     bytes += static_cast<int64_t>(fs::file_size(file));
   };
   io::write_checkpoint(out.string(), config, tensors, wo);
-  // The tokenizer travels with the model when the checkpoint has one.
-  if (fs::is_regular_file(fs::path(in) / "tokenizer.json", ec))
-    fs::copy_file(fs::path(in) / "tokenizer.json", out / "tokenizer.json",
-                  fs::copy_options::overwrite_existing, ec);
+  // The tokenizer travels with the model.
+  const fs::path tokenizer = find_tokenizer(in);
+  if (!tokenizer.empty()) {
+    fs::copy_file(tokenizer, out / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
+    OCTET_CHECK(!ec, out.string(), "/tokenizer.json: cannot copy ", tokenizer.string(), ": ",
+                ec.message());
+    std::printf("copied %s\n", tokenizer.c_str());
+  }
   std::printf("exported %s as %s: %zu tensors%s, %d files, %lld bytes: %s\n", in.c_str(),
               format == "bf16" ? "bf16 (transformers)" : "fp8 (DeepSeek-V3 release form)",
               tensors.size(), drop_mtp ? " (MTP dropped)" : "", files,
@@ -89,7 +117,8 @@ Command export_command() {
       "  --shard-bytes N    largest shard in data bytes; above it model-0000i-of-0000n.\n"
       "                     safetensors with model.safetensors.index.json (default 5000000000)\n"
       "  --force            replace a checkpoint already in OUT\n"
-      "Optimizer state and training files are not exported; a tokenizer.json is copied.\n",
+      "Optimizer state and training files are not exported. The tokenizer.json beside the\n"
+      "checkpoint, or beside the run's data.shards (octet prepare's), is copied.\n",
       run_export};
 }
 
