@@ -94,6 +94,7 @@ TEST_F(InitFromCli, FirstStepLossEqualsEvalOfTheCheckpoint) {
   const double resumed = first_step_loss("run_f32", "run_again", &log);
   EXPECT_NE(log.find("checkpoints/step_00000001"), std::string::npos) << log;
   EXPECT_NEAR(resumed, eval_loss("run_f32/checkpoints/step_00000001"), 1e-6);
+  EXPECT_EQ(eval_loss("run_f32"), eval_loss("run_f32/checkpoints/step_00000001"));  // its latest
 }
 
 TEST_F(InitFromCli, TransformersSaveWithoutMtpInitialisesItWithAWarning) {

@@ -6,6 +6,7 @@
 // partial batch is evaluated too. Every window has T targets, so the mean over batches weighted
 // by their sequences is the mean over all predicted tokens.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "io/token_shard.h"
 #include "model/model.h"
 #include "train/data.h"
+#include "train/trainer.h"
 
 namespace octet::cli {
 namespace {
@@ -55,7 +57,13 @@ int run_eval(const std::vector<std::string>& argv) {
   OCTET_CHECK(args.has("text") != args.has("tokens"),
               "octet eval: give exactly one of --text and "
               "--tokens");
-  const std::string dir = args.positional()[0];
+  // A checkpoint of any form (config.json beside it), else a run directory's latest.
+  std::error_code ec;
+  const std::string& given = args.positional()[0];
+  const std::string dir =
+      std::filesystem::is_regular_file(std::filesystem::path(given) / "config.json", ec)
+          ? given
+          : train::resolve_resume_dir(given);
   io::CheckpointReadOptions ro;
   ro.cast = io::ReadCast::kToF32;
   const io::LoadedCheckpoint ck = io::read_checkpoint(dir, ro);
@@ -111,7 +119,8 @@ int run_eval(const std::vector<std::string>& argv) {
 
 Command eval_command() {
   return {"eval", "mean cross-entropy of a checkpoint over text or a token shard",
-          "usage: octet eval CHECKPOINT_DIR (--text FILE | --tokens FILE) [flags]\n"
+          "usage: octet eval CHECKPOINT_OR_RUN (--text FILE | --tokens FILE) [flags]\n"
+          "  CHECKPOINT_OR_RUN  a checkpoint directory, or a run directory (its latest)\n"
           "  --text FILE        UTF-8 text, tokenized byte by byte (vocab_size >= 257)\n"
           "  --tokens FILE      an llm.c token shard (uint16 or uint32 tokens)\n"
           "  --recipe R         precision recipe (default: the checkpoint config's octet_recipe)\n"
