@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "core/check.h"
 #include "fuzz_util.h"
@@ -23,12 +24,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const octet::Error&) {
       continue;
     }
-    if (static_cast<size_t>(s.size()) * 2 + octet::io::kShardHeaderBytes != size)
+    const int64_t width = octet::io::shard_token_bytes(s.token_type());
+    if (static_cast<size_t>(s.size() * width) + octet::io::kShardHeaderBytes != size)
       octet::fuzz::fail("token count does not match the file size");
-    if (s.tokens().data() != reinterpret_cast<const uint16_t*>(buffer.get()) + 512)
-      octet::fuzz::fail("tokens do not start after the header");
-    for (const uint16_t t : s.tokens())
-      if (vocab > 0 && t >= vocab) octet::fuzz::fail("a token beyond the vocabulary was accepted");
+    const auto* after_header = reinterpret_cast<const std::byte*>(buffer.get()) + 1024;
+    const void* first = s.token_type() == octet::io::ShardTokens::kU16
+                            ? static_cast<const void*>(s.tokens().data())
+                            : static_cast<const void*>(s.tokens32().data());
+    if (first != after_header) octet::fuzz::fail("tokens do not start after the header");
+    std::vector<int32_t> tokens(static_cast<size_t>(s.size()));
+    s.read(0, s.size(), tokens.data());
+    for (const int32_t t : tokens)
+      if (t < 0 || (vocab > 0 && t >= vocab))
+        octet::fuzz::fail("a token beyond the vocabulary was accepted");
   }
   return 0;
 }

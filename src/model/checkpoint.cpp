@@ -39,7 +39,8 @@ using Json = nlohmann::json;  // std::map-backed: keys sorted, as transformers' 
 constexpr const char* kConfigName = "config.json";
 constexpr const char* kSingleName = "model.safetensors";
 constexpr const char* kIndexName = "model.safetensors.index.json";
-constexpr int64_t kShownNames = 8;  // names listed in one error or warning before "and N more"
+constexpr size_t kShownNames = 8;      // names listed in one error before "and N more"
+constexpr size_t kShownInWarning = 3;  // a warning is read in passing: the first few
 
 std::string prefix(int64_t layer) {
   return "model.layers." + std::to_string(layer) + ".";
@@ -103,11 +104,10 @@ void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
     add_mlp("mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
 }
 
-std::string shown_names(const std::vector<std::string>& names) {
+std::string shown_names(const std::vector<std::string>& names, size_t shown = kShownNames) {
   std::string s;
-  for (size_t i = 0; i < names.size() && i < kShownNames; ++i) s += (i ? ", " : "") + names[i];
-  if (names.size() > kShownNames)
-    s += " and " + std::to_string(names.size() - kShownNames) + " more";
+  for (size_t i = 0; i < names.size() && i < shown; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > shown) s += " and " + std::to_string(names.size() - shown) + " more";
   return s;
 }
 
@@ -694,7 +694,7 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name,
         dir.string() + ": no Multi-Token Prediction layers (num_nextn_predict_layers = " +
         std::to_string(out.config.num_nextn_predict_layers) +
         "; the transformers library does not save them): " + std::to_string(missing.size()) +
-        " tensors to initialise afresh: " + shown_names(out.missing_mtp));
+        " tensors to initialise afresh: " + shown_names(out.missing_mtp, kShownInWarning));
   }
 
   Context ctx = make_context(Device::kCpu);

@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "io/atomic_file.h"
 #include "io/token_shard.h"
+#include "io/megatron_dataset.h"
 
 namespace octet::train {
 
@@ -457,6 +458,18 @@ ShardSet find_shards(const std::string& dir) {
 ShardSet resolve_data_source(const DataSourceArgs& args) {
   OCTET_CHECK(args.val_fraction >= 0 && args.val_fraction < 1,
               "data: val_fraction must be in [0, 1), got ", args.val_fraction);
+  if (!args.megatron.empty()) {
+    OCTET_CHECK(args.path.empty() && args.val_path.empty(), "data: a Megatron dataset (",
+                args.megatron, ") excludes text and shards");
+    for (const char* ext : {".idx", ".bin"})
+      OCTET_CHECK(fs::is_regular_file(args.megatron + ext), args.megatron, ext,
+                  ": not found (data.megatron names the prefix of a Megatron-LM dataset's "
+                  ".bin and .idx, e.g. data/my-corpus_text_document)");
+    ShardSet s;
+    s.megatron = args.megatron;
+    s.megatron_val_fraction = args.val_fraction;
+    return s;
+  }
   if (args.path.empty()) return prepare_cached(default_corpus(), args);
   const bool glob = is_glob_pattern(args.path);
   std::error_code ec;
@@ -519,6 +532,19 @@ struct TokenStream::Shards {
   std::vector<io::TokenShard> files;
 };
 
+TokenStream TokenStream::from_shards(std::vector<io::TokenShard> shards) {
+  TokenStream s;
+  auto owned = std::make_shared<Shards>();
+  int64_t total = 0;
+  for (io::TokenShard& shard : shards) {
+    total += shard.size();
+    s.offsets_.push_back(total);
+    owned->files.push_back(std::move(shard));
+  }
+  s.shards_ = std::move(owned);
+  return s;
+}
+
 TokenStream TokenStream::open(const std::vector<std::string>& paths, int64_t vocab_size) {
   OCTET_CHECK(!paths.empty(), "token stream: no shards given");
   TokenStream s;
@@ -548,14 +574,76 @@ void TokenStream::read(int64_t start, int64_t n, int32_t* out) const {
   size_t i = std::upper_bound(offsets_.begin(), offsets_.end(), start) - offsets_.begin();
   while (n > 0) {
     const int64_t shard_begin = i == 0 ? 0 : offsets_[i - 1];
-    const std::span<const uint16_t> t = shards_->files[i].tokens();
     const int64_t take = std::min(n, offsets_[i] - start);
-    std::copy_n(t.begin() + (start - shard_begin), take, out);
+    shards_->files[i].read(start - shard_begin, take, out);
     out += take;
     start += take;
     n -= take;
     ++i;
   }
+}
+
+DataVocab data_vocab(const ShardSet& shards) {
+  DataVocab v;
+  if (shards.train.empty()) return v;
+  const fs::path manifest = fs::path(shards.train[0]).parent_path() / kManifestName;
+  std::ifstream in(manifest);
+  if (!in) return v;
+  Json m;
+  try {
+    m = Json::parse(in);
+  } catch (const Json::exception& e) {
+    OCTET_THROW(manifest.string(), ": not valid JSON: ", e.what());
+  }
+  v.manifest = manifest.string();
+  if (m.contains("vocab_size") && m["vocab_size"].is_number_integer()) {
+    v.vocab_size = m["vocab_size"].get<int64_t>();
+    if (m.contains("tokenizer") && m["tokenizer"].is_object())
+      v.tokenizer = m["tokenizer"].value("sha256", std::string());
+  } else if (m.contains("inputs") && m["inputs"].value("tokenizer", "") == "bytes") {
+    v.vocab_size = kByteVocabSize;
+    v.tokenizer = "bytes";
+  }
+  return v;
+}
+
+namespace {
+
+// The validation tail of a Megatron dataset starts at the first document start at or after the
+// (1 - val_fraction) point of its tokens; without one there, nothing is held out.
+DataStreams open_megatron(const ShardSet& shards, int64_t vocab_size) {
+  const io::MegatronDataset m = io::MegatronDataset::open(shards.megatron, vocab_size);
+  const auto target = static_cast<int64_t>(
+      std::floor((1.0 - shards.megatron_val_fraction) * static_cast<double>(m.num_tokens())));
+  int64_t cut = m.num_tokens();
+  if (shards.megatron_val_fraction > 0) {
+    for (int64_t d = 1; d < m.num_documents(); ++d) {
+      if (m.document_start(d) >= target) {
+        cut = m.document_start(d);
+        break;
+      }
+    }
+  }
+  DataStreams out;
+  out.train = TokenStream::from_shards({m.tokens(0, cut)});
+  if (cut < m.num_tokens()) out.val = TokenStream::from_shards({m.tokens(cut, m.num_tokens())});
+  return out;
+}
+
+}  // namespace
+
+DataStreams open_data_streams(const ShardSet& shards, int64_t vocab_size) {
+  if (!shards.megatron.empty()) return open_megatron(shards, vocab_size);
+  const DataVocab v = data_vocab(shards);
+  OCTET_CHECK(v.vocab_size <= vocab_size, "data: ", v.manifest,
+              " says the data was tokenized with a vocabulary of ", v.vocab_size, " ids",
+              v.tokenizer.empty() ? "" : " (tokenizer " + v.tokenizer + ")",
+              ", but the model's vocab_size is ", vocab_size,
+              "; set model.vocab_size = ", v.vocab_size, " (or more)");
+  DataStreams d;
+  d.train = TokenStream::open(shards.train, vocab_size);
+  if (!shards.val.empty()) d.val = TokenStream::open(shards.val, vocab_size);
+  return d;
 }
 
 // ---------------------------------------------------------------------------------------------

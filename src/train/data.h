@@ -14,12 +14,17 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
+
+namespace octet::io {
+class TokenShard;  // io/token_shard.h (data.cpp)
+}  // namespace octet::io
 
 namespace octet::train {
 
@@ -63,6 +68,10 @@ TextCorpus default_corpus(const std::string& dir = kDefaultCorpusDir);
 struct ShardSet {
   std::vector<std::string> train;  // shard paths in stream order
   std::vector<std::string> val;    // may be empty (no validation data)
+  // Instead of shards: a Megatron-LM indexed dataset (io/megatron_dataset.h) whose last
+  // megatron_val_fraction of the tokens, cut at a document start, is the validation data.
+  std::string megatron;
+  double megatron_val_fraction = 0;
 };
 
 struct PrepareTextArgs {
@@ -112,11 +121,24 @@ struct DataSourceArgs {
   double val_fraction = 0.05;  // text only, see PrepareTextArgs
   // Text only, see TextCorpus; the default corpus always uses kDefaultCorpusSeparator.
   std::string document_separator;
+  // A Megatron-LM dataset prefix instead of `path` (which must then be empty); its validation
+  // split is val_fraction.
+  std::string megatron;
 };
 
 // The shards to train and validate on; text is prepared first (prepare_text_shards). Throws when
 // nothing matches, when text and shards are mixed, or when a shard is both train and val.
 ShardSet resolve_data_source(const DataSourceArgs& args);
+
+// The vocabulary the data was tokenized with, as the manifest.json beside the first training
+// shard records it (`octet prepare` writes vocab_size; octet's byte-level preparation is 257 ids);
+// vocab_size 0 when there is no manifest (llm.c's shards, for one).
+struct DataVocab {
+  int64_t vocab_size = 0;
+  std::string manifest;   // the manifest's path
+  std::string tokenizer;  // what the manifest names it ("bytes", a tokenizer.json hash, ...)
+};
+DataVocab data_vocab(const ShardSet& shards);
 
 // ---------------------------------------------------------------------------------------------
 // Token streams and batches.
@@ -127,6 +149,8 @@ class TokenStream {
   TokenStream() = default;
   // Opens and validates every shard (io::TokenShard::open), every token bounded by vocab_size.
   static TokenStream open(const std::vector<std::string>& paths, int64_t vocab_size);
+  // Shards already opened (and bound-checked), in stream order.
+  static TokenStream from_shards(std::vector<io::TokenShard> shards);
 
   int64_t size() const { return offsets_.empty() ? 0 : offsets_.back(); }
   // The first shard's path, and how many more there are: for messages.
@@ -139,6 +163,15 @@ class TokenStream {
   std::shared_ptr<const Shards> shards_;  // shared by copies
   std::vector<int64_t> offsets_;          // offsets_[i] = tokens in shards 0..i
 };
+
+// The training and validation streams of a data source. Checks the data's vocabulary
+// (data_vocab) against the model's vocab_size first, naming both and the setting to change, then
+// opens every shard with its tokens bounded by vocab_size. val is empty without validation data.
+struct DataStreams {
+  TokenStream train;
+  std::optional<TokenStream> val;
+};
+DataStreams open_data_streams(const ShardSet& shards, int64_t vocab_size);
 
 struct TokenBatch {
   Tensor inputs;   // (B, T) int32, host

@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -210,6 +212,18 @@ std::vector<Key> make_keys() {
   k.push_back(field("keep_checkpoints", "most recent checkpoints kept; 0 keeps all",
                     at(&C::keep_checkpoints)));
   k.push_back(field("seed", "initialisation and data order", at(&C::seed)));
+  // Read before every other key (parse_train_config): it sets the model, which later keys adjust;
+  // the run's recipe stays what the config says.
+  k.push_back(custom(
+      "init_from", Type::kString, "checkpoint to start from (step 0, fresh optimizer); \"\": none",
+      [](const C& c) { return Value(c.init_from); },
+      [](C& c, const Value& v) {
+        c.init_from = std::get<std::string>(v);
+        if (c.init_from.empty()) return;
+        const RecipeSpec recipe = c.model.recipe;
+        c.model = read_model_config(init_checkpoint_dir(c.init_from) + "/config.json");
+        c.model.recipe = recipe;
+      }));
   // The model's recipe (config.json's octet_recipe and octet_recipe_overrides), stored there once.
   k.push_back(field("recipe", "bf16, fp8-tensor-delayed, fp8-tensor-current, deepseek or fp8-flow",
                     Ref<std::string>([](C& c) -> std::string& { return c.model.recipe.preset; })));
@@ -252,6 +266,8 @@ std::vector<Key> make_keys() {
                     at(&C::data, &DataConfig::text)));
   k.push_back(field("data.shards", "directory or glob of llm.c .bin token shards",
                     at(&C::data, &DataConfig::shards)));
+  k.push_back(field("data.megatron", "Megatron-LM indexed dataset: path/prefix of .bin + .idx",
+                    at(&C::data, &DataConfig::megatron)));
   k.push_back(field("data.val_fraction", "held out for evaluation",
                     at(&C::data, &DataConfig::val_fraction)));
 
@@ -606,7 +622,11 @@ TrainConfig parse_train_config(std::string_view text, const std::string& source)
     OCTET_THROW(source, ":", b.line, ":", b.column, ": ", e.description());
   }
   TrainConfig c;
-  // model.config first: the inline model keys apply over the file whatever their order.
+  // init_from, then model.config: the inline model keys apply over them whatever their order.
+  if (const toml::node* init = root.get("init_from")) {
+    const Key& k = *find_key("init_from");
+    set_key(c, k, to_value(k, *init, where_of(source, *init)), where_of(source, *init));
+  }
   if (const toml::table* m = root["model"].as_table()) {
     if (const toml::node* path = m->get("config")) {
       const Key& k = *find_key("model.config");
@@ -619,6 +639,7 @@ TrainConfig parse_train_config(std::string_view text, const std::string& source)
     if (!section) {
       const Key* k = find_key(top);
       if (!k) unknown_key(where_of(source, node), top);
+      if (top == "init_from") continue;
       set_key(c, *k, to_value(*k, node, where_of(source, node)), where_of(source, node));
       continue;
     }
@@ -724,6 +745,22 @@ std::vector<ConfigChange> config_changes(const TrainConfig& before, const TrainC
   return out;
 }
 
+std::string init_checkpoint_dir(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  OCTET_CHECK(fs::is_directory(path, ec), "init_from = \"", path, "\": not a directory");
+  if (fs::is_regular_file(fs::path(path) / "config.json", ec)) return path;
+  std::ifstream latest(fs::path(path) / "checkpoints" / "latest");
+  std::string name;
+  OCTET_CHECK(latest >> name, "init_from = \"", path,
+              "\": neither a checkpoint (no config.json) nor a run directory (no "
+              "checkpoints/latest)");
+  std::string dir = (fs::path(path) / "checkpoints" / name).string();
+  OCTET_CHECK(fs::is_regular_file(fs::path(dir) / "config.json", ec), "init_from = \"", path,
+              "\": checkpoints/latest names ", name, ", which is missing or incomplete");
+  return dir;
+}
+
 bool resume_may_change(const std::string& key) {
   static const std::set<std::string> safe = {
       "steps",  "checkpoint_every", "keep_checkpoints", "log_every",          "sites_every",
@@ -736,7 +773,9 @@ LrSchedule TrainConfig::lr_schedule() const {
   s.kind = optim.schedule;
   s.lr = optim.lr;
   s.min_lr = optim.min_lr;
-  s.warmup_steps = optim.warmup_steps;
+  // A short trial run (steps below the warm-up) warms up over all of its steps; the trainer says
+  // so.
+  s.warmup_steps = std::min(optim.warmup_steps, steps);
   s.warmup_init = optim.warmup_init;
   s.total_steps = steps;
   return s;
@@ -846,8 +885,6 @@ void TrainConfig::validate() const {
               "optim.lr must be > 0 and finite in FP32 (<= 3.4e38), got ", optim.lr);
   in_range("optim.min_lr", optim.min_lr, 0, optim.lr, "in [0, optim.lr]");
   at_least("optim.warmup_steps", optim.warmup_steps, 0);
-  OCTET_CHECK(optim.warmup_steps <= steps, "optim.warmup_steps (", optim.warmup_steps,
-              ") must be <= steps (", steps, ")");
   OCTET_CHECK(optim.warmup_init >= 0 && optim.warmup_init < 1,
               "optim.warmup_init must be in [0, 1), got ", optim.warmup_init);
   in_range("optim.weight_decay", optim.weight_decay, 0, HUGE_VAL, ">= 0");
@@ -860,6 +897,8 @@ void TrainConfig::validate() const {
 
   OCTET_CHECK(data.text.empty() || data.shards.empty(),
               "data.text and data.shards are exclusive: set one (both are set)");
+  OCTET_CHECK(data.megatron.empty() || (data.text.empty() && data.shards.empty()),
+              "data.megatron excludes data.text and data.shards: set one");
   OCTET_CHECK(data.val_fraction >= 0 && data.val_fraction < 1,
               "data.val_fraction must be in [0, 1), got ", data.val_fraction);
   at_least("eval.every", eval.every, 0);

@@ -60,6 +60,9 @@ struct OptimConfig {
 struct DataConfig {
   std::string text;    // UTF-8 text file, byte-tokenized; "" (and no shards): the default corpus
   std::string shards;  // directory or glob of llm.c .bin token shards; excludes text
+  // Megatron-LM indexed dataset prefix (prefix.bin + prefix.idx); excludes text and shards. The
+  // last val_fraction of its tokens (whole documents) is held out for validation.
+  std::string megatron;
   double val_fraction = 0.05;  // held-out share of the data for evaluation
 
   bool operator==(const DataConfig&) const = default;
@@ -112,6 +115,11 @@ struct TrainConfig {
   SafetyConfig safety;
   // Its recipe (model.recipe) is what the keys `recipe` and `recipe_overrides` set.
   ModelConfig model = default_model_config();
+  // A checkpoint to start a new run from (fresh optimizer, step 0): a transformers-format
+  // directory (BF16 or F32, sharded or not), DeepSeek-V3's released FP8 form, an octet checkpoint
+  // or run directory (its latest checkpoint). Setting it also sets the model to the checkpoint's
+  // config.json (model keys after it override, as with model.config); "" : a fresh initialisation.
+  std::string init_from;
 
   // Checks every value; the message names the key ("optim.min_lr must be ...").
   void validate() const;
@@ -121,6 +129,10 @@ struct TrainConfig {
   AdamWConfig adamw() const;       // lr is the peak rate; the trainer passes lr_at() per step
   Recipe resolved_recipe() const;  // preset + overrides, validated
 };
+
+// The checkpoint directory init_from names: `path` itself when it holds a config.json, else the
+// latest checkpoint of the run directory `path`. Throws naming the path when it is neither.
+std::string init_checkpoint_dir(const std::string& path);
 
 // Equal when every key of the key table is.
 bool operator==(const TrainConfig& a, const TrainConfig& b);

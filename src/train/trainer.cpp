@@ -94,7 +94,7 @@ struct Run {
 
   const ModelConfig& model_config() const { return cfg.model; }
 
-  void build(const ShardSet& shards) {
+  void build(DataStreams data) {
     const ModelConfig mc = model_config();
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
     for (Parameter* p : model->parameters())
@@ -103,12 +103,18 @@ struct Run {
     for (Param& p : params) ptrs.push_back(&p);
     optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
     sampler = std::make_unique<BatchSampler>(
-        TokenStream::open(shards.train, mc.vocab_size),
+        std::move(data.train),
         SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
-    if (!shards.val.empty() && cfg.eval.every > 0)
+    const int64_t val_need = cfg.batch_size * cfg.seq_len + 1;
+    if (data.val && cfg.eval.every > 0 && data.val->size() < val_need) {
+      out << "note: the validation data has " << data.val->size()
+          << " tokens, fewer than one batch needs (batch_size * seq_len + 1 = " << val_need
+          << "); training without validation (more text, a larger data.val_fraction or "
+             "eval.every = 0 removes this note)\n";
+    } else if (data.val && cfg.eval.every > 0) {
       val = std::make_unique<ValBatches>(
-          TokenStream::open(shards.val, mc.vocab_size),
-          ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+          std::move(*data.val), ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+    }
   }
 
   void save_checkpoint() {
@@ -173,6 +179,19 @@ struct Run {
       p.fp8_copy = it != by_master.end() ? it->second->fp8 : BlockQuantOutput{};
     }
     outputs_attached = true;
+  }
+
+  // A new run's weights from a checkpoint of any form read_checkpoint takes (FP8 weights
+  // dequantized into the FP32 masters); missing MTP layers are initialised from the seed.
+  void init_from_checkpoint(const std::string& dir) {
+    CheckpointReadOptions ro;
+    ro.cast = ReadCast::kToF32;
+    const LoadedCheckpoint ck = read_checkpoint(dir, ro);
+    for (const std::string& w :
+         load_checkpoint_into(ctx, *model, ck, static_cast<uint64_t>(cfg.seed)))
+      out << "warning: " << w << "\n";
+    out << "initialised from " << dir << (ck.stored_fp8 ? " (FP8 weights dequantized)" : "")
+        << ": step 0, fresh optimizer\n";
   }
 
   // Weights, optimizer, recipe state; with kModelAndData, also the sampler position and the
@@ -356,12 +375,14 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   }
   DataSourceArgs da;
   da.path = cfg.data.shards.empty() ? cfg.data.text : cfg.data.shards;
+  da.megatron = cfg.data.megatron;
   da.cache_dir = opt.cache_dir;
   da.val_fraction = cfg.data.val_fraction;
   // A new run into a directory holding one is refused before any work (and again under the lock).
   if (!target && opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir))
     start_new_run(cfg.run_dir, opt.start);
   const ShardSet shards = resolve_data_source(da);
+  DataStreams data = open_data_streams(shards, cfg.model.vocab_size);
   const Device device = pick_device(cfg.device);
   Run run(cfg, out, device);
   check_memory(cfg, run.ctx.be(), device);
@@ -380,9 +401,14 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
     out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
         << run.ckpt_root << "\n";
-  run.build(shards);
+  run.build(std::move(data));
   std::unique_ptr<MetricsWriter> metrics;
-  if (!target) {
+  if (!target && !cfg.init_from.empty()) {
+    run.init_from_checkpoint(init_checkpoint_dir(cfg.init_from));
+    std::string removed;
+    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (!removed.empty()) out << removed << "\n";
+  } else if (!target) {
     run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
     // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
     std::string removed;
@@ -398,6 +424,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   fs::create_directories(run.ckpt_root, ec);
   OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
   write_config(cfg, out);
+  if (cfg.optim.warmup_steps > cfg.steps)
+    out << "note: steps = " << cfg.steps
+        << " is below optim.warmup_steps = " << cfg.optim.warmup_steps
+        << ": the warm-up is shortened to all " << cfg.steps << " steps\n";
   if (!target) {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
   } else {

@@ -318,6 +318,21 @@ TEST_F(TrainSafetyCli, AbsurdSizesAreOneClearErrorBeforeAnyAllocation) {
   EXPECT_EQ(d.code, 1);
   EXPECT_NE(d.err.find("must be <= 2147483647"), std::string::npos) << d.err;
   EXPECT_EQ(d.out.find("-"), std::string::npos) << d.out;
+  // describe takes the TOML run configs that train takes, with the same numbers as the model's
+  // config.json.
+  std::ofstream(path("run.toml")) << "recipe = \"bf16\"\nbatch_size = 4\nseq_len = 64\n"
+                                  << "[model]\nhidden_size = 96\n";
+  const test::CliResult toml = run_octet("describe '" + path("run.toml") + "'");
+  EXPECT_EQ(toml.code, 0) << toml.err;
+  EXPECT_NE(toml.out.find("bf16"), std::string::npos) << toml.out;
+  const test::CliResult print =
+      run_octet("train --set model.hidden_size=96 --set recipe=bf16 --print-config");
+  ASSERT_EQ(print.code, 0) << print.err;
+  std::ofstream(path("printed.toml")) << print.out;
+  const test::CliResult printed =
+      run_octet("describe '" + path("printed.toml") + "' --tokens 256 --seq-len 64");
+  EXPECT_EQ(printed.code, 0) << printed.err;
+  EXPECT_EQ(printed.out, toml.out);
   // n_routed_experts = 2^30 fits every field and the parameter bound, but not in memory.
   const test::CliResult big = train("run",
                                     "--set steps=1 --set model.n_routed_experts=1073741824 "

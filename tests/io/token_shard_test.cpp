@@ -86,6 +86,48 @@ TEST_F(TokenShardTest, RoundTripMatchesLlmcLayout) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
 }
 
+// llm.c's Llama-3 form: magic 20240801, version 7, uint32 tokens, byte for byte; ids past 65,535
+// survive, the vocabulary bound applies, and a uint32 shard is truncated at 4-byte granularity.
+TEST_F(TokenShardTest, Uint32RoundTripMatchesLlmcLayout) {
+  std::vector<uint32_t> tokens(777);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7919) % 129280);
+  tokens[5] = 129279;  // DeepSeek-V3's last id
+  write_token_shard(path("a.bin"), tokens, ShardTokens::kU32);
+  const TokenShard s = TokenShard::open(path("a.bin"), 129280);
+  ASSERT_EQ(s.size(), 777);
+  EXPECT_EQ(s.token_type(), ShardTokens::kU32);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), s.tokens32().begin()));
+  std::vector<int32_t> read(777);
+  s.read(0, 777, read.data());
+  EXPECT_EQ(read[5], 129279);
+  EXPECT_THROW(s.tokens(), Error);
+
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240801, header[1] = 7, header[2] = 777;
+  std::string ref(reinterpret_cast<const char*>(header.data()), 1024);
+  ref.append(reinterpret_cast<const char*>(tokens.data()), 4 * tokens.size());
+  std::ifstream a(path("a.bin"), std::ios::binary);
+  EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(a), {}) == ref);
+
+  expect_open_error(path("a.bin"), "token 129279 at index 5", 129279);
+  std::ofstream(path("t.bin"), std::ios::binary) << ref.substr(0, ref.size() - 2);
+  expect_open_error(path("t.bin"), "truncated token shard: the header says 777 uint32 tokens");
+
+  // The uint16 form from the uint32 writer when the ids fit, and a clear refusal when not.
+  write_token_shard(path("n.bin"), std::span<const uint32_t>(tokens).first(5), ShardTokens::kU16);
+  EXPECT_EQ(TokenShard::open(path("n.bin")).token_type(), ShardTokens::kU16);
+  EXPECT_EQ(TokenShard::open(path("n.bin")).tokens()[1], tokens[1]);
+  try {
+    write_token_shard(path("x.bin"), tokens, ShardTokens::kU16);
+    ADD_FAILURE() << "a uint32 id was narrowed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit a uint16 shard"), std::string::npos);
+  }
+  EXPECT_EQ(shard_tokens_for_vocab(65536), ShardTokens::kU16);
+  EXPECT_EQ(shard_tokens_for_vocab(65537), ShardTokens::kU32);
+  EXPECT_EQ(shard_tokens_for_vocab(129280), ShardTokens::kU32);
+}
+
 TEST_F(TokenShardTest, EmptyShardAndCopiesShareTheMapping) {
   write_token_shard(path("empty.bin"), {});
   EXPECT_EQ(TokenShard::open(path("empty.bin")).size(), 0);
@@ -150,7 +192,10 @@ TEST_F(TokenShardTest, RejectsShortHeader) {
 
 TEST_F(TokenShardTest, RejectsWrongMagic) {
   expect_open_error(write_raw("m.bin", 12345, 1, 3, {1, 2, 3}), "magic 12345, expected 20240520");
-  expect_open_error(write_raw("l.bin", 20240801, 7, 3, {1, 2, 3}), "Llama-3");
+  // The uint32 magic with the uint16 form's version, and the other way round.
+  expect_open_error(write_raw("l.bin", 20240801, 1, 3, {1, 2, 3, 0, 0, 0}),
+                    "version 1, expected 7 for magic 20240801");
+  expect_open_error(write_raw("g.bin", 20240520, 7, 3, {1, 2, 3}), "version 7, expected 1");
 }
 
 TEST_F(TokenShardTest, RejectsWrongVersion) {
@@ -163,14 +208,14 @@ TEST_F(TokenShardTest, RejectsNegativeCount) {
 
 TEST_F(TokenShardTest, RejectsTruncatedTokens) {
   expect_open_error(write_raw("t.bin", 20240520, 1, 10, some_tokens(7)),
-                    "truncated token shard: the header says 10 tokens");
+                    "truncated token shard: the header says 10 uint16 tokens");
   // An odd byte count is truncation too.
   expect_open_error(write_raw("o.bin", 20240520, 1, 3, some_tokens(2), "x"), "truncated");
 }
 
 TEST_F(TokenShardTest, RejectsTokenCountMismatch) {
   expect_open_error(write_raw("c.bin", 20240520, 1, 3, some_tokens(5)),
-                    "token count mismatch: the header says 3 tokens");
+                    "token count mismatch: the header says 3 uint16 tokens");
 }
 
 TEST_F(TokenShardTest, RejectsTokenOutsideVocab) {

@@ -248,6 +248,36 @@ TEST_F(DataTest, StreamReadsAcrossShardsAndBoundsTokens) {
       {path("c.bin"), "token 10 at index 4", "vocabulary of 10"});
 }
 
+// uint32 shards (ids past 65,535) mix with uint16 ones in one stream; the data's vocabulary from
+// its manifest is checked against the model's before any shard is read, naming both and the key.
+TEST_F(DataTest, Uint32ShardsAndTheVocabularyCheck) {
+  std::vector<uint32_t> big(300);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint32_t>(100000 + i);
+  fs::create_directories(path("d"));
+  io::write_token_shard(path("d/x_train_000000.bin"), big, io::ShardTokens::kU32);
+  counting_shard("d/x_train_000001.bin", 10, 7);
+  io::write_token_shard(path("d/x_val_000000.bin"), std::span(big).first(40),
+                        io::ShardTokens::kU32);
+  const ShardSet s = resolve_data_source({.path = path("d")});
+  EXPECT_EQ(data_vocab(s).vocab_size, 0);  // no manifest: only the token scan bounds the ids
+  const DataStreams d = open_data_streams(s, 129280);
+  ASSERT_EQ(d.train.size(), 310);
+  ASSERT_TRUE(d.val.has_value());
+  EXPECT_EQ(d.val->size(), 40);
+  std::vector<int32_t> got(4);
+  d.train.read(298, 4, got.data());
+  EXPECT_EQ(got, (std::vector<int32_t>{100298, 100299, 7, 8}));
+  expect_error([&] { open_data_streams(s, 100200); },
+               {"x_train_000000.bin", "token 100200 at index 200", "model.vocab_size"});
+
+  write_file("d/manifest.json", R"({"vocab_size": 129280, "tokenizer": {"sha256": "abc"}})");
+  EXPECT_EQ(data_vocab(s).vocab_size, 129280);
+  expect_error([&] { open_data_streams(s, 50000); },
+               {"manifest.json", "vocabulary of 129280 ids", "tokenizer abc",
+                "the model's vocab_size is 50000", "model.vocab_size = 129280"});
+  EXPECT_EQ(open_data_streams(s, 129280).train.size(), 310);
+}
+
 // ---- Training sampler
 
 TEST_F(DataTest, SamplerTargetsAreInputsShiftedByOne) {

@@ -219,6 +219,28 @@ TEST(Trainer, BadInputsFailBeforeAnyWork) {
   fs::remove_all(dir);
 }
 
+// Paper cuts of a first trial run: a text too small for the validation split trains without
+// validation, and steps below optim.warmup_steps shorten the warm-up; each says so in a note.
+TEST(Trainer, ShortTrialRunsTrainWithNotes) {
+  const std::string dir = temp_dir("short");
+  std::ofstream(dir + "/small.txt") << "A small text of a few hundred bytes, far under the twenty "
+                                       "kilobytes that the default validation split of five "
+                                       "percent needs for one batch of validation. It still "
+                                       "trains: the run says why it skips validation.\n";
+  TrainConfig c = tiny(dir + "/run", dir + "/small.txt", "bf16");
+  apply_set(c, "steps=3");
+  apply_set(c, "optim.warmup_steps=20");
+  c.validate();
+  std::ostringstream log;
+  const RunResult r = run_training(c, quiet(dir + "/cache"), log);
+  EXPECT_EQ(r.steps_done, 3);
+  EXPECT_TRUE(std::isnan(r.final_val_loss));
+  EXPECT_NE(log.str().find("note: the validation data has"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("training without validation"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("warm-up is shortened to all 3 steps"), std::string::npos) << log.str();
+  fs::remove_all(dir);
+}
+
 // A constant, far too high rate makes the loss jump around; with a short window and a low
 // threshold some steps are spikes. The losses are deterministic, so the outcome is too.
 TrainConfig spiky(const std::string& run_dir, const std::string& corpus, const char* action) {

@@ -72,5 +72,7 @@ Command describe_command();
 Command compare_command();
 Command eval_command();
 Command train_command();
+Command prepare_command();
+Command export_command();
 
 }  // namespace octet::cli

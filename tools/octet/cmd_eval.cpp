@@ -6,6 +6,7 @@
 // partial batch is evaluated too. Every window has T targets, so the mean over batches weighted
 // by their sequences is the mean over all predicted tokens.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "train/data.h"
+#include "train/trainer.h"
 
 namespace octet::cli {
 namespace {
@@ -38,7 +40,8 @@ std::vector<int32_t> read_tokens(const Args& args, int64_t vocab_size) {
   const auto path = args.get("tokens");
   OCTET_CHECK(path.has_value(), "octet eval needs --text FILE or --tokens FILE");
   const io::TokenShard shard = io::TokenShard::open(*path, vocab_size);
-  for (const uint16_t t : shard.tokens()) out.push_back(t);
+  out.resize(static_cast<size_t>(shard.size()));
+  shard.read(0, shard.size(), out.data());
   return out;
 }
 
@@ -54,7 +57,13 @@ int run_eval(const std::vector<std::string>& argv) {
   args.expect_positional(1, 1, "octet eval CHECKPOINT_DIR --text FILE|--tokens FILE [flags]");
   OCTET_CHECK(args.has("text") != args.has("tokens"),
               "octet eval: give exactly one of --text and --tokens");
-  const std::string dir = args.positional()[0];
+  // A checkpoint of any form (config.json beside it), else a run directory's latest.
+  std::error_code ec;
+  const std::string& given = args.positional()[0];
+  const std::string dir =
+      std::filesystem::is_regular_file(std::filesystem::path(given) / "config.json", ec)
+          ? given
+          : train::resolve_resume_dir(given);
   CheckpointReadOptions ro;
   ro.cast = ReadCast::kToF32;
   const LoadedCheckpoint ck = read_checkpoint(dir, ro);
@@ -112,9 +121,10 @@ int run_eval(const std::vector<std::string>& argv) {
 
 Command eval_command() {
   return {"eval", "mean cross-entropy of a checkpoint over text or a token shard",
-          "usage: octet eval CHECKPOINT_DIR (--text FILE | --tokens FILE) [flags]\n"
+          "usage: octet eval CHECKPOINT_OR_RUN (--text FILE | --tokens FILE) [flags]\n"
+          "  CHECKPOINT_OR_RUN  a checkpoint directory, or a run directory (its latest)\n"
           "  --text FILE        UTF-8 text, tokenized byte by byte (vocab_size >= 257)\n"
-          "  --tokens FILE      an llm.c token shard (header + uint16 tokens)\n"
+          "  --tokens FILE      an llm.c token shard (uint16 or uint32 tokens)\n"
           "  --recipe R         precision recipe, without overrides (default: the checkpoint\n"
           "                     config's octet_recipe with its octet_recipe_overrides)\n"
           "  --device D         auto (default: cuda when a GPU is present), cpu or cuda\n"
