@@ -18,8 +18,8 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
-#include "io/token_shard.h"
 #include "io/megatron_dataset.h"
+#include "io/token_shard.h"
 
 namespace octet::train {
 

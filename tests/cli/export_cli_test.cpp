@@ -13,9 +13,9 @@
 #include <set>
 
 #include "cli_fixture.h"
-#include "model/checkpoint.h"
 #include "io/safetensors.h"
 #include "io/token_shard.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 #include "tiny_model.h"
 

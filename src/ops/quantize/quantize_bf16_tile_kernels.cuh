@@ -168,16 +168,16 @@ __global__ void __launch_bounds__(kTileThreads, 4)
       v[2 * j] = bits_float(w[j] << 16), v[2 * j + 1] = bits_float(w[j] & 0xFFFF0000u);
     if constexpr (kRowwise) {
       const float rs = s.row_scale[m * 8 + i];
-      const uint32_t q0 = cvt_fp8x4<kFmt>(rn::mul(v[0], rs), rn::mul(v[1], rs),
-                                          rn::mul(v[2], rs), rn::mul(v[3], rs));
-      const uint32_t q1 = cvt_fp8x4<kFmt>(rn::mul(v[4], rs), rn::mul(v[5], rs),
-                                          rn::mul(v[6], rs), rn::mul(v[7], rs));
+      const uint32_t q0 = cvt_fp8x4<kFmt>(rn::mul(v[0], rs), rn::mul(v[1], rs), rn::mul(v[2], rs),
+                                          rn::mul(v[3], rs));
+      const uint32_t q1 = cvt_fp8x4<kFmt>(rn::mul(v[4], rs), rn::mul(v[5], rs), rn::mul(v[6], rs),
+                                          rn::mul(v[7], rs));
       if (live) *reinterpret_cast<uint2*>(data + (rb + i) * cols + c) = make_uint2(q0, q1);
     }
-    a[i] = cvt_fp8x4<kFmt>(rn::mul(v[0], cs[0]), rn::mul(v[1], cs[1]),
-                           rn::mul(v[2], cs[2]), rn::mul(v[3], cs[3]));
-    b[i] = cvt_fp8x4<kFmt>(rn::mul(v[4], cs[4]), rn::mul(v[5], cs[5]),
-                           rn::mul(v[6], cs[6]), rn::mul(v[7], cs[7]));
+    a[i] = cvt_fp8x4<kFmt>(rn::mul(v[0], cs[0]), rn::mul(v[1], cs[1]), rn::mul(v[2], cs[2]),
+                           rn::mul(v[3], cs[3]));
+    b[i] = cvt_fp8x4<kFmt>(rn::mul(v[4], cs[4]), rn::mul(v[5], cs[5]), rn::mul(v[6], cs[6]),
+                           rn::mul(v[7], cs[7]));
   }
   // Column j of the chunk, rows 0-3 (lo) and 4-7 (hi) of the block, into slot m of tile column
   // 8 cc + j. Blocks that are not live hold codes of zeros there; no output reads them.
