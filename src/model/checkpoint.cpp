@@ -23,7 +23,6 @@
 
 namespace octet {
 
-using io::AtomicFile;
 using io::DuplicateKey;
 using io::find_duplicate_key;
 using io::NamedTensors;
