@@ -27,12 +27,10 @@ struct AdamWSource {
 
   __device__ __forceinline__ float update(int64_t i, bool skip, float s) const {
     if (skip) return p[i];
-    const float gi = scale ? rn::mul(g[i], s) : g[i];
-    adamw_math::Element x{p[i], bf16_to_float(m[i]), bf16_to_float(v[i])};
-    adamw_math::update(x, gi, k);
+    const kernels::StoredStep x = kernels::adamw_step(p[i], g[i], m[i], v[i], scale, s, k);
     p[i] = x.p;
-    m[i] = float_to_bf16(x.m);
-    v[i] = float_to_bf16(x.v);
+    m[i] = x.m;
+    v[i] = x.v;
     return x.p;
   }
 
@@ -48,29 +46,15 @@ struct AdamWSource {
       // Non-coherent loads: each element is read once, before this thread's own store to it, so
       // the compiler may issue the loads of later rows ahead of this row's stores.
       const float4 pv = __ldg(reinterpret_cast<const float4*>(p + i));
-      const float ps[4] = {pv.x, pv.y, pv.z, pv.w};
       if (skip) return pv;
-      const float4 gv = __ldg(reinterpret_cast<const float4*>(g + i));
-      const uint2 mv = __ldg(reinterpret_cast<const uint2*>(m + i));
-      const uint2 vv = __ldg(reinterpret_cast<const uint2*>(v + i));
-      const float gs[4] = {gv.x, gv.y, gv.z, gv.w};
-      const uint32_t mw[2] = {mv.x, mv.y}, vw[2] = {vv.x, vv.y};
-      uint32_t mo[2] = {0, 0}, vo[2] = {0, 0};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float gi = scale ? rn::mul(gs[e], s) : gs[e];
-        adamw_math::Element x{ps[e],
-                              bf16_to_float(static_cast<uint16_t>(mw[e / 2] >> (16 * (e % 2)))),
-                              bf16_to_float(static_cast<uint16_t>(vw[e / 2] >> (16 * (e % 2))))};
-        adamw_math::update(x, gi, k);
-        out[e] = x.p;
-        mo[e / 2] |= static_cast<uint32_t>(float_to_bf16(x.m)) << (16 * (e % 2));
-        vo[e / 2] |= static_cast<uint32_t>(float_to_bf16(x.v)) << (16 * (e % 2));
-      }
-      *reinterpret_cast<float4*>(p + i) = make_float4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint2*>(m + i) = make_uint2(mo[0], mo[1]);
-      *reinterpret_cast<uint2*>(v + i) = make_uint2(vo[0], vo[1]);
-      return make_float4(out[0], out[1], out[2], out[3]);
+      const kernels::StoredStep4 x =
+          kernels::adamw_step4(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
+                               __ldg(reinterpret_cast<const uint2*>(m + i)),
+                               __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, k);
+      *reinterpret_cast<float4*>(p + i) = x.p;
+      *reinterpret_cast<uint2*>(m + i) = x.m;
+      *reinterpret_cast<uint2*>(v + i) = x.v;
+      return x.p;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e)

@@ -18,6 +18,49 @@ struct TensorBatch {
   int count;
 };
 
+// One parameter's step on its stored forms (FP32 master, BF16 moments): the gradient times the
+// loss scale's inverse when one is given, adamw_math::update, the moments rounded back to BF16.
+struct StoredStep {
+  float p;
+  uint16_t m, v;
+};
+__device__ __forceinline__ StoredStep adamw_step(float p, float g, uint16_t m, uint16_t v,
+                                                 const float* scale, float s,
+                                                 const AdamWConsts& k) {
+  const float gi = scale ? rn::mul(g, s) : g;
+  adamw_math::Element x{p, bf16_to_float(m), bf16_to_float(v)};
+  adamw_math::update(x, gi, k);
+  return {x.p, float_to_bf16(x.m), float_to_bf16(x.v)};
+}
+
+// The same for 4 consecutive parameters as 16-byte (master, gradient) and 8-byte (moments) words.
+struct StoredStep4 {
+  float4 p;
+  uint2 m, v;
+};
+__device__ __forceinline__ uint16_t half_of(const uint2& w, int e) {
+  return static_cast<uint16_t>(((e < 2) ? w.x : w.y) >> (16 * (e % 2)));
+}
+__device__ __forceinline__ uint2 pack_halves(const uint16_t (&h)[4]) {
+  return make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
+                    h[2] | (static_cast<uint32_t>(h[3]) << 16));
+}
+__device__ __forceinline__ StoredStep4 adamw_step4(float4 p, float4 g, uint2 m, uint2 v,
+                                                   const float* scale, float s,
+                                                   const AdamWConsts& k) {
+  const float ps[4] = {p.x, p.y, p.z, p.w}, gs[4] = {g.x, g.y, g.z, g.w};
+  float po[4];
+  uint16_t mo[4], vo[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const StoredStep r = adamw_step(ps[e], gs[e], half_of(m, e), half_of(v, e), scale, s, k);
+    po[e] = r.p;
+    mo[e] = r.m;
+    vo[e] = r.v;
+  }
+  return {make_float4(po[0], po[1], po[2], po[3]), pack_halves(mo), pack_halves(vo)};
+}
+
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
                              uint16_t* __restrict__ m, uint16_t* __restrict__ v,
                              uint16_t* __restrict__ p_bf16, const float* __restrict__ scale,
@@ -26,18 +69,16 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   const float s = scale ? *scale : 1.0f;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float gi = scale ? rn::mul(g[i], s) : g[i];
-    adamw_math::Element x{p[i], bf16_to_float(m[i]), bf16_to_float(v[i])};
-    adamw_math::update(x, gi, k);
-    p[i] = x.p;
-    m[i] = float_to_bf16(x.m);
-    v[i] = float_to_bf16(x.v);
-    if (p_bf16) p_bf16[i] = float_to_bf16(x.p);
+    const StoredStep r = adamw_step(p[i], g[i], m[i], v[i], scale, s, k);
+    p[i] = r.p;
+    m[i] = r.m;
+    v[i] = r.v;
+    if (p_bf16) p_bf16[i] = float_to_bf16(r.p);
   }
 }
 
-// The same update, 4 elements per thread: 16-byte loads of p and g, 8-byte loads of m and v (all
-// pointers aligned so, n a multiple of 4). Element for element the operations of adamw_kernel.
+// adamw_kernel 4 elements per thread: 16-byte loads of p and g, 8-byte loads of m and v (all
+// pointers aligned so, n a multiple of 4).
 __global__ void adamw_x4_kernel(float4* __restrict__ p, const float4* __restrict__ g,
                                 uint2* __restrict__ m, uint2* __restrict__ v,
                                 uint2* __restrict__ p_bf16, const float* __restrict__ scale,
@@ -46,35 +87,15 @@ __global__ void adamw_x4_kernel(float4* __restrict__ p, const float4* __restrict
   const float s = scale ? *scale : 1.0f;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n4;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float4 pv = p[i], gv = g[i];
-    const uint2 mv = m[i], vv = v[i];
-    const float ps[4] = {pv.x, pv.y, pv.z, pv.w}, gs[4] = {gv.x, gv.y, gv.z, gv.w};
-    const uint16_t ms[4] = {
-        static_cast<uint16_t>(mv.x & 0xFFFFu), static_cast<uint16_t>(mv.x >> 16),
-        static_cast<uint16_t>(mv.y & 0xFFFFu), static_cast<uint16_t>(mv.y >> 16)};
-    const uint16_t vs[4] = {
-        static_cast<uint16_t>(vv.x & 0xFFFFu), static_cast<uint16_t>(vv.x >> 16),
-        static_cast<uint16_t>(vv.y & 0xFFFFu), static_cast<uint16_t>(vv.y >> 16)};
-    float po[4];
-    uint16_t mo[4], vo[4], bo[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float gi = scale ? rn::mul(gs[e], s) : gs[e];
-      adamw_math::Element x{ps[e], bf16_to_float(ms[e]), bf16_to_float(vs[e])};
-      adamw_math::update(x, gi, k);
-      po[e] = x.p;
-      mo[e] = float_to_bf16(x.m);
-      vo[e] = float_to_bf16(x.v);
-      bo[e] = float_to_bf16(x.p);
+    const StoredStep4 r = adamw_step4(p[i], g[i], m[i], v[i], scale, s, k);
+    p[i] = r.p;
+    m[i] = r.m;
+    v[i] = r.v;
+    if (p_bf16) {
+      const uint16_t b[4] = {float_to_bf16(r.p.x), float_to_bf16(r.p.y), float_to_bf16(r.p.z),
+                             float_to_bf16(r.p.w)};
+      p_bf16[i] = pack_halves(b);
     }
-    p[i] = make_float4(po[0], po[1], po[2], po[3]);
-    auto pack = [](const uint16_t(&h)[4]) {
-      return make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
-                        h[2] | (static_cast<uint32_t>(h[3]) << 16));
-    };
-    m[i] = pack(mo);
-    v[i] = pack(vo);
-    if (p_bf16) p_bf16[i] = pack(bo);
   }
 }
 
