@@ -102,9 +102,12 @@ struct Run {
     std::vector<Param*> ptrs;
     for (Param& p : params) ptrs.push_back(&p);
     optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
-    sampler = std::make_unique<BatchSampler>(
-        std::move(data.train),
-        SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
+    sampler = std::make_unique<BatchSampler>(std::move(data.train),
+                                             SamplerArgs{.batch_size = cfg.batch_size,
+                                                         .seq_len = cfg.seq_len,
+                                                         .seed = static_cast<uint64_t>(cfg.seed),
+                                                         .rank = 0,
+                                                         .world_size = 1});
     const int64_t val_need = cfg.batch_size * cfg.seq_len + 1;
     if (data.val && cfg.eval.every > 0 && data.val->size() < val_need) {
       out << "note: the validation data has " << data.val->size()
@@ -112,8 +115,10 @@ struct Run {
           << "); training without validation (more text, a larger data.val_fraction or "
              "eval.every = 0 removes this note)\n";
     } else if (data.val && cfg.eval.every > 0) {
-      val = std::make_unique<ValBatches>(
-          std::move(*data.val), ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+      val = std::make_unique<ValBatches>(std::move(*data.val),
+                                         ValBatchesArgs{.batch_size = cfg.batch_size,
+                                                        .seq_len = cfg.seq_len,
+                                                        .max_batches = cfg.eval.batches});
     }
   }
 
