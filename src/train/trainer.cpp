@@ -71,7 +71,6 @@ struct Run {
   Context ctx;
   std::unique_ptr<Model> model;
   std::unique_ptr<Model> shadow;  // bf16 copy for --shadow-bf16, made on first use
-  std::vector<Param> params;
   std::unique_ptr<AdamWOptimizer> optim;
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<ValBatches> val;
@@ -98,11 +97,7 @@ struct Run {
   void build(DataStreams data) {
     const ModelConfig mc = model_config();
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
-    for (Parameter* p : model->parameters())
-      params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
-    std::vector<Param*> ptrs;
-    for (Param& p : params) ptrs.push_back(&p);
-    optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
+    optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
     sampler = std::make_unique<BatchSampler>(std::move(data.train),
                                              SamplerArgs{.batch_size = cfg.batch_size,
                                                          .seq_len = cfg.seq_len,
@@ -176,14 +171,7 @@ struct Run {
       return;
     }
     model->prepare(ctx);
-    std::map<const void*, const WeightOutput*> by_master;
-    const std::vector<WeightOutput> outputs = model->weight_outputs(cfg.optim.fused_prepare_fp8);
-    for (const WeightOutput& w : outputs) by_master[w.param->value.data()] = &w;
-    for (Param& p : params) {
-      const auto it = by_master.find(p.master.data());
-      p.bf16_copy = it != by_master.end() ? it->second->bf16 : Tensor();
-      p.fp8_copy = it != by_master.end() ? it->second->fp8 : BlockQuantOutput{};
-    }
+    optim->set_weight_outputs(ctx, model->weight_outputs(cfg.optim.fused_prepare_fp8));
     outputs_attached = true;
   }
 
