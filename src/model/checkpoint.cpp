@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -45,62 +45,54 @@ std::string prefix(int64_t layer) {
   return "model.layers." + std::to_string(layer) + ".";
 }
 
-// One decoder layer (main or MTP): attention, norms and the dense or MoE MLP.
-void add_decoder_layer(const ModelConfig& c, int64_t layer, int64_t depth,
-                       std::vector<TensorSpec>& out) {
-  const std::string p = prefix(layer);
-  const int64_t D = c.hidden_size, H = c.num_attention_heads;
-  auto add = [&](const std::string& name, Shape shape, TensorKind kind) {
-    out.push_back({p + name, std::move(shape), kind, layer, depth});
-  };
-  // Fused where the model fuses: `fused` (a name under this layer), element `offset`, `shape`.
-  auto fuse = [&](const std::string& fused, int64_t offset, Shape shape) {
-    out.back().fused_name = p + fused;
-    out.back().fused_offset = offset;
-    out.back().fused_shape = std::move(shape);
-  };
-  add("input_layernorm.weight", {D}, TensorKind::kNorm);
-  if (c.q_lora_rank) {
-    add("self_attn.q_a_proj.weight", {*c.q_lora_rank, D}, TensorKind::kLinear);
-    add("self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, TensorKind::kNorm);
-    add("self_attn.q_b_proj.weight", {H * c.qk_head_dim(), *c.q_lora_rank}, TensorKind::kLinear);
-  } else {
-    add("self_attn.q_proj.weight", {H * c.qk_head_dim(), D}, TensorKind::kLinear);
+// Each role's name (DeepSeek-V3 / transformers), in ParamRole's order: within its layer, or for
+// kEmbedding, kFinalNorm and kLmHead outside the layers.
+constexpr const char* kRoleNames[] = {"model.embed_tokens.weight",
+                                      "model.norm.weight",
+                                      "lm_head.weight",
+                                      "input_layernorm.weight",
+                                      "self_attn.q_proj.weight",
+                                      "self_attn.q_a_proj.weight",
+                                      "self_attn.q_a_layernorm.weight",
+                                      "self_attn.q_b_proj.weight",
+                                      "self_attn.kv_a_proj_with_mqa.weight",
+                                      "self_attn.kv_a_layernorm.weight",
+                                      "self_attn.kv_b_proj.weight",
+                                      "self_attn.o_proj.weight",
+                                      "post_attention_layernorm.weight",
+                                      "mlp.gate_up_proj.weight",
+                                      "mlp.down_proj.weight",
+                                      "mlp.gate.weight",
+                                      "mlp.gate.e_score_correction_bias",
+                                      "mlp.experts.gate_up_proj",
+                                      "mlp.experts.down_proj",
+                                      "mlp.shared_experts.gate_up_proj.weight",
+                                      "mlp.shared_experts.down_proj.weight",
+                                      "embed_tokens.weight",
+                                      "enorm.weight",
+                                      "hnorm.weight",
+                                      "eh_proj.weight",
+                                      "shared_head.norm.weight",
+                                      "shared_head.head.weight"};
+static_assert(std::size(kRoleNames) == static_cast<size_t>(ParamRole::kMtpHead) + 1,
+              "one name per ParamRole");
+
+// The checkpoint name of a tensor: its parameter's, or for a part of a fused parameter the
+// unfused name (gate_proj / up_proj, per-expert weights).
+std::string checkpoint_name(const ModuleTensor& t) {
+  if (!t.fused()) return parameter_name(t.role, t.layer);
+  std::string mlp = prefix(t.layer) + "mlp.";
+  if (t.role == ParamRole::kSharedGateUp) mlp += "shared_experts.";
+  if (t.expert >= 0) mlp += "experts." + std::to_string(t.expert) + ".";
+  switch (t.part) {
+    case TensorPart::kGate:
+      return mlp + "gate_proj.weight";
+    case TensorPart::kUp:
+      return mlp + "up_proj.weight";
+    case TensorPart::kWhole:
+      break;
   }
-  add("self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, D},
-      TensorKind::kLinear);
-  add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, TensorKind::kNorm);
-  add("self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-      TensorKind::kLinear);
-  add("self_attn.o_proj.weight", {D, H * c.v_head_dim}, TensorKind::kLinear);
-  add("post_attention_layernorm.weight", {D}, TensorKind::kNorm);
-  // A SwiGLU MLP whose gate_proj and up_proj the model holds as one gate_up_proj.
-  auto add_mlp = [&](const std::string& mlp, int64_t inter) {
-    add(mlp + "gate_proj.weight", {inter, D}, TensorKind::kLinear);
-    fuse(mlp + "gate_up_proj.weight", 0, {2 * inter, D});
-    add(mlp + "up_proj.weight", {inter, D}, TensorKind::kLinear);
-    fuse(mlp + "gate_up_proj.weight", inter * D, {2 * inter, D});
-    add(mlp + "down_proj.weight", {D, inter}, TensorKind::kLinear);
-  };
-  if (!c.is_moe_layer(layer)) {
-    add_mlp("mlp.", c.intermediate_size);
-    return;
-  }
-  add("mlp.gate.weight", {c.n_routed_experts, D}, TensorKind::kRouterGate);
-  add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, TensorKind::kRouterBias);
-  // The routed experts, stacked: (E, 2F, D) gate_up and (E, D, F) down.
-  const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
-  for (int64_t j = 0; j < E; ++j) {
-    const std::string e = "mlp.experts." + std::to_string(j) + ".";
-    add(e + "gate_proj.weight", {F, D}, TensorKind::kLinear);
-    fuse("mlp.experts.gate_up_proj", 2 * j * F * D, {E, 2 * F, D});
-    add(e + "up_proj.weight", {F, D}, TensorKind::kLinear);
-    fuse("mlp.experts.gate_up_proj", (2 * j + 1) * F * D, {E, 2 * F, D});
-    add(e + "down_proj.weight", {D, F}, TensorKind::kLinear);
-    fuse("mlp.experts.down_proj", j * D * F, {E, D, F});
-  }
-  if (c.n_shared_experts > 0)
-    add_mlp("mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
+  return mlp + "down_proj.weight";  // a routed expert's slice of kExpertsDown
 }
 
 std::string shown_names(const std::vector<std::string>& names, size_t shown = kShownNames) {
@@ -175,14 +167,21 @@ std::vector<Matched> match_tensors(const ModelConfig& c, const std::vector<Tenso
   }
   std::vector<std::string> extra;
   std::string hint;
+  // A release checkpoint with num_nextn_predict_layers set to 0 still holds its MTP layer: the
+  // tensors of one MTP layer more than the config declares.
+  std::map<std::string, int64_t> undeclared;  // name -> layer
   for (const auto& [name, loc] : given) {
     if (used.count(name)) continue;
     extra.push_back(tensor_in(loc.file, name));
-    // A release checkpoint with num_nextn_predict_layers set to 0 still holds its MTP layer.
-    int64_t layer = -1;
-    if (hint.empty() && std::sscanf(name.c_str(), "model.layers.%" SCNd64 ".", &layer) == 1 &&
-        layer >= layers)
-      hint = "; layer " + std::to_string(layer) + " is beyond num_hidden_layers + " +
+    if (undeclared.empty()) {
+      ModelConfig more = c;
+      more.num_nextn_predict_layers += 1;
+      for (const TensorSpec& s : expected_tensors(more))
+        if (s.layer >= layers) undeclared.emplace(s.name, s.layer);
+    }
+    const auto it = undeclared.find(name);
+    if (hint.empty() && it != undeclared.end())
+      hint = "; layer " + std::to_string(it->second) + " is beyond num_hidden_layers + " +
              "num_nextn_predict_layers = " + std::to_string(layers) + " (undeclared MTP layers?)";
   }
   OCTET_CHECK(extra.empty(), "unexpected tensor", extra.size() > 1 ? "s " : " ", shown_names(extra),
@@ -418,25 +417,28 @@ Shape fp8_scale_shape(const Shape& s) {
   return {ceil_div(s[0], kGroup), ceil_div(s[1], kGroup)};
 }
 
+std::string parameter_name(ParamRole role, int64_t layer) {
+  const char* name = kRoleNames[static_cast<size_t>(role)];
+  return layer < 0 ? std::string(name) : prefix(layer) + name;
+}
+
 std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
-  c.validate();
-  const int64_t V = c.vocab_size, D = c.hidden_size, N = c.num_hidden_layers;
   std::vector<TensorSpec> out;
-  out.push_back({"model.embed_tokens.weight", {V, D}, TensorKind::kEmbedding});
-  for (int64_t i = 0; i < N; ++i) add_decoder_layer(c, i, -1, out);
-  out.push_back({"model.norm.weight", {D}, TensorKind::kNorm});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, D}, TensorKind::kHead});
-  // MTP modules, as DeepSeek-V3's release stores them (see the top of checkpoint.h).
-  for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
-    const int64_t L = N + d;
-    const std::string p = prefix(L);
-    out.push_back({p + "embed_tokens.weight", {V, D}, TensorKind::kEmbedding, L, d});
-    out.push_back({p + "enorm.weight", {D}, TensorKind::kNorm, L, d});
-    out.push_back({p + "hnorm.weight", {D}, TensorKind::kNorm, L, d});
-    out.push_back({p + "eh_proj.weight", {D, 2 * D}, TensorKind::kMtpProjection, L, d});
-    add_decoder_layer(c, L, d, out);
-    out.push_back({p + "shared_head.norm.weight", {D}, TensorKind::kNorm, L, d});
-    out.push_back({p + "shared_head.head.weight", {V, D}, TensorKind::kHead, L, d});
+  for (const ModuleTensor& t : module_tree(c)) {  // validates the config
+    TensorSpec s;
+    s.name = checkpoint_name(t);
+    s.shape = t.shape;
+    s.kind = t.kind;
+    s.layer = t.layer;
+    s.mtp_depth = t.mtp_depth;
+    s.role = t.role;
+    if (t.fused()) {
+      s.fused_name = parameter_name(t.role, t.layer);
+      s.fused_offset = t.param_offset;
+      s.fused_shape = t.param_shape;
+    }
+    if (t.copy_of) s.copy_of = parameter_name(*t.copy_of, -1);
+    out.push_back(std::move(s));
   }
   return out;
 }
