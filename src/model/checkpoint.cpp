@@ -1,43 +1,24 @@
 #include "model/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <set>
-#include <sstream>
 
 #include "backend/backend.h"
-#include "io/atomic_file.h"
-#include "io/json_keys.h"
+#include "io/safetensors_dir.h"
 #include "numerics/fp8.h"
 #include "ops/cast/cast.h"
 #include "ops/quantize/quantize.h"
 
 namespace octet {
 
-using io::DuplicateKey;
-using io::find_duplicate_key;
 using io::NamedTensors;
-using io::read_safetensors;
-using io::write_safetensors;
-using io::write_text_file_atomic;
 
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::json;  // std::map-backed: keys sorted, as transformers' sort_keys=True
 
 constexpr const char* kConfigName = "config.json";
-constexpr const char* kSingleName = "model.safetensors";
-constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr size_t kShownNames = 8;      // names listed in one error before "and N more"
 constexpr size_t kShownInWarning = 3;  // a warning is read in passing: the first few
 
@@ -108,10 +89,7 @@ std::string tensor_in(const std::string& file, const std::string& name) {
 
 // ---- Matching named tensors (given to the writer, or found in the files) against the specs. ----
 
-struct Located {
-  Tensor tensor;
-  std::string file;  // for messages: the shard, or "params"
-};
+using Located = io::LocatedTensor;  // file, for messages: the shard, or "params"
 
 struct Matched {
   const TensorSpec* spec = nullptr;
@@ -263,113 +241,6 @@ NamedTensors convert(Context& ctx, const Matched& m, StoredAs s) {
   return {};
 }
 
-// ---- The staging directory and its swap into place ----
-
-void fsync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;  // durability is best effort for directories; the renames are what is atomic
-  ::fsync(fd);
-  ::close(fd);
-}
-
-// Files of an existing checkpoint directory `dir` that the new checkpoint replaces: its config,
-// its index and the weight files the index names, model.safetensors, and stale staging files.
-// Everything else (tokenizer, generation config, README, other .safetensors files, ...) is carried
-// over, except a file with the name of one the new checkpoint writes, which the new one replaces.
-std::set<std::string> old_checkpoint_files(const fs::path& dir) {
-  std::set<std::string> files = {kConfigName, kIndexName, kSingleName};
-  std::ifstream in(dir / kIndexName);
-  const Json index = in ? Json::parse(in, nullptr, false) : Json();
-  if (index.is_object() && index.contains("weight_map") && index["weight_map"].is_object())
-    for (const auto& [name, file] : index["weight_map"].items())
-      if (file.is_string()) files.insert(file.get<std::string>());
-  return files;
-}
-
-// Whether `name` is an AtomicFile temporary (`<file>.tmp.<pid>.<random>`) of one of `files`: left
-// by a writer of that file that crashed. Other names with ".tmp." in them are the user's.
-bool is_stale_temporary_of(const std::string& name, const std::set<std::string>& files) {
-  const size_t at = name.find(".tmp.");
-  return at != std::string::npos && files.count(name.substr(0, at)) != 0;
-}
-
-void carry_over(const fs::path& from, const fs::path& to) {
-  const std::set<std::string> replaced = old_checkpoint_files(from);
-  for (const auto& e : fs::directory_iterator(from)) {
-    const std::string name = e.path().filename().string();
-    if (replaced.count(name) || is_stale_temporary_of(name, replaced) ||
-        fs::exists(fs::symlink_status(to / name)))
-      continue;
-    std::error_code ec;
-    if (e.is_regular_file() && !e.is_symlink()) fs::create_hard_link(e.path(), to / name, ec);
-    if (ec || !e.is_regular_file() || e.is_symlink())
-      fs::copy(e.path(), to / name, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
-  }
-}
-
-// A new, empty directory `<base>.<tag>.XXXXXX` made by mkdtemp: a name no file or link had, so
-// nothing of anyone else's is written through or removed. mkdtemp makes it 0700; it gets what
-// mkdir would give it (it becomes the checkpoint directory).
-fs::path make_temp_dir(const fs::path& base, const char* tag) {
-  std::string name = base.string() + "." + tag + ".XXXXXX";
-  OCTET_CHECK(::mkdtemp(name.data()) != nullptr, base.string(),
-              ": cannot create a temporary directory beside it: ", std::strerror(errno));
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::chmod(name.c_str(), 0777 & ~mask);
-  return name;
-}
-
-// Puts the complete `staging` directory at `target`, replacing what is there.
-void swap_into_place(const fs::path& staging, const fs::path& target) {
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::exists(fs::symlink_status(target))) {
-    OCTET_CHECK(std::rename(staging.c_str(), target.c_str()) == 0, target.string(),
-                ": cannot rename ", staging.string(), " onto it: ", std::strerror(errno));
-    fsync_path(parent);
-    return;
-  }
-#if defined(__linux__) && defined(RENAME_EXCHANGE)
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    fsync_path(parent);
-    std::error_code ec;  // the new checkpoint is in place: leftovers of the old one are no error
-    fs::remove_all(staging, ec);
-    return;
-  }
-  OCTET_CHECK(errno == EINVAL || errno == ENOSYS, target.string(), ": cannot exchange it with ",
-              staging.string(), ": ", std::strerror(errno));
-#endif
-  const fs::path holder = make_temp_dir(target, "old");
-  const fs::path old = holder / target.filename();
-  if (std::rename(target.c_str(), old.c_str()) != 0) {
-    const int err = errno;
-    fs::remove(holder);
-    OCTET_THROW(target.string(), ": cannot move it to ", old.string(), ": ", std::strerror(err));
-  }
-  if (std::rename(staging.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    std::rename(old.c_str(), target.c_str());
-    OCTET_THROW(target.string(), ": cannot rename ", staging.string(),
-                " onto it: ", std::strerror(err));
-  }
-  fsync_path(parent);
-  std::error_code ec;
-  fs::remove_all(holder, ec);
-}
-
-fs::path normalized_dir(const std::string& dir) {
-  OCTET_CHECK(!dir.empty(), "checkpoint: the directory name is empty");
-  fs::path p = fs::path(dir).lexically_normal();
-  if (!p.has_filename()) p = p.parent_path();
-  return p;
-}
-
-std::string shard_name(size_t i, size_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return buf;
-}
-
 ModelConfig config_for(const ModelConfig& c, bool fp8, DType dtype) {
   ModelConfig out = c;
   if (fp8) {
@@ -511,175 +382,44 @@ WritePlan plan_write(const ModelConfig& config, const NamedTensors& params,
   return plan;
 }
 
-// config.json, the shards, then the index: a directory with an index has all its shards.
-void write_files(const fs::path& staging, const ModelConfig& config, const WritePlan& plan,
-                 const CheckpointWriteOptions& options) {
-  auto done = [&](const fs::path& file, int64_t bytes) {
-    if (options.progress) options.progress(file.string(), bytes, plan.total);
-  };
-  write_model_config((staging / kConfigName).string(),
-                     config_for(config, plan.any_fp8, plan.dtype));
-  done(staging / kConfigName, 0);
-
-  Context ctx = make_context(Device::kCpu);
-  Json weight_map = Json::object();
-  int64_t written = 0;
-  const size_t n = plan.shards.size();
-  for (size_t i = 0; i < n; ++i) {
-    const std::string file = n == 1 ? kSingleName : shard_name(i, n);
-    NamedTensors tensors;  // converted one shard at a time, so at most one shard is held twice
-    for (size_t e : plan.shards[i]) {
-      const WritePlan::Entry& entry = plan.entries[e];
-      for (auto& nt : convert(ctx, *entry.m, entry.storage)) {
-        weight_map[nt.first] = file;
-        tensors.push_back(std::move(nt));
-      }
-      written += entry.bytes;
-    }
-    write_safetensors((staging / file).string(), tensors, {{"format", "pt"}});
-    done(staging / file, written);
-  }
-  if (n > 1) {
-    const Json index = {{"metadata", {{"total_size", plan.total}}}, {"weight_map", weight_map}};
-    write_text_file_atomic((staging / kIndexName).string(), index.dump(2) + "\n");
-    done(staging / kIndexName, written);
-  }
-}
-
 }  // namespace
 
 void write_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& params,
                       const CheckpointWriteOptions& options) {
-  const fs::path target = normalized_dir(dir);
-  const WritePlan plan = plan_write(config, params, options, target.string());
-  OCTET_CHECK(!fs::exists(target) || fs::is_directory(target), target.string(),
-              ": exists and is not a directory");
-  if (target.has_parent_path()) fs::create_directories(target.parent_path());
-  const fs::path staging = make_temp_dir(target, "tmp");
-  try {
-    write_files(staging, config, plan, options);
-    if (fs::exists(target)) carry_over(target, staging);
-    fsync_path(staging);
-    swap_into_place(staging, target);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(staging, ec);  // the previous checkpoint, if any, is untouched
-    throw;
+  const WritePlan plan = plan_write(config, params, options, dir);
+  io::SafetensorsDirWrite w;
+  w.files.emplace_back(kConfigName, [&](const std::string& path) {
+    write_model_config(path, config_for(config, plan.any_fp8, plan.dtype));
+  });
+  for (const std::vector<size_t>& shard : plan.shards) {
+    int64_t bytes = 0;
+    for (size_t e : shard) bytes += plan.entries[e].bytes;
+    w.shard_bytes.push_back(bytes);
   }
+  // Converted one shard at a time, so at most one shard is held twice.
+  Context ctx = make_context(Device::kCpu);
+  w.shard = [&](size_t i) {
+    NamedTensors tensors;
+    for (size_t e : plan.shards[i]) {
+      const WritePlan::Entry& entry = plan.entries[e];
+      for (auto& nt : convert(ctx, *entry.m, entry.storage)) tensors.push_back(std::move(nt));
+    }
+    return tensors;
+  };
+  w.progress = options.progress;
+  io::write_safetensors_dir(dir, w);
 }
-
-namespace {
-
-// The whole of a small text file (an index): a FIFO or device would block or never end.
-std::string read_small_text(const fs::path& path) {
-  std::error_code ec;
-  OCTET_CHECK(fs::is_regular_file(path, ec), path.string(), ": cannot open: not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  OCTET_CHECK(in, path.string(), ": cannot open: ", std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The index's name -> file map.
-std::map<std::string, std::string> read_index(const fs::path& index) {
-  return parse_checkpoint_index(read_small_text(index), index.string());
-}
-
-}  // namespace
-
-std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
-                                                          const std::string& source) {
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const Json::exception& e) {
-    OCTET_THROW(source, ": not valid JSON: ", e.what());
-  }
-  auto wm = j.is_object() ? j.find("weight_map") : j.end();
-  OCTET_CHECK(wm != j.end() && wm->is_object(), source,
-              ": expected an object with a \"weight_map\" object");
-  // The parsed object kept one of two equal keys: a tensor listed twice is seen in the text.
-  if (const std::optional<DuplicateKey> d = find_duplicate_key(text)) {
-    OCTET_CHECK(d->depth != 2 || d->parent != "weight_map", source, ": weight_map lists tensor '",
-                d->key, "' twice");
-    OCTET_THROW(source, ": duplicate key '", d->key, "'");
-  }
-  std::map<std::string, std::string> map;
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    OCTET_CHECK(it.value().is_string(), source, ": weight_map['", it.key(),
-                "'] must be a file name, got ", it.value().dump());
-    const std::string file = it.value().get<std::string>();
-    OCTET_CHECK(!file.empty() && file.find('/') == std::string::npos &&
-                    file.find('\0') == std::string::npos && file != "." && file != "..",
-                source, ": weight_map['", it.key(), "'] = '", file,
-                "' is not a file name inside the checkpoint directory");
-    map[it.key()] = file;
-  }
-  return map;
-}
-
-namespace {
-
-// Every tensor of the checkpoint, checked against the index: each listed tensor in its file, each
-// file's tensors listed there, no tensor twice.
-std::map<std::string, Located> read_tensors(const fs::path& dir) {
-  const fs::path index = dir / kIndexName, single = dir / kSingleName;
-  std::error_code ec;  // the error_code forms: a name too long is a missing file, not a throw
-  const bool has_index = fs::exists(index, ec), has_single = fs::exists(single, ec);
-  OCTET_CHECK(!(has_index && has_single), dir.string(), ": holds both ", kIndexName, " and ",
-              kSingleName, "; which one is the checkpoint is ambiguous");
-  OCTET_CHECK(has_index || has_single, dir.string(), ": no checkpoint (neither ", kIndexName,
-              " nor ", kSingleName, ")");
-  std::map<std::string, Located> found;
-  if (has_single) {
-    for (auto& [name, t] : read_safetensors(single.string()).tensors)
-      found.emplace(name, Located{std::move(t), single.string()});
-    return found;
-  }
-  const std::map<std::string, std::string> weight_map = read_index(index);
-  std::map<std::string, std::vector<std::string>> files;  // file -> names the index puts there
-  for (const auto& [name, file] : weight_map) files[file].push_back(name);
-  // All files first, so that a tensor in two shards reads as a duplicate whatever the file order.
-  std::map<std::string, std::vector<Located>> held;
-  for (const auto& [file, names] : files) {
-    const fs::path path = dir / file;
-    const bool regular = fs::is_regular_file(path, ec);
-    OCTET_CHECK(regular, path.string(), ": ",
-                ec && ec != std::errc::no_such_file_or_directory
-                    ? "cannot open (" + ec.message() + ")"
-                    : std::string("missing"),
-                " (", kIndexName, " maps tensor '", names.front(), "'",
-                names.size() > 1 ? " and others" : "", " to it)");
-    for (auto& [name, t] : read_safetensors(path.string()).tensors)
-      held[name].push_back(Located{std::move(t), path.string()});
-  }
-  for (auto& [name, locs] : held) {
-    OCTET_CHECK(locs.size() == 1, tensor_in(locs[0].file, name), ": also in ", locs[1].file,
-                " (duplicate tensors across shards)");
-    const std::string& path = locs[0].file;
-    auto listed = weight_map.find(name);
-    OCTET_CHECK(listed != weight_map.end(), tensor_in(path, name), ": not listed in ", kIndexName);
-    OCTET_CHECK(dir / listed->second == fs::path(path), tensor_in(path, name), ": ", kIndexName,
-                " maps it to ", listed->second);
-    found.emplace(name, std::move(locs[0]));
-  }
-  for (const auto& [name, file] : weight_map)
-    OCTET_CHECK(found.count(name), tensor_in((dir / file).string(), name), ": listed in ",
-                kIndexName, " but absent from the file");
-  return found;
-}
-
-}  // namespace
 
 LoadedCheckpoint read_checkpoint(const std::string& dir_name,
                                  const CheckpointReadOptions& options) {
-  const fs::path dir = normalized_dir(dir_name);
+  fs::path dir = fs::path(dir_name).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();
   std::error_code ec;
-  OCTET_CHECK(fs::is_directory(dir, ec), dir.string(), ": not a checkpoint directory");
+  OCTET_CHECK(!dir_name.empty() && fs::is_directory(dir, ec), dir.string(),
+              ": not a checkpoint directory");
   LoadedCheckpoint out;
   out.config = read_model_config((dir / kConfigName).string());
-  const std::map<std::string, Located> found = read_tensors(dir);
+  const std::map<std::string, Located> found = io::read_safetensors_dir(dir.string());
 
   const std::vector<TensorSpec> specs = expected_tensors(out.config);
   std::vector<const TensorSpec*> missing;

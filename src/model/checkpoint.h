@@ -1,16 +1,10 @@
 // Checkpoints: a model's parameters as a directory the Hugging Face ecosystem and DeepSeek-V3's
 // tooling read as is.
 //
-// Layout (the transformers library's save_pretrained, and DeepSeek-V3's release):
-//   config.json                     model_config_to_json (plus the release's quantization_config
-//                                   when FP8 weights are stored)
-//   model.safetensors               when every tensor fits in one shard, or
-//   model-00001-of-0000N.safetensors + model.safetensors.index.json
-//                                   {"metadata": {"total_size": data bytes},
-//                                    "weight_map": {name: file}}
-// Each shard carries the safetensors metadata {"format": "pt"} that transformers' loader expects.
-// Reading takes the index when present (its total_size is informational and not checked, as in
-// transformers); a directory holding both an index and model.safetensors is rejected as ambiguous.
+// Layout (the transformers library's save_pretrained, and DeepSeek-V3's release): config.json
+// (model_config_to_json, plus the release's quantization_config when FP8 weights are stored) in a
+// sharded safetensors directory as io/safetensors_dir.h writes and reads it (model.safetensors or
+// numbered shards with model.safetensors.index.json).
 //
 // Tensor names and shapes are the transformers library's DeepseekV3 names (expected_tensors) of the
 // structure model/module_tree.h describes. The Multi-Token Prediction modules follow DeepSeek-V3's
@@ -33,17 +27,8 @@
 //          block (octet::quantize, E4M3, exact scales, on the CPU); everything else as in kBf16
 //          (the release keeps the embeddings, heads, router gate and eh_proj in BF16).
 //
-// Atomicity: the checkpoint is written into a new staging directory `<dir>.tmp.XXXXXX` (mkdtemp:
-// a fresh name, never an existing file or a link; every file in it via AtomicFile, the index last)
-// and then swapped into place with one renameat2(RENAME_EXCHANGE), after which the old checkpoint
-// (now in the staging name) is deleted. Files in an existing `dir` that are not part of its
-// checkpoint (tokenizer files, README, other .safetensors files, ...) are carried over into the new
-// directory; only the old checkpoint's own files (config.json, the index and the files it names,
-// model.safetensors) and their stale AtomicFile temporaries are left behind. A crash leaves `dir`
-// either wholly old or wholly new, plus possibly a stale `<dir>.tmp.XXXXXX` (safe to delete;
-// readers never look at it). Where RENAME_EXCHANGE is unavailable (old kernels, some network file
-// systems) two renames are used: a crash between them leaves no `dir` but the complete old
-// checkpoint in `<dir>.old.XXXXXX/` and the complete new one in `<dir>.tmp.XXXXXX`.
+// Atomicity: io/safetensors_dir.h's (a staging directory swapped into place; files of an existing
+// directory that are not part of its checkpoint are carried over).
 #pragma once
 
 #include <cstdint>
@@ -160,11 +145,5 @@ struct LoadedCheckpoint {
 // extra or misshapen tensor, a weight_map entry whose file is missing or lacks the tensor, a tensor
 // in two shards, a shard tensor the index does not list.
 LoadedCheckpoint read_checkpoint(const std::string& dir, const CheckpointReadOptions& options = {});
-
-// The weight_map (tensor name -> shard file) of the text of a model.safetensors.index.json, which
-// read_checkpoint reads with it. Every file must be a plain name inside the directory and no tensor
-// may be listed twice; errors name `source`.
-std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
-                                                          const std::string& source);
 
 }  // namespace octet
