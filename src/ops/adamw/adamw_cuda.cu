@@ -27,7 +27,7 @@ struct AdamWSource {
 
   __device__ __forceinline__ float update(int64_t i, bool skip, float s) const {
     if (skip) return p[i];
-    const kernels::StoredStep x = kernels::adamw_step(p[i], g[i], m[i], v[i], scale, s, k);
+    const kernels::StoredStep x = kernels::stored_update(p[i], g[i], m[i], v[i], scale, s, k);
     p[i] = x.p;
     m[i] = x.m;
     v[i] = x.v;
@@ -48,9 +48,9 @@ struct AdamWSource {
       const float4 pv = __ldg(reinterpret_cast<const float4*>(p + i));
       if (skip) return pv;
       const kernels::StoredStep4 x =
-          kernels::adamw_step4(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
-                               __ldg(reinterpret_cast<const uint2*>(m + i)),
-                               __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, k);
+          kernels::stored_update4(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
+                                  __ldg(reinterpret_cast<const uint2*>(m + i)),
+                                  __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, k);
       *reinterpret_cast<float4*>(p + i) = x.p;
       *reinterpret_cast<uint2*>(m + i) = x.m;
       *reinterpret_cast<uint2*>(v + i) = x.v;

@@ -24,9 +24,9 @@ struct StoredStep {
   float p;
   uint16_t m, v;
 };
-__device__ __forceinline__ StoredStep adamw_step(float p, float g, uint16_t m, uint16_t v,
-                                                 const float* scale, float s,
-                                                 const AdamWConsts& k) {
+__device__ __forceinline__ StoredStep stored_update(float p, float g, uint16_t m, uint16_t v,
+                                                    const float* scale, float s,
+                                                    const AdamWConsts& k) {
   const float gi = scale ? rn::mul(g, s) : g;
   adamw_math::Element x{p, bf16_to_float(m), bf16_to_float(v)};
   adamw_math::update(x, gi, k);
@@ -45,15 +45,15 @@ __device__ __forceinline__ uint2 pack_halves(const uint16_t (&h)[4]) {
   return make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
                     h[2] | (static_cast<uint32_t>(h[3]) << 16));
 }
-__device__ __forceinline__ StoredStep4 adamw_step4(float4 p, float4 g, uint2 m, uint2 v,
-                                                   const float* scale, float s,
-                                                   const AdamWConsts& k) {
+__device__ __forceinline__ StoredStep4 stored_update4(float4 p, float4 g, uint2 m, uint2 v,
+                                                      const float* scale, float s,
+                                                      const AdamWConsts& k) {
   const float ps[4] = {p.x, p.y, p.z, p.w}, gs[4] = {g.x, g.y, g.z, g.w};
   float po[4];
   uint16_t mo[4], vo[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const StoredStep r = adamw_step(ps[e], gs[e], half_of(m, e), half_of(v, e), scale, s, k);
+    const StoredStep r = stored_update(ps[e], gs[e], half_of(m, e), half_of(v, e), scale, s, k);
     po[e] = r.p;
     mo[e] = r.m;
     vo[e] = r.v;
@@ -69,7 +69,7 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   const float s = scale ? *scale : 1.0f;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const StoredStep r = adamw_step(p[i], g[i], m[i], v[i], scale, s, k);
+    const StoredStep r = stored_update(p[i], g[i], m[i], v[i], scale, s, k);
     p[i] = r.p;
     m[i] = r.m;
     v[i] = r.v;
@@ -87,7 +87,7 @@ __global__ void adamw_x4_kernel(float4* __restrict__ p, const float4* __restrict
   const float s = scale ? *scale : 1.0f;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n4;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const StoredStep4 r = adamw_step4(p[i], g[i], m[i], v[i], scale, s, k);
+    const StoredStep4 r = stored_update4(p[i], g[i], m[i], v[i], scale, s, k);
     p[i] = r.p;
     m[i] = r.m;
     v[i] = r.v;
