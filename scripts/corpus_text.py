@@ -23,7 +23,11 @@ markup is stripped:
   dict-foldoc         the Free On-line Dictionary of Computing, likewise
   jargon-text         the Jargon File, plain text, in pages of about 16 KB
 
-Usage: corpus_text.py ROOT OUT.jsonl [--stats STATS.json]
+The documents are written in an order shuffled with a fixed seed (--seed): `octet prepare` holds
+out every ~20th document for validation in input order and the trainer evaluates on the first
+validation batches, so without the shuffle the validation set would be the first package's.
+
+Usage: corpus_text.py ROOT OUT.jsonl [--stats STATS.json] [--seed N] [--jobs N]
 The markup stripping is deliberately plain (regular expressions and html.parser): the aim is text
 a person would read, not a faithful rendering. Output is deterministic: sources and files in a
 fixed order, so the same packages give the same bytes.
@@ -37,6 +41,7 @@ import html.parser
 import json
 import multiprocessing
 import os
+import random
 import re
 import subprocess
 import sys
@@ -202,6 +207,19 @@ def b64_number(s):
     return n
 
 
+GCIDE_TAG_LINE = re.compile(r"^\s*\[[^\]\n]*\]\s*$", re.M)  # source tags: [1913 Webster], [PJC]
+GCIDE_SYLLABLES = re.compile(r"\\[^\\\n]*\\,?")  # the headword again, in syllables: \Bad"der\,
+GCIDE_XREF = re.compile(r"\{([^{}\n]*)\}")  # cross-references and italics: {Bad}
+
+
+def plain_dict_entry(entry):
+    """A dictd entry without the markup its formatter leaves: the source tag on a line of its
+    own, the syllabified headword between backslashes, and the braces around references."""
+    entry = GCIDE_TAG_LINE.sub("", entry)
+    entry = GCIDE_SYLLABLES.sub("", entry)
+    return tidy(GCIDE_XREF.sub(r"\1", entry))
+
+
 def dictd_pages(index_path, dict_path):
     """Entries of a dictd database (its .index gives offset and length in base 64), in order of
     their place in the file, without the database's own header entries (00-database-*),
@@ -217,7 +235,7 @@ def dictd_pages(index_path, dict_path):
         data = f.read()
     page, size = [], 0
     for off, length in sorted(spans):
-        entry = tidy(data[off:off + length].decode("utf-8", errors="replace"))
+        entry = plain_dict_entry(data[off:off + length].decode("utf-8", errors="replace"))
         if not entry:
             continue
         page.append(entry)
@@ -359,11 +377,22 @@ SOURCES = [
 MIN_DOC_CHARS = 200  # shorter files are index pages, stubs and link lists
 
 
+def shuffle_lines(src, dst, seed):
+    """The lines of src in an order drawn from seed, into dst (written whole, then renamed)."""
+    with open(src, encoding="utf-8") as f:
+        lines = f.readlines()
+    random.Random(seed).shuffle(lines)
+    with open(dst + ".part", "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    os.replace(dst + ".part", dst)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", help="directory with one unpacked package per subdirectory")
     ap.add_argument("out", help="JSON lines file to write")
     ap.add_argument("--stats", help="also write per-source counts as JSON here")
+    ap.add_argument("--seed", type=int, default=17, help="seed of the document order (default 17)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="processes that convert files (default: one per CPU)")
     args = ap.parse_args()
@@ -389,7 +418,8 @@ def main():
             stats.append({"package": package, "documents": docs, "chars": chars, "bytes": nbytes})
             print(f"corpus: {package:20s} {docs:7d} documents {nbytes / 1e6:8.1f} MB",
                   file=sys.stderr, flush=True)
-    os.replace(tmp, args.out)
+    shuffle_lines(tmp, args.out, args.seed)
+    os.remove(tmp)
     total = sum(s["bytes"] for s in stats)
     print(f"corpus: {'total':20s} {sum(s['documents'] for s in stats):7d} documents "
           f"{total / 1e6:8.1f} MB", file=sys.stderr)
