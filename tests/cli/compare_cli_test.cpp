@@ -80,8 +80,8 @@ class CompareCliTest : public test::CliFixture {
     fs::create_directories(dir_ / name);
     if (warmup >= 0)
       std::ofstream(dir_ / name / "config.toml")
-          << "recipe = \"" << recipe << "\"\nseed = " << seed << "\n\n[optim]\nwarmup_steps = "
-          << warmup << "\n";
+          << "recipe = \"" << recipe << "\"\nseed = " << seed
+          << "\n\n[optim]\nwarmup_steps = " << warmup << "\n";
     std::ofstream m(dir_ / name / "metrics.jsonl");
     for (int s = 1; s <= steps; ++s)
       m << record(s, loss_at(s) * factor(s), 1000, 1 << 20,
@@ -194,15 +194,18 @@ TEST_F(CompareCliTest, MissingOrEmptyRunsAreOneClearError) {
   expect_failure(path("good") + " --bogus", "unknown flag --bogus");
 }
 
-
 // The relative-error tables: (L - L0) / L0 at every evaluation, signed, the band's column, the
 // '*' of an evaluation outside the band, and per run the last error, the largest after the
 // warm-up, the train-loss error, the 0.25% verdict and the seed band's.
 TEST_F(CompareCliTest, RelativeErrorAtEveryEvaluationAgainstTheSeedBand) {
-  write_scaled("bf16", "bf16", [](int) { return 1.0; }, 100, 10, 20);
-  write_scaled("close", "deepseek", [](int s) { return s == 70 ? 1.0015 : 1.001; }, 100, 10, 20);
-  write_scaled("far", "fp8-tensor-delayed", [](int) { return 1.004; }, 100, 10, 20);
-  write_scaled("seed2", "bf16", [](int) { return 0.998; }, 100, 10, 20, 2);
+  write_scaled(
+      "bf16", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "close", "deepseek", [](int s) { return s == 70 ? 1.0015 : 1.001; }, 100, 10, 20);
+  write_scaled(
+      "far", "fp8-tensor-delayed", [](int) { return 1.004; }, 100, 10, 20);
+  write_scaled(
+      "seed2", "bf16", [](int) { return 0.998; }, 100, 10, 20, 2);
   const RunResult r =
       run(path("bf16") + " " + path("close") + " " + path("far") + " --seed-band " + path("seed2"));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -258,9 +261,13 @@ TEST_F(CompareCliTest, RelativeErrorAtEveryEvaluationAgainstTheSeedBand) {
 // The largest error leaves the warm-up out (the reference's optim.warmup_steps, or --after); a
 // run that was outside 0.25% after the warm-up but ends within it reads "at the end".
 TEST_F(CompareCliTest, LargestErrorAfterTheWarmUp) {
-  write_scaled("ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
-  write_scaled("run", "deepseek", [](int s) { return s <= 10 ? 1.05 : s == 30 ? 1.003 : 1.001; },
-               100, 10, 20);
+  write_scaled(
+      "ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "run", "deepseek", [](int s) { return s <= 10   ? 1.05
+                                            : s == 30 ? 1.003
+                                                      : 1.001; }, 100, 10,
+      20);
   RunResult r = run(path("ref") + " " + path("run"));
   ASSERT_EQ(r.code, 0) << r.err;
   auto cells = row(r.out, path("run"));
@@ -281,8 +288,10 @@ TEST_F(CompareCliTest, LargestErrorAfterTheWarmUp) {
 
 // A run still going is compared over the steps both runs have.
 TEST_F(CompareCliTest, ShorterRunIsComparedUpToItsLastStep) {
-  write_scaled("ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
-  write_scaled("part", "deepseek", [](int) { return 1.002; }, 60, 10, 20);
+  write_scaled(
+      "ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "part", "deepseek", [](int) { return 1.002; }, 60, 10, 20);
   const RunResult r = run(path("ref") + " " + path("part"));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto cells = row(r.out, path("part"));
@@ -294,8 +303,10 @@ TEST_F(CompareCliTest, ShorterRunIsComparedUpToItsLastStep) {
 }
 
 TEST_F(CompareCliTest, MismatchedStepsAreOneClearError) {
-  write_scaled("ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
-  write_scaled("every25", "deepseek", [](int) { return 1.0; }, 100, 25, 20);
+  write_scaled(
+      "ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "every25", "deepseek", [](int) { return 1.0; }, 100, 25, 20);
   expect_failure(path("ref") + " " + path("every25"),
                  path("every25") + ": validation at steps 25, 50, 75, 100 but " + path("ref") +
                      " at 10, 20, 30, 40, 50, 60, ... (10 in all) (first difference: step 25 "

@@ -73,7 +73,8 @@ void read_config(const fs::path& run_dir, Run& run) {
   if (!f) return;
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   try {
-    const train::TrainConfig c = train::parse_train_config(text, (run_dir / "config.toml").string());
+    const train::TrainConfig c =
+        train::parse_train_config(text, (run_dir / "config.toml").string());
     run.warmup_steps = c.optim.warmup_steps;
     run.seed = c.seed;
   } catch (const std::exception&) {
@@ -136,12 +137,12 @@ void print_table(const std::vector<Run>& runs) {
                                                   "val loss", "rel err", "tok/s", "peak mem"}};
   for (size_t i = 0; i < runs.size(); ++i) {
     const train::MetricsSummary& s = runs[i].summary;
-    table.push_back(
-        {printable(runs[i].label), runs[i].recipe, std::to_string(s.last_step),
-         std::to_string(s.skipped), fixed(s.final_train_loss, 4),
-         s.final_val_loss ? fixed(*s.final_val_loss, 4) : "-",
-         i == 0 ? "(reference)" : relative_error(runs[i], runs[0]),
-         train::format_rate(s.mean_tokens_per_s), train::format_bytes(s.peak_mem_bytes)});
+    table.push_back({printable(runs[i].label), runs[i].recipe, std::to_string(s.last_step),
+                     std::to_string(s.skipped), fixed(s.final_train_loss, 4),
+                     s.final_val_loss ? fixed(*s.final_val_loss, 4) : "-",
+                     i == 0 ? "(reference)" : relative_error(runs[i], runs[0]),
+                     train::format_rate(s.mean_tokens_per_s),
+                     train::format_bytes(s.peak_mem_bytes)});
   }
   print_rows(table, 2);  // run and recipe left-aligned, numbers right-aligned
   std::printf(
@@ -188,9 +189,9 @@ struct ValPoint {
 
 // One run against the reference, over the steps both have reached.
 struct Comparison {
-  int64_t end = 0;                // the last step both runs have
-  std::vector<ValPoint> val;      // every evaluation at or before `end`
-  int64_t window_first = 0;       // the train-loss window: steps [window_first, end]
+  int64_t end = 0;            // the last step both runs have
+  std::vector<ValPoint> val;  // every evaluation at or before `end`
+  int64_t window_first = 0;   // the train-loss window: steps [window_first, end]
   double train_ref = 0, train_loss = 0, train_err = 0;
   std::optional<ValPoint> worst;  // the largest |err| after the warm-up
 };
@@ -273,7 +274,8 @@ Comparison compare(const Run& run, const Run& ref, int64_t warmup) {
 std::string band_verdict(const Comparison& c, const Comparison& band) {
   if (!c.val.empty() && !band.val.empty()) {
     const bool last = std::fabs(c.val.back().err) <= std::fabs(band.val.back().err);
-    const bool worst = !c.worst || (band.worst && std::fabs(c.worst->err) <= std::fabs(band.worst->err));
+    const bool worst =
+        !c.worst || (band.worst && std::fabs(c.worst->err) <= std::fabs(band.worst->err));
     return last && worst ? "inside" : "outside";
   }
   if (!std::isfinite(c.train_err) || !std::isfinite(band.train_err)) return "n/a";
@@ -292,8 +294,7 @@ void print_relative_errors(const std::vector<Run>& runs, const std::optional<Run
       band_run ? std::optional<Comparison>(cmp.back()) : std::nullopt;
 
   std::printf("\nrelative loss error (L - L0) / L0 against %s; warm-up: steps 1-%lld (%s)\n",
-              printable(ref.label).c_str(), static_cast<long long>(warmup),
-              warmup_source.c_str());
+              printable(ref.label).c_str(), static_cast<long long>(warmup), warmup_source.c_str());
   if (band_run)
     std::printf("seed band: %s (%s%s) against %s\n", printable(band_run->label).c_str(),
                 band_run->recipe.c_str(),
@@ -352,7 +353,9 @@ void print_relative_errors(const std::vector<Run>& runs, const std::optional<Run
                                std::to_string(c.worst->step) + ")"
                          : "-",
                  signed_percent(c.train_err), within,
-                 is_band ? "(the band)" : band ? band_verdict(c, *band) : "-"});
+                 is_band ? "(the band)"
+                 : band  ? band_verdict(c, *band)
+                         : "-"});
   }
   print_rows(t, 2);
   std::printf(
@@ -399,8 +402,8 @@ void plot(const fs::path& script, const std::vector<std::string>& run_dirs,
   std::error_code ec;
   const fs::path venv = script.parent_path().parent_path() / ".venv" / "bin" / "python";
   const std::string python = fs::exists(venv, ec) ? venv.string() : "python3";
-  std::vector<std::string> args = {python, script.string(), "--out", out, "--after",
-                                   std::to_string(warmup)};
+  std::vector<std::string> args = {python, script.string(), "--out",
+                                   out,    "--after",       std::to_string(warmup)};
   if (band_dir) args.insert(args.end(), {"--seed-band", *band_dir});
   args.insert(args.end(), run_dirs.begin(), run_dirs.end());
   std::vector<char*> argv;
@@ -490,31 +493,32 @@ int run_compare(const std::vector<std::string>& argv) {
 }  // namespace
 
 Command compare_command() {
-  return {"compare", "compare training runs: final losses, relative error, speed, memory, plots",
-          "usage: octet compare RUN_DIR... [--seed-band RUN_DIR] [--after STEPS]\n"
-          "                     [--out FILE.png [--force]]\n\n"
-          "Reads RUN_DIR/metrics.jsonl of each run (and the recipe, warm-up and seed from\n"
-          "RUN_DIR/config.toml when present). Put the baseline (usually the bf16 run) first.\n\n"
-          "The first table has one row per run: the last step, skipped steps, the final train\n"
-          "loss (mean over the last 10% of the steps), the last validation loss, |L - L0| / L0\n"
-          "against the first run, the mean tokens/s after the warm-up steps and the peak memory.\n\n"
-          "With two runs or more, the relative error (L - L0) / L0 of each run against the first,\n"
-          "over the steps both have reached: of the validation loss at every evaluation (the runs\n"
-          "must evaluate at the same steps), and of the train loss averaged over the last 10% of\n"
-          "those steps (the runs must log the same steps there); then per run the last and the\n"
-          "largest |error| after the warm-up, whether it is within DeepSeek-V3's 0.25%, and\n"
-          "whether it stays inside the seed band.\n\n"
-          "flags:\n"
-          "  --seed-band RUN_DIR  a second seed of the reference recipe: its error against the\n"
-          "                  first run is the band; a run is inside when its last and largest\n"
-          "                  |val error| are no larger than the band's\n"
-          "  --after STEPS   the warm-up that the largest error leaves out (default: the first\n"
-          "                  run's optim.warmup_steps)\n"
-          "  --out FILE.png  also draw loss curves, the relative error against the first run\n"
-          "                  with the 0.25% line and the seed band, and tokens/s, with\n"
-          "                  scripts/plot_compare.py (matplotlib: run scripts/setup.sh once)\n"
-          "  --force         replace FILE.png when it exists (default: refuse)",
-          run_compare};
+  return {
+      "compare", "compare training runs: final losses, relative error, speed, memory, plots",
+      "usage: octet compare RUN_DIR... [--seed-band RUN_DIR] [--after STEPS]\n"
+      "                     [--out FILE.png [--force]]\n\n"
+      "Reads RUN_DIR/metrics.jsonl of each run (and the recipe, warm-up and seed from\n"
+      "RUN_DIR/config.toml when present). Put the baseline (usually the bf16 run) first.\n\n"
+      "The first table has one row per run: the last step, skipped steps, the final train\n"
+      "loss (mean over the last 10% of the steps), the last validation loss, |L - L0| / L0\n"
+      "against the first run, the mean tokens/s after the warm-up steps and the peak memory.\n\n"
+      "With two runs or more, the relative error (L - L0) / L0 of each run against the first,\n"
+      "over the steps both have reached: of the validation loss at every evaluation (the runs\n"
+      "must evaluate at the same steps), and of the train loss averaged over the last 10% of\n"
+      "those steps (the runs must log the same steps there); then per run the last and the\n"
+      "largest |error| after the warm-up, whether it is within DeepSeek-V3's 0.25%, and\n"
+      "whether it stays inside the seed band.\n\n"
+      "flags:\n"
+      "  --seed-band RUN_DIR  a second seed of the reference recipe: its error against the\n"
+      "                  first run is the band; a run is inside when its last and largest\n"
+      "                  |val error| are no larger than the band's\n"
+      "  --after STEPS   the warm-up that the largest error leaves out (default: the first\n"
+      "                  run's optim.warmup_steps)\n"
+      "  --out FILE.png  also draw loss curves, the relative error against the first run\n"
+      "                  with the 0.25% line and the seed band, and tokens/s, with\n"
+      "                  scripts/plot_compare.py (matplotlib: run scripts/setup.sh once)\n"
+      "  --force         replace FILE.png when it exists (default: refuse)",
+      run_compare};
 }
 
 }  // namespace octet::cli
