@@ -23,7 +23,8 @@
 #   bash scripts/convergence.sh status       the runs under $WORK and how far each is
 #
 # Environment: OCTET (default conv-carry/octet), PACK (default conv-carry/tokens-32768.tar.xz),
-# WORK, BUDGET, STEPS (a shorter run, for a smoke test), SET ("key=value ..." more --set options).
+# WORK, BUDGET, and for a new run only (a resumed run keeps its saved config): STEPS (a shorter
+# run, for a smoke test) and SET ("key=value ..." more --set options).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -52,7 +53,7 @@ last_step() {
   [ -f "$1/metrics.jsonl" ] && s=$(tail -n 2 "$1/metrics.jsonl" | grep -o '"step":[0-9]*' | tail -n 1 | cut -d: -f2)
   echo "${s:-0}"
 }
-planned_steps() { grep -E '^steps *=' "$1/config.toml" | head -n 1 | grep -o '[0-9]*'; }
+planned_steps() { sed -nE 's/^steps *= *([0-9]+).*/\1/p' "$1/config.toml" | head -n 1; }
 
 # The token shards under $work/data, unpacked once per machine from the carried pack.
 unpack_data() {
@@ -109,7 +110,7 @@ cmd_run() {
     rc=0
   elif compgen -G "$run/checkpoints/step_*" >/dev/null; then
     echo "$name: resuming from step $done_steps" | tee -a "$log"
-    timeout -s TERM -k 45 "$budget" "$octet" train --resume "$run" "${sets[@]}" >> "$log" 2>&1
+    timeout -s TERM -k 45 "$budget" "$octet" train --resume "$run" >> "$log" 2>&1
     rc=$?
   else
     echo "$name: new run ($recipe, seed $seed)" | tee -a "$log"

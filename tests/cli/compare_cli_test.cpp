@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,10 +97,15 @@ class CompareCliTest : public test::CliFixture {
     return out.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
   }
 
-  // The table row of one run, split on whitespace.
-  static std::vector<std::string> row(const std::string& out, const std::string& run) {
+  // The table row of one run, split on whitespace: in the first table, or with `last` in the
+  // last table that has one (the relative-error summary).
+  static std::vector<std::string> row(const std::string& out, const std::string& run,
+                                      bool last = false) {
     std::istringstream in(out);
-    for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    if (last) std::reverse(lines.begin(), lines.end());
+    for (const std::string& line : lines) {
       if (line.rfind(run + " ", 0) != 0) continue;
       std::vector<std::string> cells;
       std::istringstream words(line);
@@ -236,7 +242,7 @@ TEST_F(CompareCliTest, RelativeErrorAtEveryEvaluationAgainstTheSeedBand) {
   }
   EXPECT_EQ(rows, 10) << evals;  // steps 10, 20, ..., 100
 
-  const auto close = row(r.out, path("close"));
+  const auto close = row(r.out, path("close"), true);
   // run, recipe, up to step, last val err, max |val err| (3 words), train err, within, band
   ASSERT_EQ(close.size(), 10u) << r.out;
   EXPECT_EQ(close[1], "deepseek");
@@ -246,12 +252,12 @@ TEST_F(CompareCliTest, RelativeErrorAtEveryEvaluationAgainstTheSeedBand) {
   EXPECT_EQ(close[7], "+0.100%");  // the mean train loss of steps 91-100
   EXPECT_EQ(close[8], "yes");
   EXPECT_EQ(close[9], "inside");
-  const auto far = row(r.out, path("far"));
+  const auto far = row(r.out, path("far"), true);
   ASSERT_EQ(far.size(), 10u) << r.out;
   EXPECT_EQ(far[3], "+0.400%");
   EXPECT_EQ(far[8], "no");
   EXPECT_EQ(far[9], "outside");
-  const auto band = row(r.out, path("seed2"));
+  const auto band = row(r.out, path("seed2"), true);
   ASSERT_EQ(band.size(), 11u) << r.out;  // "(the band)" is two words
   EXPECT_EQ(band[3], "-0.200%");
   EXPECT_EQ(band[9] + " " + band[10], "(the band)");
@@ -270,7 +276,7 @@ TEST_F(CompareCliTest, LargestErrorAfterTheWarmUp) {
       20);
   RunResult r = run(path("ref") + " " + path("run"));
   ASSERT_EQ(r.code, 0) << r.err;
-  auto cells = row(r.out, path("run"));
+  auto cells = row(r.out, path("run"), true);
   ASSERT_EQ(cells.size(), 12u) << r.out;  // "at the end" is three words; no band: "-"
   EXPECT_EQ(cells[4] + " " + cells[5] + " " + cells[6], "0.300% (step 30)");
   EXPECT_EQ(cells[7], "+0.100%");
@@ -280,7 +286,7 @@ TEST_F(CompareCliTest, LargestErrorAfterTheWarmUp) {
 
   r = run(path("ref") + " " + path("run") + " --after 0");
   ASSERT_EQ(r.code, 0) << r.err;
-  cells = row(r.out, path("run"));
+  cells = row(r.out, path("run"), true);
   ASSERT_GE(cells.size(), 7u) << r.out;
   EXPECT_EQ(cells[4] + " " + cells[5] + " " + cells[6], "5.000% (step 10)");
   EXPECT_NE(r.out.find("warm-up: steps 1-0 (--after)"), std::string::npos) << r.out;
@@ -294,7 +300,9 @@ TEST_F(CompareCliTest, ShorterRunIsComparedUpToItsLastStep) {
       "part", "deepseek", [](int) { return 1.002; }, 60, 10, 20);
   const RunResult r = run(path("ref") + " " + path("part"));
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto cells = row(r.out, path("part"));
+  EXPECT_EQ(row(r.out, path("part"))[6] + " " + row(r.out, path("part"))[7], "0.200% (val)")
+      << r.out;  // the first table too: at step 60, not against the reference's step 100
+  const auto cells = row(r.out, path("part"), true);
   ASSERT_EQ(cells.size(), 10u) << r.out;
   EXPECT_EQ(cells[2], "60");
   EXPECT_EQ(cells[3], "+0.200%");

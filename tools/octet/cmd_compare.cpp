@@ -105,11 +105,40 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
-// |L - L0| / L0 in percent on the validation loss when both runs have one, else the train loss.
+std::vector<std::pair<int64_t, double>> val_losses(const Run& run, int64_t end) {
+  std::vector<std::pair<int64_t, double>> v;
+  for (const auto& m : run.records)
+    if (m.val_loss && m.step <= end) v.emplace_back(m.step, *m.val_loss);
+  return v;
+}
+
+// Mean loss of the applied steps with a finite loss in [first, end].
+double window_mean(const Run& run, int64_t first, int64_t end) {
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& m : run.records)
+    if (m.step >= first && m.step <= end && !m.skipped && std::isfinite(m.loss)) {
+      sum += m.loss;
+      ++n;
+    }
+  return n > 0 ? sum / static_cast<double>(n) : std::nan("");
+}
+
+// The first step of the last 10% of `end` steps (at least the last step).
+int64_t tail_window_first(int64_t end) {
+  return end - std::max<int64_t>(1, end / 10) + 1;
+}
+
+// |L - L0| / L0 in percent over the steps both runs reached: on the last validation loss when both
+// runs evaluated at that step, else on the mean train loss of the last 10% of those steps.
 std::string relative_error(const Run& run, const Run& ref) {
-  const bool val = run.summary.final_val_loss && ref.summary.final_val_loss;
-  const double l = val ? *run.summary.final_val_loss : run.summary.final_train_loss;
-  const double l0 = val ? *ref.summary.final_val_loss : ref.summary.final_train_loss;
+  const int64_t end = std::min(run.summary.last_step, ref.summary.last_step);
+  const auto v = val_losses(run, end);
+  const auto v0 = val_losses(ref, end);
+  const bool val = !v.empty() && !v0.empty() && v.back().first == v0.back().first;
+  const int64_t first = tail_window_first(end);
+  const double l = val ? v.back().second : window_mean(run, first, end);
+  const double l0 = val ? v0.back().second : window_mean(ref, first, end);
   if (!std::isfinite(l) || !std::isfinite(l0) || l0 == 0) return "n/a";
   return fixed(100.0 * std::fabs(l - l0) / std::fabs(l0), 3) + "% (" + (val ? "val" : "train") +
          ")";
@@ -196,25 +225,6 @@ struct Comparison {
   std::optional<ValPoint> worst;  // the largest |err| after the warm-up
 };
 
-std::vector<std::pair<int64_t, double>> val_losses(const Run& run, int64_t end) {
-  std::vector<std::pair<int64_t, double>> v;
-  for (const auto& m : run.records)
-    if (m.val_loss && m.step <= end) v.emplace_back(m.step, *m.val_loss);
-  return v;
-}
-
-// Mean loss of the applied steps with a finite loss in [first, end].
-double window_mean(const Run& run, int64_t first, int64_t end) {
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& m : run.records)
-    if (m.step >= first && m.step <= end && !m.skipped && std::isfinite(m.loss)) {
-      sum += m.loss;
-      ++n;
-    }
-  return n > 0 ? sum / static_cast<double>(n) : std::nan("");
-}
-
 std::vector<int64_t> record_steps(const Run& run, int64_t first, int64_t end) {
   std::vector<int64_t> steps;
   for (const auto& m : run.records)
@@ -236,6 +246,18 @@ void require_same_steps(const std::vector<int64_t>& a, const Run& run,
               " against ", at_b, "); compare runs with the same ", setting);
 }
 
+// Fills in the train-loss error of a comparison over the last 10% of its common steps.
+Comparison with_train_error(const Run& run, const Run& ref, Comparison c) {
+  c.window_first = tail_window_first(c.end);
+  require_same_steps(record_steps(run, c.window_first, c.end), run,
+                     record_steps(ref, c.window_first, c.end), ref,
+                     "train-loss records in the last 10% of the steps", "steps and resumes");
+  c.train_loss = window_mean(run, c.window_first, c.end);
+  c.train_ref = window_mean(ref, c.window_first, c.end);
+  c.train_err = rel_percent(c.train_loss, c.train_ref);
+  return c;
+}
+
 Comparison compare(const Run& run, const Run& ref, int64_t warmup) {
   Comparison c;
   c.end = std::min(run.summary.last_step, ref.summary.last_step);
@@ -246,8 +268,13 @@ Comparison compare(const Run& run, const Run& ref, int64_t warmup) {
     for (const auto& [step, loss] : v) s.push_back(step);
     return s;
   };
-  require_same_steps(steps_of(val), run, steps_of(val_ref), ref, "validation",
-                     "eval.every and steps");
+  // A run without evaluations (eval.every = 0) is compared on the train loss alone; two runs that
+  // both evaluated must have done so at the same steps.
+  if (!val.empty() && !val_ref.empty())
+    require_same_steps(steps_of(val), run, steps_of(val_ref), ref, "validation",
+                       "eval.every and steps");
+  else
+    return with_train_error(run, ref, c);
   for (size_t i = 0; i < val.size(); ++i) {
     const ValPoint p{val[i].first, val_ref[i].second, val[i].second,
                      rel_percent(val[i].second, val_ref[i].second)};
@@ -256,15 +283,7 @@ Comparison compare(const Run& run, const Run& ref, int64_t warmup) {
         (!c.worst || std::fabs(p.err) > std::fabs(c.worst->err)))
       c.worst = p;
   }
-  // The last 10% of the common steps (at least the last one), as the summary's train loss.
-  c.window_first = c.end - std::max<int64_t>(1, c.end / 10) + 1;
-  require_same_steps(record_steps(run, c.window_first, c.end), run,
-                     record_steps(ref, c.window_first, c.end), ref,
-                     "train-loss records in the last 10% of the steps", "steps and resumes");
-  c.train_loss = window_mean(run, c.window_first, c.end);
-  c.train_ref = window_mean(ref, c.window_first, c.end);
-  c.train_err = rel_percent(c.train_loss, c.train_ref);
-  return c;
+  return with_train_error(run, ref, c);
 }
 
 // Inside the seed band: the run's error is no larger than the second seed's, both at the last
