@@ -265,6 +265,7 @@ Comparison compare(const Run& run, const Run& ref, int64_t warmup) {
   const auto val_ref = val_losses(ref, c.end);
   auto steps_of = [](const auto& v) {
     std::vector<int64_t> s;
+    s.reserve(v.size());
     for (const auto& [step, loss] : v) s.push_back(step);
     return s;
   };
@@ -308,6 +309,7 @@ void print_relative_errors(const std::vector<Run>& runs, const std::optional<Run
   for (size_t i = 1; i < runs.size(); ++i) others.push_back(&runs[i]);
   if (band_run) others.push_back(&*band_run);
   std::vector<Comparison> cmp;
+  cmp.reserve(others.size());
   for (const Run* r : others) cmp.push_back(compare(*r, ref, warmup));
   const std::optional<Comparison> band =
       band_run ? std::optional<Comparison>(cmp.back()) : std::nullopt;
