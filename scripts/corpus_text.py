@@ -6,8 +6,9 @@ scripts/corpus.sh downloads the packages and unpacks them (dpkg -x) under one ro
 reads that root. Each source names the package it comes from, where its files lie, and how their
 markup is stripped:
 
-  linux-doc-6.1       the kernel's Documentation/ in reStructuredText (translations, device-tree
-                      bindings, ABI listings and feature tables left out): one document per file
+  linux-doc-6.1       the kernel's Documentation/ in reStructuredText (translations and feature
+                      tables left out), its sysfs ABI descriptions and the device-tree bindings
+                      still in plain text (the YAML ones left out): one document per file
   python3.11-doc      the reStructuredText sources of the Python documentation (html/_sources)
   perl-doc            Perl's manual pages in POD, rendered by pod2text (Pod::Text, part of perl)
   postgresql-doc-15   PostgreSQL's manual, HTML
@@ -289,7 +290,11 @@ def linux_doc(root):
     base = os.path.join(root, "usr/share/doc/linux-doc-6.1/Documentation")
     skip = ("/translations/", "/devicetree/bindings/", "/ABI/", "/features/", "/sphinx",
             "/output/", "/litmus-tests/")
-    return convert(rst_file, files(base, "**/*.rst.gz", skip) + files(base, "**/*.txt.gz", skip))
+    yield from convert(rst_file, files(base, "**/*.rst.gz", skip) + files(base, "**/*.txt.gz", skip))
+    # Plain text with a little structure: the sysfs/ABI entries ("What:", "Description:", then
+    # prose) and the device-tree bindings not yet converted to YAML.
+    yield from convert(text_file, files(os.path.join(base, "ABI"), "**/*.gz") +
+                       files(os.path.join(base, "devicetree/bindings"), "**/*.txt.gz"))
 
 
 def python_doc(root):
