@@ -78,7 +78,8 @@ cmd_carry() {  # here, not on the device
   cp "$build/octet" "$carry/octet"
   cp "$corpus/tokens-32768.tar.xz" "$corpus/tokens-32768.tar.xz.sha256" "$carry/"
   local tree
-  tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -n 1 | cut -f1)
+  # What travels besides: tracked files (untracked ones that git does not ignore travel too).
+  tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
   local total=$(( $(du -cb "$carry" | tail -n 1 | cut -f1) + tree ))
   echo "conv-carry: $(du -sh "$carry" | cut -f1); with the tracked tree: $((total / 1048576)) MiB of 64"
   [ "$total" -le $((64 * 1048576)) ] || die "over the 64 MiB a device call carries"
