@@ -3,12 +3,16 @@
 
 Three panels, steps on every x axis:
   1. loss: train (raw, faint; smoothed, solid) and validation points;
-  2. relative loss error against the first run, |L - L0| / L0 in %, with DeepSeek-V3's 0.25% bound
-     (FP8 vs BF16 on ~1T tokens, reference/fp8-facts.md);
+  2. relative loss error against the first run, (L - L0) / L0 in %: the validation loss at every
+     evaluation (points joined by lines) and the smoothed train loss (thin), with DeepSeek-V3's
+     0.25% bound (FP8 vs BF16 on ~1T tokens, reference/fp8-facts.md) as lines at +-0.25%, the
+     seed band (a second seed of the reference recipe, --seed-band) shaded, and the warm-up
+     (--after) greyed out;
   3. tokens/s per step.
 
-`octet compare RUN_DIR... --out FILE.png` runs this script; it also runs on its own:
-    python scripts/plot_compare.py --out cmp.png runs/bf16 runs/fp8
+`octet compare RUN_DIR... [--seed-band DIR] --out FILE.png` runs this script; it also runs on its
+own:
+    python scripts/plot_compare.py --out cmp.png runs/bf16 runs/fp8 --seed-band runs/bf16-seed2
 
 Failures print one line on stderr and exit non-zero (3 when matplotlib is missing), which
 `octet compare` reports as its error line.
@@ -127,9 +131,9 @@ def smooth(values, fraction):
 
 
 def rel_error(a, b):
-    """|a - b| / |b| in % at the steps both dicts have."""
+    """(a - b) / |b| in % at the steps both dicts have (negative: a is lower)."""
     steps = sorted(s for s in a.keys() & b.keys() if b[s] != 0)
-    return steps, [100.0 * abs(a[s] - b[s]) / abs(b[s]) for s in steps]
+    return steps, [100.0 * (a[s] - b[s]) / abs(b[s]) for s in steps]
 
 
 def upper_limit(values, floor):
@@ -139,7 +143,12 @@ def upper_limit(values, floor):
     return max([floor] + [1.1 * v for v in finite])
 
 
-def plot(runs, out):
+def after(steps, values, first):
+    """The (step, value) pairs past the warm-up."""
+    return [v for s, v in zip(steps, values) if s > first]
+
+
+def plot(runs, out, band=None, warmup=0):
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display: the PNG is the product
@@ -171,25 +180,46 @@ def plot(runs, out):
     ax_loss.legend(fontsize=8)
 
     ref = runs[0]
-    err_top = [2 * DEEPSEEK_V3_BOUND_PERCENT]
+    bound = DEEPSEEK_V3_BOUND_PERCENT
+    err_top = [2 * bound]
+    if band is not None:
+        bsteps, berr = rel_error(dict(band.val), dict(ref.val))
+        if bsteps:
+            width = [abs(e) for e in berr]
+            ax_err.fill_between(bsteps, [-w for w in width], width, color="gray", alpha=0.25,
+                                linewidth=0, label=f"seed band: |{band.label} - reference|")
+            err_top.append(upper_limit(after(bsteps, width, warmup), 0.0))
+        else:
+            tsteps, terr = rel_error(band.smooth_wide, ref.smooth_wide)
+            width = [abs(e) for e in terr]
+            ax_err.fill_between(tsteps, [-w for w in width], width, color="gray", alpha=0.25,
+                                linewidth=0, label=f"seed band (train): |{band.label} - reference|")
     for i, run in enumerate(runs[1:], 1):
         c = colors[i % len(colors)]
         steps, err = rel_error(run.smooth_wide, ref.smooth_wide)
-        ax_err.plot(steps, err, color=c, linewidth=1.4, label=f"{run.label} train")
-        err_top.append(upper_limit(err, 0.0))
+        ax_err.plot(steps, err, color=c, linewidth=0.8, alpha=0.6, label=f"{run.label} train")
+        err_top.append(upper_limit([abs(e) for e in after(steps, err, warmup)], 0.0))
         vsteps, verr = rel_error(dict(run.val), dict(ref.val))
         if vsteps:
-            ax_err.plot(vsteps, verr, "o", color=c, markersize=5, markeredgecolor="black",
-                        markeredgewidth=0.5, zorder=3, label=f"{run.label} val")
-    ax_err.axhline(DEEPSEEK_V3_BOUND_PERCENT, color="red", linestyle="--", linewidth=1.2,
-                   label=f"DeepSeek-V3 bound ({DEEPSEEK_V3_BOUND_PERCENT}%)")
+            ax_err.plot(vsteps, verr, "o-", color=c, markersize=4, linewidth=1.6,
+                        markeredgecolor="black", markeredgewidth=0.5, zorder=3,
+                        label=f"{run.label} val")
+            err_top.append(max([0.0] + [1.1 * abs(e) for e in after(vsteps, verr, warmup)]))
+    for sign in (1, -1):
+        ax_err.axhline(sign * bound, color="red", linestyle="--", linewidth=1.2,
+                       label=f"DeepSeek-V3 bound (\u00b1{bound}%)" if sign > 0 else None)
+    ax_err.axhline(0, color="black", linewidth=0.6)
+    if warmup > 0:
+        ax_err.axvspan(0, warmup, color="black", alpha=0.06, linewidth=0,
+                       label=f"warm-up (steps 1-{warmup}), left out of the y range")
     if len(runs) == 1:
         ax_err.text(0.5, 0.7, "one run: nothing to compare against", transform=ax_err.transAxes,
                     ha="center", va="center", color="gray")
-    ax_err.set_ylim(0, max(err_top))
+    top = max(err_top)
+    ax_err.set_ylim(-top, top)
     ax_err.set_ylabel("relative loss error (%)")
-    ax_err.set_title(f"relative loss error |L - L0| / L0 against {ref.label} (train: moving average "
-                     f"over {ERROR_WINDOW:.0%} of the steps; val as points)")
+    ax_err.set_title(f"relative loss error (L - L0) / L0 against {ref.label} (val: every "
+                     f"evaluation; train: moving average over {ERROR_WINDOW:.0%} of the steps)")
     ax_err.legend(fontsize=8)
 
     for i, run in enumerate(runs):
@@ -227,9 +257,13 @@ def plot(runs, out):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--seed-band", help="a second seed of the reference recipe: its error is the band")
+    p.add_argument("--after", type=int, default=0,
+                   help="warm-up steps, left out of the error axis' range (default 0)")
     p.add_argument("runs", nargs="+", help="run directories holding metrics.jsonl; first = reference")
     args = p.parse_args()
-    plot([Run(d) for d in args.runs], args.out)
+    band = Run(args.seed_band) if args.seed_band else None
+    plot([Run(d) for d in args.runs], args.out, band, max(0, args.after))
 
 
 if __name__ == "__main__":

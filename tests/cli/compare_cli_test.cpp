@@ -6,11 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "cli_fixture.h"
@@ -70,10 +72,40 @@ class CompareCliTest : public test::CliFixture {
                   val && s % 50 == 0 ? 1.1 * loss_at(s) * factor : NAN);
   }
 
-  // The table row of one run, split on whitespace.
-  static std::vector<std::string> row(const std::string& out, const std::string& run) {
+  // A run of `steps` steps whose losses are the reference's (loss_at) times factor(step), with
+  // a validation loss every `val_every` steps and at the last, and a config.toml that this
+  // octet parses (recipe, seed, optim.warmup_steps) unless `warmup` < 0.
+  void write_scaled(const std::string& name, const std::string& recipe,
+                    const std::function<double(int)>& factor, int steps = 100, int val_every = 10,
+                    int warmup = -1, int seed = 1234) const {
+    fs::create_directories(dir_ / name);
+    if (warmup >= 0)
+      std::ofstream(dir_ / name / "config.toml")
+          << "recipe = \"" << recipe << "\"\nseed = " << seed
+          << "\n\n[optim]\nwarmup_steps = " << warmup << "\n";
+    std::ofstream m(dir_ / name / "metrics.jsonl");
+    for (int s = 1; s <= steps; ++s)
+      m << record(s, loss_at(s) * factor(s), 1000, 1 << 20,
+                  s % val_every == 0 || s == steps ? 1.1 * loss_at(s) * factor(s) : NAN);
+  }
+
+  // The lines of the output from the one that starts with `first` up to the next blank line.
+  static std::string section(const std::string& out, const std::string& first) {
+    const size_t a = out.find("\n" + first);
+    if (a == std::string::npos) return "";
+    const size_t b = out.find("\n\n", a + 1);
+    return out.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+  }
+
+  // The table row of one run, split on whitespace: in the first table, or with `last` in the
+  // last table that has one (the relative-error summary).
+  static std::vector<std::string> row(const std::string& out, const std::string& run,
+                                      bool last = false) {
     std::istringstream in(out);
-    for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    if (last) std::reverse(lines.begin(), lines.end());
+    for (const std::string& line : lines) {
       if (line.rfind(run + " ", 0) != 0) continue;
       std::vector<std::string> cells;
       std::istringstream words(line);
@@ -168,12 +200,147 @@ TEST_F(CompareCliTest, MissingOrEmptyRunsAreOneClearError) {
   expect_failure(path("good") + " --bogus", "unknown flag --bogus");
 }
 
+// The relative-error tables: (L - L0) / L0 at every evaluation, signed, the band's column, the
+// '*' of an evaluation outside the band, and per run the last error, the largest after the
+// warm-up, the train-loss error, the 0.25% verdict and the seed band's.
+TEST_F(CompareCliTest, RelativeErrorAtEveryEvaluationAgainstTheSeedBand) {
+  write_scaled(
+      "bf16", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "close", "deepseek", [](int s) { return s == 70 ? 1.0015 : 1.001; }, 100, 10, 20);
+  write_scaled(
+      "far", "fp8-tensor-delayed", [](int) { return 1.004; }, 100, 10, 20);
+  write_scaled(
+      "seed2", "bf16", [](int) { return 0.998; }, 100, 10, 20, 2);
+  const RunResult r =
+      run(path("bf16") + " " + path("close") + " " + path("far") + " --seed-band " + path("seed2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("warm-up: steps 1-20 (optim.warmup_steps of " + path("bf16") + ")"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("seed band: " + path("seed2") + " (bf16, seed 2)"), std::string::npos)
+      << r.out;
+
+  // One row per evaluation: step, the reference's val loss, then each run and the band.
+  const std::string evals = section(r.out, "validation loss at each evaluation");
+  ASSERT_FALSE(evals.empty()) << r.out;
+  char ref50[32];
+  std::snprintf(ref50, sizeof ref50, "%.4f", 1.1 * loss_at(50));
+  std::istringstream lines(evals);
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> cells;
+    for (std::string w; words >> w;) cells.push_back(w);
+    if (cells.empty() || cells[0].find_first_not_of("0123456789") != std::string::npos) continue;
+    ++rows;
+    ASSERT_EQ(cells.size(), 5u) << line;
+    EXPECT_EQ(cells[2], cells[0] == "70" ? "+0.150%" : "+0.100%") << line;  // inside the band
+    EXPECT_EQ(cells[3], "+0.400%*") << line;  // outside it at every evaluation
+    EXPECT_EQ(cells[4], "-0.200%") << line;   // the band itself
+    if (cells[0] == "50") EXPECT_EQ(cells[1], ref50) << line;
+  }
+  EXPECT_EQ(rows, 10) << evals;  // steps 10, 20, ..., 100
+
+  const auto close = row(r.out, path("close"), true);
+  // run, recipe, up to step, last val err, max |val err| (3 words), train err, within, band
+  ASSERT_EQ(close.size(), 10u) << r.out;
+  EXPECT_EQ(close[1], "deepseek");
+  EXPECT_EQ(close[2], "100");
+  EXPECT_EQ(close[3], "+0.100%");
+  EXPECT_EQ(close[4] + " " + close[5] + " " + close[6], "0.150% (step 70)");
+  EXPECT_EQ(close[7], "+0.100%");  // the mean train loss of steps 91-100
+  EXPECT_EQ(close[8], "yes");
+  EXPECT_EQ(close[9], "inside");
+  const auto far = row(r.out, path("far"), true);
+  ASSERT_EQ(far.size(), 10u) << r.out;
+  EXPECT_EQ(far[3], "+0.400%");
+  EXPECT_EQ(far[8], "no");
+  EXPECT_EQ(far[9], "outside");
+  const auto band = row(r.out, path("seed2"), true);
+  ASSERT_EQ(band.size(), 11u) << r.out;  // "(the band)" is two words
+  EXPECT_EQ(band[3], "-0.200%");
+  EXPECT_EQ(band[9] + " " + band[10], "(the band)");
+  EXPECT_NE(r.out.find("steps 91-100"), std::string::npos) << r.out;
+}
+
+// The largest error leaves the warm-up out (the reference's optim.warmup_steps, or --after); a
+// run that was outside 0.25% after the warm-up but ends within it reads "at the end".
+TEST_F(CompareCliTest, LargestErrorAfterTheWarmUp) {
+  write_scaled(
+      "ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "run", "deepseek", [](int s) { return s <= 10   ? 1.05
+                                            : s == 30 ? 1.003
+                                                      : 1.001; }, 100, 10,
+      20);
+  RunResult r = run(path("ref") + " " + path("run"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto cells = row(r.out, path("run"), true);
+  ASSERT_EQ(cells.size(), 12u) << r.out;  // "at the end" is three words; no band: "-"
+  EXPECT_EQ(cells[4] + " " + cells[5] + " " + cells[6], "0.300% (step 30)");
+  EXPECT_EQ(cells[7], "+0.100%");
+  EXPECT_EQ(cells[8] + " " + cells[9] + " " + cells[10], "at the end");
+  EXPECT_EQ(cells[11], "-");
+  EXPECT_NE(r.out.find("--seed-band RUN_DIR"), std::string::npos) << r.out;
+
+  r = run(path("ref") + " " + path("run") + " --after 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  cells = row(r.out, path("run"), true);
+  ASSERT_GE(cells.size(), 7u) << r.out;
+  EXPECT_EQ(cells[4] + " " + cells[5] + " " + cells[6], "5.000% (step 10)");
+  EXPECT_NE(r.out.find("warm-up: steps 1-0 (--after)"), std::string::npos) << r.out;
+}
+
+// A run still going is compared over the steps both runs have.
+TEST_F(CompareCliTest, ShorterRunIsComparedUpToItsLastStep) {
+  write_scaled(
+      "ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "part", "deepseek", [](int) { return 1.002; }, 60, 10, 20);
+  const RunResult r = run(path("ref") + " " + path("part"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(row(r.out, path("part"))[6] + " " + row(r.out, path("part"))[7], "0.200% (val)")
+      << r.out;  // the first table too: at step 60, not against the reference's step 100
+  const auto cells = row(r.out, path("part"), true);
+  ASSERT_EQ(cells.size(), 10u) << r.out;
+  EXPECT_EQ(cells[2], "60");
+  EXPECT_EQ(cells[3], "+0.200%");
+  EXPECT_EQ(cells[7], "+0.200%");
+  EXPECT_NE(r.out.find("steps 55-60"), std::string::npos) << r.out;
+}
+
+TEST_F(CompareCliTest, MismatchedStepsAreOneClearError) {
+  write_scaled(
+      "ref", "bf16", [](int) { return 1.0; }, 100, 10, 20);
+  write_scaled(
+      "every25", "deepseek", [](int) { return 1.0; }, 100, 25, 20);
+  expect_failure(path("ref") + " " + path("every25"),
+                 path("every25") + ": validation at steps 25, 50, 75, 100 but " + path("ref") +
+                     " at 10, 20, 30, 40, 50, 60, ... (10 in all) (first difference: step 25 "
+                     "against step 10); compare runs with the same eval.every and steps");
+  // The band is held to the same rule.
+  expect_failure(path("ref") + " --seed-band " + path("every25"), "validation at steps 25");
+  // A run that logged fewer steps in the train-loss window.
+  fs::create_directories(dir_ / "gap");
+  {
+    std::ofstream m(dir_ / "gap" / "metrics.jsonl");
+    for (int s = 1; s <= 100; ++s)
+      if (s != 95) m << record(s, loss_at(s), 1000, 1, s % 10 == 0 ? 1.1 * loss_at(s) : NAN);
+  }
+  expect_failure(path("ref") + " " + path("gap"),
+                 "train-loss records in the last 10% of the steps at steps 91, 92, 93, 94, 96");
+  expect_failure(path("ref") + " --seed-band " + path("nope"), path("nope") + ": no such run");
+  expect_failure(path("ref") + " " + path("gap") + " --after -3", "--after must be a step count");
+}
+
 TEST_F(CompareCliTest, HelpNamesTheFlags) {
   const RunResult r = run("--help");
   EXPECT_EQ(r.code, 0);
-  EXPECT_NE(r.out.find("usage: octet compare RUN_DIR... [--out FILE.png [--force]]"),
+  EXPECT_NE(r.out.find("usage: octet compare RUN_DIR... [--seed-band RUN_DIR] [--after STEPS]"),
             std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("[--out FILE.png [--force]]"), std::string::npos) << r.out;
 }
 
 // The python that `octet compare` runs: the project venv beside the build directory, else python3.
@@ -190,9 +357,10 @@ TEST_F(CompareCliTest, OutWritesAPng) {
   write_run("bf16", "bf16", 1.0, 40000, 4LL << 30);
   write_run("fp8", "deepseek", 1.002, 52300, 3LL << 30);
   write_run("fp8-flow", "fp8-flow", 0.999, 61000, 3LL << 30, /*val=*/false);
+  write_run("bf16-seed2", "bf16", 0.998, 40000, 4LL << 30);
   const std::string png = path("cmp.png");
-  const RunResult r =
-      run(path("bf16") + " " + path("fp8") + " " + path("fp8-flow") + " --out " + png);
+  const RunResult r = run(path("bf16") + " " + path("fp8") + " " + path("fp8-flow") +
+                          " --seed-band " + path("bf16-seed2") + " --out " + png);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("wrote " + png), std::string::npos) << r.out;
   const std::string bytes = slurp(png);
