@@ -197,8 +197,7 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
                   {dy, x, dw1, Accumulate::kAdd, OperandLayout::kMNMajor, OperandLayout::kMNMajor});
       },
       [&] {
-        grouped_wgrad_bf16(
-            ctx, {dy, x, sizes_d, dw3, Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+        grouped_wgrad_bf16(ctx, {dy, x, sizes_d, dw3, Accumulate::kAdd, OperandLayout::kMNMajor});
       });
   const auto [mn, mx] = std::minmax_element(sizes.begin(), sizes.end());
   return {std::to_string(experts) + (skewed ? " skewed" : " balanced"),

@@ -173,14 +173,13 @@ TEST(GroupedGemm, Bf16WgradFromDyAndXIsTheTransposedCall) {
                                  group_sizes_tensor(sizes, DType::kI32), want.reshape({3, 6, 8})});
   grouped_wgrad_bf16(cpu_ctx(),
                      {dy, x, group_sizes_tensor(sizes, DType::kI32), got.reshape({3, 6, 8}),
-                      Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+                      Accumulate::kAdd, OperandLayout::kMNMajor});
   EXPECT_TRUE(bitwise_equal(want, got));
   expect_error(
       [&] {
-        grouped_wgrad_bf16(
-            cpu_ctx(),
-            {dy, host_rows(x, 0, 13), group_sizes_tensor(sizes, DType::kI32),
-             got.reshape({3, 6, 8}), Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+        grouped_wgrad_bf16(cpu_ctx(),
+                           {dy, host_rows(x, 0, 13), group_sizes_tensor(sizes, DType::kI32),
+                            got.reshape({3, 6, 8}), Accumulate::kAdd, OperandLayout::kMNMajor});
       },
       "A has 14 tokens and B has 13");
 }
