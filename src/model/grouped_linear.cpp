@@ -262,9 +262,9 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
 }
 
 // fp8-tensor on CUDA. The per-expert preparations (their W histories) made each expert's FP8 copies
-// and scale: stacked here as the blockwise grouped GEMMs read them, each expert's scale repeated
-// over its 128x128 blocks. W and W^T have the same per-tensor scale, so one expanded tensor serves
-// both.
+// and scale: stacked here as the blockwise grouped GEMMs read them (the per-expert copies are then
+// released), each expert's scale repeated over its 128x128 blocks. W and W^T have the same
+// per-tensor scale, so one expanded tensor serves both.
 void GroupedLinearLayer::stack_tensorwise_weights(Context& ctx, const GemmRecipe& r) {
   const int64_t E = experts(), O = out(), I = in();
   const int64_t blocks = ceil_div(O, kGroup) * ceil_div(I, kGroup);
@@ -277,6 +277,9 @@ void GroupedLinearLayer::stack_tensorwise_weights(Context& ctx, const GemmRecipe
     copy_into(ctx, fp8_.data, e * O * I, w.data);
     copy_into(ctx, fp8_t_.data, e * I * O, w.columnwise_data);
     copy_into(ctx, per_expert, e, w.scale_inv);
+    // Only the stacked copies are read on CUDA: the per-expert ones go back to the stream-ordered
+    // pool once the copies above have run (their W histories were recorded by the preparation).
+    per_expert_[e].prepared.fp8 = QuantTensor{};
   }
   Tensor expanded = Tensor::empty(ctx, {E * blocks, 1}, DType::kF32);
   copy_columns(ctx, {.src = per_expert,
