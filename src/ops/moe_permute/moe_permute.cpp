@@ -97,6 +97,33 @@ QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& 
   return q;
 }
 
+QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args) {
+  check_map(ctx, map);
+  const Tensor& x = args.input;
+  check_dtype(x, "permute quantize input", {DType::kBF16, DType::kF32});
+  check_rows(x, "permute quantize input", map.num_tokens, ctx.device);
+  OCTET_CHECK(args.granularity == Granularity::k1x128 && args.output == QuantizeOutput::kRowwise &&
+                  !args.scale.defined(),
+              "permute quantize: the FP8 dispatch quantizes in 1x128 groups, row-wise, with "
+              "current scales; got ",
+              granularity_name(args.granularity), args.scale.defined() ? " with a given scale" : "",
+              args.output != QuantizeOutput::kRowwise ? " and a column-wise copy" : "");
+  OCTET_CHECK(args.epsilon >= 0.0f && args.epsilon < 3.4e38f,
+              "permute quantize: epsilon must be finite and >= 0, got ", args.epsilon);
+  const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
+  QuantTensor q;
+  q.format = args.format;
+  q.granularity = Granularity::k1x128;
+  q.rounding = args.rounding;
+  q.data = Tensor::empty(ctx, {map.num_rows, cols}, fp8_dtype(args.format));
+  q.scale_inv = Tensor::empty(ctx, {map.num_rows, groups}, DType::kF32);
+  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  QuantizeArgs a = args;
+  a.input = x.reshape({map.num_tokens, cols});
+  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q);
+  return q;
+}
+
 Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
                             DType out_dtype) {
   check_map(ctx, map);
