@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -24,10 +25,12 @@
 #include "model/init.h"
 #include "model/model.h"
 #include "train/data.h"
+#include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/trainer_state.h"
+#include "train/zero_optimizer.h"
 
 namespace octet::train {
 namespace {
@@ -72,7 +75,9 @@ struct Run {
   std::unique_ptr<Model> model;
   std::unique_ptr<Model> shadow;  // bf16 copy for --shadow-bf16, made on first use
   std::vector<Param> params;
-  std::unique_ptr<AdamWOptimizer> optim;
+  std::unique_ptr<AdamWOptimizer> optim;  // one rank
+  DataParallel dp;                        // several ranks: rank 0 writes; ZeRO-1 below
+  std::unique_ptr<ZeroAdamW> zero;
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<ValBatches> val;
   std::deque<double> spike_window;
@@ -89,10 +94,28 @@ struct Run {
   // of the stretch the resume abandoned.
   std::string rollback_dir;
 
-  Run(const TrainConfig& c, std::ostream& o, Device device)
-      : cfg(c), out(o), ctx(make_context(device)) {}
+  Run(const TrainConfig& c, std::ostream& o, Device device, const RunOptions& opt)
+      : cfg(c), out(o), ctx(make_context(device, opt.device_index)), dp(opt.comm) {
+    ctx.comm = opt.comm;
+  }
 
   const ModelConfig& model_config() const { return cfg.model; }
+
+  // Whether to stop after this step: a signal on any rank stops every rank at the same step (one
+  // small all-reduce per step with several ranks).
+  bool stop_seen = false;
+  bool agree_stop(const RunOptions& o) {
+    int32_t s = o.stop && o.stop->load() != 0 ? 1 : 0;
+    if (dp.active()) {
+      Tensor h = Tensor::empty({1}, DType::kI32);
+      h.data_as<int32_t>()[0] = s;
+      Tensor d = h.to(ctx, ctx.device);
+      all_reduce(ctx, *dp.comm(), d, ReduceOp::kMax);
+      s = d.to_host(ctx).data_as<const int32_t>()[0];
+    }
+    stop_seen = s != 0;
+    return stop_seen;
+  }
 
   void build(DataStreams data) {
     const ModelConfig mc = model_config();
@@ -101,10 +124,13 @@ struct Run {
       params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
     std::vector<Param*> ptrs;
     for (Param& p : params) ptrs.push_back(&p);
-    optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
+    if (dp.comm())  // any communicator, one rank included: the same norm at every world size
+      zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw());
+    else
+      optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
     sampler = std::make_unique<BatchSampler>(
-        std::move(data.train),
-        SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
+        std::move(data.train), SamplerArgs{cfg.batch_size, cfg.seq_len,
+                                           static_cast<uint64_t>(cfg.seed), dp.rank(), dp.size()});
     const int64_t val_need = cfg.batch_size * cfg.seq_len + 1;
     if (data.val && cfg.eval.every > 0 && data.val->size() < val_need) {
       out << "note: the validation data has " << data.val->size()
@@ -120,10 +146,18 @@ struct Run {
   void save_checkpoint() {
     const std::string final_dir = ckpt_root + "/" + step_dir_name(step);
     const std::string partial = final_dir + ".partial";
+    // Data parallelism: every rank has the whole weights; the moments are gathered from the
+    // shards (collective), rank 0 writes, the others wait for the rename.
+    io::NamedTensors optim_state = zero ? zero->state_dict(ctx) : optim->state_dict(ctx);
+    if (!dp.writer()) {
+      dp.barrier(ctx);
+      last_checkpoint = rollback_dir = final_dir;
+      return;
+    }
     std::error_code ec;
     fs::remove_all(partial, ec);
     write_checkpoint(partial, model_config(), model->export_tensors(ctx));
-    io::write_safetensors(partial + "/" + kOptimizerFile, optim->state_dict(ctx));
+    io::write_safetensors(partial + "/" + kOptimizerFile, optim_state);
     io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
     nlohmann::json st;
     st["step"] = step;
@@ -138,6 +172,7 @@ struct Run {
     last_checkpoint = final_dir;
     rollback_dir = final_dir;
     prune_checkpoints();
+    dp.barrier(ctx);
   }
 
   // The run directory is this run's alone (run_dir.h), so every step_N here is. Checkpoints
@@ -161,7 +196,7 @@ struct Run {
   // The GEMMs' copies of the weights for the next forward. With optim.fused_prepare the optimizer
   // wrote most of them in its update (Model::weight_outputs); only the rest is prepared here.
   void prepare_weights() {
-    if (!cfg.optim.fused_prepare) {
+    if (!cfg.optim.fused_prepare || zero) {  // ZeRO-1 gathers the masters: prepare them all
       model->prepare(ctx);
       return;
     }
@@ -204,7 +239,11 @@ struct Run {
     const LoadedCheckpoint ck = read_checkpoint(dir, ro);
     for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
       out << "warning: " << w << "\n";
-    optim->load_state_dict(ctx, io::read_safetensors(dir + "/" + kOptimizerFile).tensors);
+    const io::NamedTensors optim_state = io::read_safetensors(dir + "/" + kOptimizerFile).tensors;
+    if (zero)
+      zero->load_state_dict(ctx, optim_state);
+    else
+      optim->load_state_dict(ctx, optim_state);
     model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
     const std::string state_file = dir + "/" + kTrainerStateFile;
     std::error_code ec;
@@ -355,8 +394,16 @@ void write_config(const TrainConfig& cfg, std::ostream& out) {
   io::write_text_file_atomic(cfg.run_dir + "/config.toml", resolved);
 }
 
-bool stop_requested(const RunOptions& opt) {
-  return opt.stop && opt.stop->load() != 0;
+// What data parallelism does not cover yet, refused before any work.
+void check_data_parallel(const TrainConfig& cfg, const DataParallel& dp) {
+  if (!dp.active()) return;
+  const Recipe r = cfg.resolved_recipe();
+  const bool delayed =
+      std::any_of(r.gemm.begin(), r.gemm.end(), [](const GemmRecipe& g) { return g.is_delayed(); });
+  OCTET_CHECK(!delayed, "recipe ", cfg.model.recipe.label(),
+              ": delayed scaling keeps per-rank amax histories, which data parallelism does not "
+              "reduce yet; use a current-scaling recipe (deepseek, fp8-tensor, bf16) with ",
+              dp.size(), " ranks");
 }
 
 }  // namespace
@@ -381,15 +428,23 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   // A new run into a directory holding one is refused before any work (and again under the lock).
   if (!target && opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir))
     start_new_run(cfg.run_dir, opt.start);
+  const Device device = pick_device(cfg.device);
+  Run run(cfg, out, device, opt);
+  check_data_parallel(cfg, run.dp);
+  // Several ranks: rank 0 prepares the data (a cache shared by all) before the others read it.
+  if (!run.dp.writer()) run.dp.barrier(run.ctx);
   const ShardSet shards = resolve_data_source(da);
   DataStreams data = open_data_streams(shards, cfg.model.vocab_size);
-  const Device device = pick_device(cfg.device);
-  Run run(cfg, out, device);
+  if (run.dp.writer()) run.dp.barrier(run.ctx);
   check_memory(cfg, run.ctx.be(), device);
 
-  // The run directory: locked, then claimed (a new run) or found as it was (a resume).
-  const RunDirLock lock = lock_run_dir(cfg.run_dir);
-  if (target) {
+  // The run directory: locked, then claimed (a new run) or found as it was (a resume). With
+  // several ranks, rank 0 alone writes there.
+  RunDirLock lock;
+  if (run.dp.writer()) lock = lock_run_dir(cfg.run_dir);
+  if (!run.dp.writer()) {
+    // Nothing to claim or clean: rank 0 does it.
+  } else if (target) {
     OCTET_CHECK(holds_run(cfg.run_dir), "--resume ", opt.resume_from, ": ", cfg.run_dir,
                 " no longer holds the run");
     // Re-checked under the lock: another process may have moved the run on since.
@@ -398,7 +453,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     start_new_run(cfg.run_dir, opt.start);  // throws naming the run
   }
   run.ckpt_root = cfg.run_dir + "/checkpoints";
-  if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
+  if (!run.dp.writer()) {
+  } else if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
     out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
         << run.ckpt_root << "\n";
   run.build(std::move(data));
@@ -406,29 +462,33 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   if (!target && !cfg.init_from.empty()) {
     run.init_from_checkpoint(init_checkpoint_dir(cfg.init_from));
     std::string removed;
-    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (run.dp.writer()) start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else if (!target) {
     run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
     // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
     std::string removed;
-    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (run.dp.writer()) start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else {
     // A failure here has written nothing.
     run.load_checkpoint(target->checkpoint, Run::Restore::kModelAndData);
     run.rollback_dir = target->checkpoint;
-    ensure_run_record(cfg.run_dir);
+    if (run.dp.writer()) ensure_run_record(cfg.run_dir);
   }
   std::error_code ec;
-  fs::create_directories(run.ckpt_root, ec);
-  OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
-  write_config(cfg, out);
+  if (run.dp.writer()) {
+    fs::create_directories(run.ckpt_root, ec);
+    OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
+    write_config(cfg, out);
+  }
   if (cfg.optim.warmup_steps > cfg.steps)
     out << "note: steps = " << cfg.steps
         << " is below optim.warmup_steps = " << cfg.optim.warmup_steps
         << ": the warm-up is shortened to all " << cfg.steps << " steps\n";
-  if (!target) {
+  if (!run.dp.writer()) {
+    // metrics.jsonl is rank 0's
+  } else if (!target) {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
   } else {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
@@ -436,6 +496,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     for (const ConfigChange& c : changes)
       out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
   }
+  if (run.dp.active())
+    out << "data parallel: " << run.dp.size() << " ranks (" << run.dp.comm()->name()
+        << "), ZeRO-1 optimizer state, global batch " << cfg.batch_size * run.dp.size() << " x "
+        << cfg.grad_accum << " micro-batches\n";
   out << "device: " << device_name(device) << ", recipe: " << cfg.model.recipe.label()
       << ", parameters: " <<
       [&] {
@@ -451,8 +515,9 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   po.log_every = cfg.log_every;
   Progress progress(out, opt.style, po);
   const LrSchedule sched = cfg.lr_schedule();
-  const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum;
-  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum);
+  const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * run.dp.size();
+  // The gradient of the global batch's mean loss: every rank's micro-batches scaled alike.
+  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum * run.dp.size());
   RunResult result;
   result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t rollbacks_in_a_row = 0, skipped_in_a_row = 0, steps_run = 0;
@@ -461,12 +526,15 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   for (const ConfigChange& c : changes)
     pending_changes.push_back(c.key + ": " + c.before + " -> " + c.after);
 
-  while (run.step < cfg.steps && !stop_requested(opt)) {
+  while (run.step < cfg.steps && !run.agree_stop(opt)) {
     const auto t0 = std::chrono::steady_clock::now();
     run.ctx.be().reset_peak();
     const double lr = lr_at(sched, run.step);
     run.prepare_weights();
-    run.optim->zero_grad(run.ctx);
+    if (run.zero)
+      run.zero->zero_grad(run.ctx);
+    else
+      run.optim->zero_grad(run.ctx);
     // Every sites_every steps (and the first) also record every site's quantization numerics.
     const bool probe_step =
         cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
@@ -486,15 +554,19 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     sm.lr = lr;
     for (const auto& [name, n] : probe.sites())
       sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
-    double loss = 0;
-    std::vector<double> mtp;
-    for (const ModelLosses& l : micro) {  // the planned synchronisation of the step
+    // The planned synchronisation of the step; with several ranks, averages over all of them.
+    std::vector<double> mains;
+    std::vector<std::vector<double>> mtps;
+    for (const ModelLosses& l : micro) {
       const LossValues v = run.model->read_losses(run.ctx, l);
-      loss += v.main / static_cast<double>(micro.size());
-      mtp.resize(v.mtp.size());
-      for (size_t k = 0; k < v.mtp.size(); ++k)
-        mtp[k] += v.mtp[k] / static_cast<double>(micro.size());
+      mains.push_back(v.main);
+      mtps.resize(v.mtp.size());
+      for (size_t k = 0; k < v.mtp.size(); ++k) mtps[k].push_back(v.mtp[k]);
     }
+    const double loss = run.dp.global_mean(run.ctx, mains);
+    std::vector<double> mtp;
+    for (const std::vector<double>& d : mtps) mtp.push_back(run.dp.global_mean(run.ctx, d));
+    run.dp.sum_expert_loads(run.ctx, micro);
     sm.loss = loss;
     sm.mtp_loss = mtp;
 
@@ -515,7 +587,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
           // The sampler moves on past the offending batches.
           run.load_checkpoint(dir, Run::Restore::kModelOnly);
           // The steps after the checkpoint are run again: their records are replaced.
-          metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
+          if (metrics)
+            metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
           ++rollbacks_in_a_row;
           progress.message(msg.str() + ": rolled back to " + dir);
           continue;
@@ -526,8 +599,13 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       progress.message(msg.str() + (apply ? ", kept" : ", update skipped"));
     }
     if (apply) {
-      run.optim->step(run.ctx, static_cast<float>(lr));
-      const StepStats st = run.optim->finish_step(run.ctx);
+      StepStats st;
+      if (run.zero) {
+        st = run.zero->step(run.ctx, static_cast<float>(lr));
+      } else {
+        run.optim->step(run.ctx, static_cast<float>(lr));
+        st = run.optim->finish_step(run.ctx);
+      }
       sm.grad_norm = st.grad_norm;
       if (st.skipped) {
         apply = false;
@@ -545,8 +623,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
                        ", update skipped");
     if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
         cfg.resolved_recipe().any_fp8()) {
-      const double fp8_first = run.model->read_losses(run.ctx, micro[0]).main;
-      const double bf = run.shadow_loss(first);
+      // Several ranks: the mean over every rank's first micro-batch.
+      const double fp8_first =
+          run.dp.mean_over_ranks(run.ctx, run.model->read_losses(run.ctx, micro[0]).main);
+      const double bf = run.dp.mean_over_ranks(run.ctx, run.shadow_loss(first));
       sm.shadow_bf16_loss = bf;
       sm.shadow_gap = (fp8_first - bf) / bf;
     }
@@ -570,7 +650,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     }
     sm.config_changes = std::move(pending_changes);
     pending_changes.clear();
-    metrics->write(sm);
+    if (metrics) metrics->write(sm);
     progress.update(sm);
     ++steps_run;
     if (sm.skipped) ++result.skipped_steps;
@@ -587,20 +667,19 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
       break;
     }
     if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) ||
-        run.step == cfg.steps || stop_requested(opt))
+        run.step == cfg.steps || run.agree_stop(opt))
       run.save_checkpoint();
   }
   // Stopped before this process ran a step (a signal during start-up): a new run writes the state
   // it starts from, so that --resume continues it like any stopped run (a resumed run has the
   // checkpoint it started from).
-  if (stop_requested(opt) && steps_run == 0 && !target && run.step < cfg.steps)
-    run.save_checkpoint();
+  if (run.stop_seen && steps_run == 0 && !target && run.step < cfg.steps) run.save_checkpoint();
   progress.finish();
   result.steps_done = run.step;
   result.last_checkpoint = run.last_checkpoint;
-  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && stop_requested(opt)) {
+  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && run.stop_seen) {
     result.end = RunEnd::kInterrupted;
-    result.stop_signal = opt.stop->load();
+    result.stop_signal = opt.stop && opt.stop->load() ? opt.stop->load() : SIGTERM;
     result.end_reason = "stopped by signal " + std::to_string(result.stop_signal) + " at step " +
                         std::to_string(run.step) + " of " + std::to_string(cfg.steps);
   } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
