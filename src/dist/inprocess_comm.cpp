@@ -349,6 +349,7 @@ std::vector<std::shared_ptr<Comm>> make_inprocess_comms(int size,
   OCTET_CHECK(timeout.count() > 0, "in-process group: the timeout must be positive");
   auto group = std::make_shared<Group>(size, timeout);
   std::vector<std::shared_ptr<Comm>> comms;
+  comms.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) comms.push_back(std::make_shared<InProcessComm>(group, r));
   return comms;
 }
@@ -358,6 +359,7 @@ std::vector<std::string> run_inprocess_ranks(int size, const std::function<void(
   const auto comms = make_inprocess_comms(size, timeout);
   std::vector<std::string> errors(static_cast<size_t>(size));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       const std::shared_ptr<Comm>& comm = comms[static_cast<size_t>(r)];

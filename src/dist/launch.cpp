@@ -66,7 +66,7 @@ LaunchEnv launch_env_from(const GetEnv& getenv) {
   e.rank = parse_int(getenv, rank_var, 0, kMaxWorld);
   OCTET_CHECK(e.rank < e.world_size, rank_var, "=", e.rank, " is not below ", size_var, "=",
               e.world_size);
-  e.local_rank = parse_int_or(getenv, local_var, 0, kMaxWorld, e.launcher == "torchrun" ? -1 : -1);
+  e.local_rank = parse_int_or(getenv, local_var, 0, kMaxWorld, -1);
   OCTET_CHECK(e.local_rank >= 0 || e.world_size == 1, local_var, " is not set (", e.launcher,
               " sets it: the GPU of this process)");
   if (e.local_rank < 0) e.local_rank = 0;

@@ -134,6 +134,20 @@ class NcclComm final : public Comm {
     ncclComm_t sub = nullptr;
     wait("split", ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &config));
     if (!sub) return nullptr;
+    // The new communicator finishes its own (non-blocking) initialisation.
+    const auto deadline = Clock::now() + timeout_;
+    for (ncclResult_t state = ncclInProgress; state == ncclInProgress;) {
+      ncclCommGetAsyncError(sub, &state);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        ncclCommAbort(sub);
+        fail("split", std::string("failed: ") + ncclGetErrorString(state));
+      }
+      if (state == ncclInProgress && Clock::now() > deadline) {
+        ncclCommAbort(sub);
+        fail("split", "timed out");
+      }
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     int r = 0, n = 0;
     ncclCommUserRank(sub, &r);
     ncclCommCount(sub, &n);

@@ -24,6 +24,7 @@
 #include "model/describe.h"
 #include "model/init.h"
 #include "model/model.h"
+#include "train/background_writer.h"
 #include "train/data.h"
 #include "train/data_parallel.h"
 #include "train/lr_schedule.h"
@@ -93,6 +94,9 @@ struct Run {
   // Never `latest` as found on disk: after a resume from an earlier checkpoint, `latest` names one
   // of the stretch the resume abandoned.
   std::string rollback_dir;
+  // Checkpoint files, written in the background; declared after everything its jobs read, so that
+  // it is destroyed (waiting for the job) first.
+  BackgroundWriter writer;
 
   Run(const TrainConfig& c, std::ostream& o, Device device, const RunOptions& opt)
       : cfg(c), out(o), ctx(make_context(device, opt.device_index)), dp(opt.comm) {
@@ -143,45 +147,52 @@ struct Run {
     }
   }
 
+  // The checkpoint of the current step: a snapshot in host memory now (collective with several
+  // ranks: the moments are gathered from their shards), the files written by rank 0 in the
+  // background while training goes on (`writer`), into step_N.partial and renamed into place.
   void save_checkpoint() {
-    const std::string final_dir = ckpt_root + "/" + step_dir_name(step);
-    const std::string partial = final_dir + ".partial";
-    // Data parallelism: every rank has the whole weights; the moments are gathered from the
-    // shards (collective), rank 0 writes, the others wait for the rename.
+    const int64_t at = step;
+    const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
     io::NamedTensors optim_state = zero ? zero->state_dict(ctx) : optim->state_dict(ctx);
-    if (!dp.writer()) {
-      dp.barrier(ctx);
-      last_checkpoint = rollback_dir = final_dir;
-      return;
-    }
-    std::error_code ec;
-    fs::remove_all(partial, ec);
-    write_checkpoint(partial, model_config(), model->export_tensors(ctx));
-    io::write_safetensors(partial + "/" + kOptimizerFile, optim_state);
-    io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
+    last_checkpoint = final_dir;
+    rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
+    if (!dp.writer()) return;
     nlohmann::json st;
-    st["step"] = step;
+    st["step"] = at;
     st["tokens_seen"] = tokens_seen;
     const auto s = sampler->state().to_array();
     st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
     st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
-    io::write_text_file_atomic(partial + "/" + kTrainerStateFile, st.dump(1) + "\n");
-    fs::remove_all(final_dir, ec);
-    fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
-    io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(step) + "\n");
-    last_checkpoint = final_dir;
-    rollback_dir = final_dir;
-    prune_checkpoints();
+    writer.submit([this, at, final_dir, weights = model->export_tensors(ctx),
+                   optim_state = std::move(optim_state), recipe = model->recipe_state(ctx),
+                   state = st.dump(1) + "\n"] {
+      const std::string partial = final_dir + ".partial";
+      std::error_code ec;
+      fs::remove_all(partial, ec);
+      write_checkpoint(partial, model_config(), weights);
+      io::write_safetensors(partial + "/" + kOptimizerFile, optim_state);
+      io::write_safetensors(partial + "/" + kRecipeStateFile, recipe);
+      io::write_text_file_atomic(partial + "/" + kTrainerStateFile, state);
+      fs::remove_all(final_dir, ec);
+      fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
+      io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(at) + "\n");
+      prune_checkpoints(at);
+    });
+  }
+
+  // Waits for the checkpoint being written; with several ranks, every rank waits for rank 0's.
+  void finish_checkpoint() {
+    writer.wait();
     dp.barrier(ctx);
   }
 
   // The run directory is this run's alone (run_dir.h), so every step_N here is. Checkpoints
   // after the current step are left alone: they are of a stretch this run abandoned by resuming
   // from an earlier checkpoint, and are the user's to delete.
-  void prune_checkpoints() {
+  void prune_checkpoints(int64_t newest_step) const {
     if (cfg.keep_checkpoints <= 0) return;
     std::vector<std::string> steps;
-    const std::string newest = step_dir_name(step);
+    const std::string newest = step_dir_name(newest_step);
     for (const auto& e : fs::directory_iterator(ckpt_root)) {
       const std::string n = e.path().filename().string();
       if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos &&
@@ -233,6 +244,7 @@ struct Run {
   // spike window.
   enum class Restore : uint8_t { kModelOnly, kModelAndData };
   void load_checkpoint(const std::string& dir, Restore what) {
+    finish_checkpoint();       // a rollback may read the checkpoint being written
     outputs_attached = false;  // the masters change: the next step prepares everything
     CheckpointReadOptions ro;
     ro.cast = ReadCast::kToF32;
@@ -674,6 +686,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   // it starts from, so that --resume continues it like any stopped run (a resumed run has the
   // checkpoint it started from).
   if (run.stop_seen && steps_run == 0 && !target && run.step < cfg.steps) run.save_checkpoint();
+  run.finish_checkpoint();  // the last checkpoint is on disk when the run returns
   progress.finish();
   result.steps_done = run.step;
   result.last_checkpoint = run.last_checkpoint;

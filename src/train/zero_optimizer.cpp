@@ -64,7 +64,7 @@ ZeroLayout ZeroLayout::make(const std::vector<int64_t>& param_elems, int64_t pie
   return l;
 }
 
-ZeroAdamW::ZeroAdamW(Context& ctx, std::shared_ptr<Comm> dp, std::vector<Parameter*> params,
+ZeroAdamW::ZeroAdamW(Context& ctx, std::shared_ptr<Comm> dp, const std::vector<Parameter*>& params,
                      const AdamWConfig& config, const ZeroConfig& zero)
     : dp_(std::move(dp)), config_(config), zero_(zero) {
   OCTET_CHECK(dp_, "zero optimizer: no data-parallel communicator");

@@ -64,7 +64,7 @@ class ZeroAdamW {
  public:
   // Collective over `dp` (checks that every rank has the same parameters). The parameters'
   // masters and gradients must stay where they are (updated in place).
-  ZeroAdamW(Context& ctx, std::shared_ptr<Comm> dp, std::vector<Parameter*> params,
+  ZeroAdamW(Context& ctx, std::shared_ptr<Comm> dp, const std::vector<Parameter*>& params,
             const AdamWConfig& config, const ZeroConfig& zero = {});
 
   // The four stages above at rate `lr`; returns the (global) statistics, the same on every rank.
