@@ -344,7 +344,7 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
 
   auto embed = [&](const Tensor& ids) {
     Tensor h = Tensor::empty(ctx, {N, D}, p.act);
-    embedding_forward(ctx, {ids, embed_->value, h});
+    embedding_forward(ctx, {.ids = ids, .table = embed_->value, .out = h});
     return h;
   };
   const Tensor ids = upload(ctx, batch.inputs), targets = upload(ctx, batch.targets);
@@ -394,13 +394,15 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
     Tensor dh = mtp_dh[k];
     if (carry.defined() && carry.numel() > 0) add_into(ctx, dh, carry);
     const MtpModule::Grads g = mtp_[k].backward(ctx, p, rope_, dh, mtp_saved[k]);
-    embedding_backward(ctx, {mtp_ids[k], g.d_emb, embed_->grad});  // += (shared embedding)
+    embedding_backward(
+        ctx,
+        {.ids = mtp_ids[k], .dout = g.d_emb, .dtable = embed_->grad});  // += (shared embedding)
     carry = g.d_h_prev;
   }
   Tensor dh = main.dx;
   if (K > 0) add_into(ctx, dh, carry);
   for (size_t l = layers_.size(); l-- > 0;) dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
-  embedding_backward(ctx, {ids, dh, embed_->grad});  // +=
+  embedding_backward(ctx, {.ids = ids, .dout = dh, .dtable = embed_->grad});  // +=
   return out;
 }
 
@@ -437,7 +439,8 @@ void Model::update_router_bias(Context& ctx, const std::vector<ModelLosses>& mic
       }
       counts = sum.to(ctx, ctx.device);
     }
-    moe_router_bias_update(ctx, {moe_layers_[m]->bias->value, counts, rate});
+    moe_router_bias_update(ctx,
+                           {.bias = moe_layers_[m]->bias->value, .counts = counts, .rate = rate});
   }
 }
 

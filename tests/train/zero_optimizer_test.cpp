@@ -33,7 +33,9 @@ TEST(ZeroLayout, PiecesAreWorldIndependentContiguousAndCoverEverything) {
       EXPECT_EQ(l.pieces[i].offset, one.pieces[i].offset);
       EXPECT_EQ(l.pieces[i].numel, one.pieces[i].numel);
       EXPECT_LE(l.pieces[i].numel, kPiece);
-      if (i > 0) EXPECT_GE(l.pieces[i].rank, l.pieces[i - 1].rank);  // contiguous runs
+      if (i > 0) {
+        EXPECT_GE(l.pieces[i].rank, l.pieces[i - 1].rank);  // contiguous runs
+      }
       total += l.pieces[i].numel;
     }
     int64_t sum = 0;
@@ -173,12 +175,7 @@ TEST(ZeroAdamW, AgreesWithAdamWOptimizer) {
     const Outcome zero = run(2, 2, 0, 3, clip);
     Context ctx = make_context(Device::kCpu);
     Params p = make_params(ctx);
-    std::vector<Param> params;
-    for (Parameter& q : p.storage)
-      params.push_back({q.name, q.value, q.grad, q.weight_decay, true, Tensor(), {}});
-    std::vector<Param*> ptrs;
-    for (Param& q : params) ptrs.push_back(&q);
-    AdamWOptimizer ref(ctx, ptrs, adamw(clip));
+    AdamWOptimizer ref(ctx, p.ptrs, adamw(clip));
     for (int s = 0; s < 3; ++s) {
       ref.zero_grad(ctx);
       for (size_t i = 0; i < p.storage.size(); ++i) {
