@@ -462,6 +462,7 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   // The planned synchronisation of the step; with several ranks, means over all of them in global
   // micro-batch order (DataParallel::global_mean), and the expert loads summed over them.
   std::vector<double> mains;
+  mains.reserve(pass.micro.size());
   std::vector<std::vector<double>> mtps;
   for (const ModelLosses& l : pass.micro) {
     const LossValues v = run.model->read_losses(run.ctx, l);
@@ -471,6 +472,7 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   }
   const double loss = run.dp.global_mean(run.ctx, mains);
   std::vector<double> mtp;
+  mtp.reserve(mtps.size());
   for (const std::vector<double>& d : mtps) mtp.push_back(run.dp.global_mean(run.ctx, d));
   run.dp.sum_expert_loads(run.ctx, pass.micro);
   sm.loss = loss;
