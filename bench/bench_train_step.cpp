@@ -103,9 +103,9 @@ int run(const std::vector<std::string>& argv) {
         1, runs);
     // optim.fused_prepare: AdamW writes the prepared weights; what is left is prepared after it.
     // optim.fused_prepare (BF16 copies) and fused_prepare_fp8 (also the FP8 blocks).
-    auto fused_timing = [&](bool fp8) {
+    auto fused_timing = [&](OutputCopies copies) {
       m.prepare(ctx);
-      opt.set_weight_outputs(ctx, m.weight_outputs(fp8));
+      opt.set_weight_outputs(ctx, m.weight_outputs(copies));
       return time_op(
           ctx,
           [&] {
@@ -115,7 +115,8 @@ int run(const std::vector<std::string>& argv) {
           },
           1, runs);
     };
-    const Timing fused = fused_timing(false), fused8 = fused_timing(true);
+    const Timing fused = fused_timing(OutputCopies::kBf16Only),
+                 fused8 = fused_timing(OutputCopies::kBf16AndFp8);
     const Tensor x = random_act(ctx, N, mc.hidden_size);
     DecoderLayer::Saved s;
     const Timing dense = time_op(

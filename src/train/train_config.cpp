@@ -49,28 +49,6 @@ ModelConfig default_model_config() {
   return m;
 }
 
-const char* device_choice_name(DeviceChoice d) {
-  switch (d) {
-    case DeviceChoice::kCpu:
-      return "cpu";
-    case DeviceChoice::kCuda:
-      return "cuda";
-    default:
-      return "auto";
-  }
-}
-
-const char* spike_action_name(SpikeAction a) {
-  switch (a) {
-    case SpikeAction::kSkip:
-      return "skip";
-    case SpikeAction::kRollback:
-      return "rollback";
-    default:
-      return "log";
-  }
-}
-
 namespace {
 
 using StringList = ConfigStrings;

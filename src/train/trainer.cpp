@@ -220,7 +220,9 @@ struct Run {
       return;
     }
     model->prepare(ctx);
-    optim->set_weight_outputs(ctx, model->weight_outputs(cfg.optim.fused_prepare_fp8));
+    optim->set_weight_outputs(
+        ctx, model->weight_outputs(cfg.optim.fused_prepare_fp8 ? OutputCopies::kBf16AndFp8
+                                                               : OutputCopies::kBf16Only));
     outputs_attached = true;
   }
 

@@ -297,6 +297,32 @@ TEST(Optimizer, LoadStateRejectsMismatchesNamingTheTensor) {
       << message(extra);
 }
 
+// With a BF16 weight output, the update also writes the updated weights in BF16 (round to nearest
+// even of the new master); outputs naming a parameter the optimizer does not hold, or a copy of
+// the wrong size, are refused naming the parameter.
+TEST(Optimizer, WeightOutputsReceiveTheUpdatedWeights) {
+  Context ctx = make_context(Device::kCpu);
+  Model m = small_model(81);
+  AdamWOptimizer opt(ctx, m.ptrs(), AdamWConfig{});
+  Parameter& w = *m.params[0];
+  WeightOutput out{.param = &w, .bf16 = Tensor::empty(w.value.shape(), DType::kBF16)};
+  opt.set_weight_outputs(ctx, {out});
+  opt.step(ctx, 1e-2f);
+  ASSERT_FALSE(opt.finish_step(ctx).skipped);
+  const uint16_t* b = out.bf16.data_as<const uint16_t>();
+  for (int64_t i = 0; i < w.value.numel(); ++i)
+    ASSERT_EQ(b[i], float_to_bf16(w.value.data_as<const float>()[i])) << "element " << i;
+
+  Model other = small_model(82);
+  EXPECT_THROW(opt.set_weight_outputs(ctx, {{.param = other.params[0].get()}}), Error);
+  try {
+    opt.set_weight_outputs(ctx, {{.param = &w, .bf16 = Tensor::empty({3}, DType::kBF16)}});
+    FAIL() << "expected a throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(w.name + ": bf16 copy"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Optimizer, ConstructorChecksParameters) {
   Context ctx = make_context(Device::kCpu);
   Model m = small_model(71);
