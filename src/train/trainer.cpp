@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -23,11 +24,14 @@
 #include "model/describe.h"
 #include "model/init.h"
 #include "model/model.h"
+#include "train/background_writer.h"
 #include "train/data.h"
+#include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/trainer_state.h"
+#include "train/zero_optimizer.h"
 
 namespace octet::train {
 namespace {
@@ -70,8 +74,10 @@ struct Run {
   std::ostream& out;
   Context ctx;
   std::unique_ptr<Model> model;
-  std::unique_ptr<Model> shadow;  // bf16 copy for --shadow-bf16, made on first use
-  std::unique_ptr<AdamWOptimizer> optim;
+  std::unique_ptr<Model> shadow;          // bf16 copy for --shadow-bf16, made on first use
+  std::unique_ptr<AdamWOptimizer> optim;  // one process
+  DataParallel dp;                        // several ranks: rank 0 writes; ZeRO-1 below
+  std::unique_ptr<ZeroAdamW> zero;
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<ValBatches> val;
   std::deque<double> spike_window;
@@ -87,23 +93,50 @@ struct Run {
   // Never `latest` as found on disk: after a resume from an earlier checkpoint, `latest` names one
   // of the stretch the resume abandoned.
   std::string rollback_dir;
+  // Checkpoint files, written in the background; declared after everything its jobs read, so that
+  // it is destroyed (waiting for the job) first.
+  BackgroundWriter writer;
 
-  Run(const TrainConfig& c, std::ostream& o, Device device)
-      : cfg(c), out(o), ctx(make_context(device)) {}
+  Run(const TrainConfig& c, std::ostream& o, Device device, const RunOptions& opt)
+      : cfg(c), out(o), ctx(make_context(device, opt.device_index)), dp(opt.comm) {
+    ctx.comm = opt.comm;
+  }
 
   const ModelConfig& model_config() const { return cfg.model; }
-  int64_t tokens_per_step() const { return cfg.batch_size * cfg.seq_len * cfg.grad_accum; }
+  // Every rank's tokens.
+  int64_t tokens_per_step() const {
+    return cfg.batch_size * cfg.seq_len * cfg.grad_accum * dp.size();
+  }
+
+  // Whether to stop after this step: a signal on any rank stops every rank at the same step (one
+  // small all-reduce per call with several ranks; every rank calls it at the same points).
+  bool stop_seen = false;
+  bool agree_stop(const RunOptions& o) {
+    int32_t s = o.stop && o.stop->load() != 0 ? 1 : 0;
+    if (dp.active()) {
+      Tensor h = Tensor::empty({1}, DType::kI32);
+      h.data_as<int32_t>()[0] = s;
+      Tensor d = h.to(ctx, ctx.device);
+      all_reduce(ctx, *dp.comm(), d, ReduceOp::kMax);
+      s = d.to_host(ctx).data_as<const int32_t>()[0];
+    }
+    stop_seen = s != 0;
+    return stop_seen;
+  }
 
   void build(DataStreams data) {
     const ModelConfig mc = model_config();
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
-    optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
+    if (dp.comm())  // any communicator, one rank included: the same norm at every world size
+      zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw());
+    else
+      optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
     sampler = std::make_unique<BatchSampler>(std::move(data.train),
                                              SamplerArgs{.batch_size = cfg.batch_size,
                                                          .seq_len = cfg.seq_len,
                                                          .seed = static_cast<uint64_t>(cfg.seed),
-                                                         .rank = 0,
-                                                         .world_size = 1});
+                                                         .rank = dp.rank(),
+                                                         .world_size = dp.size()});
     const int64_t val_need = cfg.batch_size * cfg.seq_len + 1;
     if (data.val && cfg.eval.every > 0 && data.val->size() < val_need) {
       out << "note: the validation data has " << data.val->size()
@@ -118,36 +151,52 @@ struct Run {
     }
   }
 
+  // The checkpoint of the current step: a snapshot in host memory now (collective with several
+  // ranks: the moments are gathered from their shards), the files written by rank 0 in the
+  // background while training goes on (`writer`), into step_N.partial and renamed into place.
   void save_checkpoint() {
-    const std::string final_dir = ckpt_root + "/" + step_dir_name(step);
-    const std::string partial = final_dir + ".partial";
-    std::error_code ec;
-    fs::remove_all(partial, ec);
-    write_checkpoint(partial, model_config(), model->export_tensors(ctx));
-    io::write_safetensors(partial + "/" + kOptimizerFile, optim->state_dict(ctx));
-    io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
+    const int64_t at = step;
+    const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
+    io::NamedTensors optim_state = zero ? zero->state_dict(ctx) : optim->state_dict(ctx);
+    last_checkpoint = final_dir;
+    rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
+    if (!dp.writer()) return;
     nlohmann::json st;
-    st["step"] = step;
+    st["step"] = at;
     st["tokens_seen"] = tokens_seen;
     const auto s = sampler->state().to_array();
     st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
     st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
-    io::write_text_file_atomic(partial + "/" + kTrainerStateFile, st.dump(1) + "\n");
-    fs::remove_all(final_dir, ec);
-    fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
-    io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(step) + "\n");
-    last_checkpoint = final_dir;
-    rollback_dir = final_dir;
-    prune_checkpoints();
+    writer.submit([this, at, final_dir, weights = model->export_tensors(ctx),
+                   optim_state = std::move(optim_state), recipe = model->recipe_state(ctx),
+                   state = st.dump(1) + "\n"] {
+      const std::string partial = final_dir + ".partial";
+      std::error_code ec;
+      fs::remove_all(partial, ec);
+      write_checkpoint(partial, model_config(), weights);
+      io::write_safetensors(partial + "/" + kOptimizerFile, optim_state);
+      io::write_safetensors(partial + "/" + kRecipeStateFile, recipe);
+      io::write_text_file_atomic(partial + "/" + kTrainerStateFile, state);
+      fs::remove_all(final_dir, ec);
+      fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
+      io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(at) + "\n");
+      prune_checkpoints(at);
+    });
+  }
+
+  // Waits for the checkpoint being written; with several ranks, every rank waits for rank 0's.
+  void finish_checkpoint() {
+    writer.wait();
+    dp.barrier(ctx);
   }
 
   // The run directory is this run's alone (run_dir.h), so every step_N here is. Checkpoints
   // after the current step are left alone: they are of a stretch this run abandoned by resuming
   // from an earlier checkpoint, and are the user's to delete.
-  void prune_checkpoints() {
+  void prune_checkpoints(int64_t newest_step) const {
     if (cfg.keep_checkpoints <= 0) return;
     std::vector<std::string> steps;
-    const std::string newest = step_dir_name(step);
+    const std::string newest = step_dir_name(newest_step);
     for (const auto& e : fs::directory_iterator(ckpt_root)) {
       const std::string n = e.path().filename().string();
       if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos &&
@@ -162,7 +211,7 @@ struct Run {
   // The GEMMs' copies of the weights for the next forward. With optim.fused_prepare the optimizer
   // wrote most of them in its update (Model::weight_outputs); only the rest is prepared here.
   void prepare_weights() {
-    if (!cfg.optim.fused_prepare) {
+    if (!cfg.optim.fused_prepare || zero) {  // ZeRO-1 gathers the masters: prepare them all
       model->prepare(ctx);
       return;
     }
@@ -194,13 +243,18 @@ struct Run {
   // spike window.
   enum class Restore : uint8_t { kModelOnly, kModelAndData };
   void load_checkpoint(const std::string& dir, Restore what) {
+    finish_checkpoint();       // a rollback may read the checkpoint being written
     outputs_attached = false;  // the masters change: the next step prepares everything
     CheckpointReadOptions ro;
     ro.cast = ReadCast::kToF32;
     const LoadedCheckpoint ck = read_checkpoint(dir, ro);
     for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
       out << "warning: " << w << "\n";
-    optim->load_state_dict(ctx, io::read_safetensors(dir + "/" + kOptimizerFile).tensors);
+    const io::NamedTensors optim_state = io::read_safetensors(dir + "/" + kOptimizerFile).tensors;
+    if (zero)
+      zero->load_state_dict(ctx, optim_state);
+    else
+      optim->load_state_dict(ctx, optim_state);
     model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
     const std::string state_file = dir + "/" + kTrainerStateFile;
     std::error_code ec;
@@ -351,8 +405,16 @@ void write_config(const TrainConfig& cfg, std::ostream& out) {
   io::write_text_file_atomic(cfg.run_dir + "/config.toml", resolved);
 }
 
-bool stop_requested(const RunOptions& opt) {
-  return opt.stop && opt.stop->load() != 0;
+// What data parallelism does not cover yet, refused before any work.
+void check_data_parallel(const TrainConfig& cfg, const DataParallel& dp) {
+  if (!dp.active()) return;
+  const Recipe r = cfg.resolved_recipe();
+  const bool delayed =
+      std::any_of(r.gemm.begin(), r.gemm.end(), [](const GemmRecipe& g) { return g.is_delayed(); });
+  OCTET_CHECK(!delayed, "recipe ", cfg.model.recipe.label(),
+              ": delayed scaling keeps per-rank amax histories, which data parallelism does not "
+              "reduce yet; use a current-scaling recipe (deepseek, fp8-tensor, bf16) with ",
+              dp.size(), " ranks");
 }
 
 // What the run reports: the progress lines, metrics.jsonl and the result.
@@ -377,9 +439,13 @@ struct StepPass {
 // the losses: the step's planned synchronisation. Fills sm's loss, MTP losses and site numerics.
 StepPass forward_backward(Run& run, StepMetrics& sm) {
   const TrainConfig& cfg = run.cfg;
-  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum);
+  // The gradient of the global batch's mean loss: every rank's micro-batches scaled alike.
+  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum * run.dp.size());
   run.prepare_weights();
-  run.optim->zero_grad(run.ctx);
+  if (run.zero)
+    run.zero->zero_grad(run.ctx);
+  else
+    run.optim->zero_grad(run.ctx);
   // Every sites_every steps (and the first) also record every site's quantization numerics.
   const bool probe_step =
       cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
@@ -395,15 +461,22 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   run.model->set_probe(nullptr);
   for (const auto& [name, n] : probe.sites())
     sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
-  double loss = 0;
-  std::vector<double> mtp;
-  for (const ModelLosses& l : pass.micro) {  // the planned synchronisation of the step
+  // The planned synchronisation of the step; with several ranks, means over all of them in global
+  // micro-batch order (DataParallel::global_mean), and the expert loads summed over them.
+  std::vector<double> mains;
+  mains.reserve(pass.micro.size());
+  std::vector<std::vector<double>> mtps;
+  for (const ModelLosses& l : pass.micro) {
     const LossValues v = run.model->read_losses(run.ctx, l);
-    loss += v.main / static_cast<double>(pass.micro.size());
-    mtp.resize(v.mtp.size());
-    for (size_t k = 0; k < v.mtp.size(); ++k)
-      mtp[k] += v.mtp[k] / static_cast<double>(pass.micro.size());
+    mains.push_back(v.main);
+    mtps.resize(v.mtp.size());
+    for (size_t k = 0; k < v.mtp.size(); ++k) mtps[k].push_back(v.mtp[k]);
   }
+  const double loss = run.dp.global_mean(run.ctx, mains);
+  std::vector<double> mtp;
+  mtp.reserve(mtps.size());
+  for (const std::vector<double>& d : mtps) mtp.push_back(run.dp.global_mean(run.ctx, d));
+  run.dp.sum_expert_loads(run.ctx, pass.micro);
   sm.loss = loss;
   sm.mtp_loss = mtp;
   pass.loss = loss;
@@ -443,7 +516,8 @@ LossVerdict check_loss(Run& run, SafetyNets& nets, Records& rec, StepMetrics& sm
       // The sampler moves on past the offending batches.
       run.load_checkpoint(dir, Run::Restore::kModelOnly);
       // The steps after the checkpoint are run again: their records are replaced.
-      rec.metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
+      if (rec.metrics)
+        rec.metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
       ++nets.rollbacks_in_a_row;
       rec.progress.message(msg.str() + ": rolled back to " + dir);
       return LossVerdict::kRolledBack;
@@ -458,8 +532,13 @@ LossVerdict check_loss(Run& run, SafetyNets& nets, Records& rec, StepMetrics& sm
 // The optimizer update, skipped when the gradients are not finite; then the router bias and the
 // spike window. Returns whether the update was applied.
 bool apply_update(Run& run, SafetyNets& nets, const StepPass& pass, double lr, StepMetrics& sm) {
-  run.optim->step(run.ctx, static_cast<float>(lr));
-  const StepStats st = run.optim->finish_step(run.ctx);
+  StepStats st;
+  if (run.zero) {
+    st = run.zero->step(run.ctx, static_cast<float>(lr));
+  } else {
+    run.optim->step(run.ctx, static_cast<float>(lr));
+    st = run.optim->finish_step(run.ctx);
+  }
   sm.grad_norm = st.grad_norm;
   if (st.skipped) {
     sm.skip_reason = "non-finite gradient";
@@ -495,8 +574,10 @@ void measure_step(Run& run, const StepPass& pass, std::chrono::steady_clock::tim
   const TrainConfig& cfg = run.cfg;
   if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
       cfg.resolved_recipe().any_fp8()) {
-    const double fp8_first = run.model->read_losses(run.ctx, pass.micro[0]).main;
-    const double bf = run.shadow_loss(pass.first);
+    // Several ranks: the mean over every rank's first micro-batch.
+    const double fp8_first =
+        run.dp.mean_over_ranks(run.ctx, run.model->read_losses(run.ctx, pass.micro[0]).main);
+    const double bf = run.dp.mean_over_ranks(run.ctx, run.shadow_loss(pass.first));
     sm.shadow_bf16_loss = bf;
     sm.shadow_gap = (fp8_first - bf) / bf;
   }
@@ -525,7 +606,7 @@ void record_step(Run& run, Records& rec, StepMetrics& sm) {
   }
   sm.config_changes = std::move(rec.pending_changes);
   rec.pending_changes.clear();
-  rec.metrics->write(sm);
+  if (rec.metrics) rec.metrics->write(sm);  // rank 0's
   rec.progress.update(sm);
   ++rec.steps_run;
   if (sm.skipped) ++rec.result.skipped_steps;
@@ -538,9 +619,10 @@ RunResult finish_result(const Run& run, const RunOptions& opt, RunResult result,
   const TrainConfig& cfg = run.cfg;
   result.steps_done = run.step;
   result.last_checkpoint = run.last_checkpoint;
-  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && stop_requested(opt)) {
+  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && run.stop_seen) {
     result.end = RunEnd::kInterrupted;
-    result.stop_signal = opt.stop->load();
+    // A rank stopped by another rank's signal reports SIGTERM.
+    result.stop_signal = opt.stop && opt.stop->load() ? opt.stop->load() : SIGTERM;
     result.end_reason = "stopped by signal " + std::to_string(result.stop_signal) + " at step " +
                         std::to_string(run.step) + " of " + std::to_string(cfg.steps);
   } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
@@ -567,36 +649,42 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
   std::ostream& out = run.out;
   std::unique_ptr<MetricsWriter> metrics;
   run.ckpt_root = cfg.run_dir + "/checkpoints";
-  if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
+  const bool writer = run.dp.writer();  // with several ranks, rank 0 alone writes the run
+  if (!writer) {
+  } else if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
     out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
         << run.ckpt_root << "\n";
   run.build(std::move(data));
   if (!target && !cfg.init_from.empty()) {
     run.init_from_checkpoint(init_checkpoint_dir(cfg.init_from));
     std::string removed;
-    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (writer) start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else if (!target) {
     run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
     // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
     std::string removed;
-    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (writer) start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else {
     // A failure here has written nothing.
     run.load_checkpoint(target->checkpoint, Run::Restore::kModelAndData);
     run.rollback_dir = target->checkpoint;
-    ensure_run_record(cfg.run_dir);
+    if (writer) ensure_run_record(cfg.run_dir);
   }
-  std::error_code ec;
-  fs::create_directories(run.ckpt_root, ec);
-  OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
-  write_config(cfg, out);
+  if (writer) {
+    std::error_code ec;
+    fs::create_directories(run.ckpt_root, ec);
+    OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
+    write_config(cfg, out);
+  }
   if (cfg.optim.warmup_steps > cfg.steps)
     out << "note: steps = " << cfg.steps
         << " is below optim.warmup_steps = " << cfg.optim.warmup_steps
         << ": the warm-up is shortened to all " << cfg.steps << " steps\n";
-  if (!target) {
+  if (!writer) {
+    // metrics.jsonl is rank 0's
+  } else if (!target) {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
   } else {
     metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
@@ -604,6 +692,10 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
     for (const ConfigChange& c : changes)
       out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
   }
+  if (run.dp.active())
+    out << "data parallel: " << run.dp.size() << " ranks (" << run.dp.comm()->name()
+        << "), ZeRO-1 optimizer state, global batch " << cfg.batch_size * run.dp.size() << " x "
+        << cfg.grad_accum << " micro-batches\n";
   out << "device: " << device_name(run.ctx.device) << ", recipe: " << cfg.model.recipe.label()
       << ", parameters: " <<
       [&] {
@@ -637,15 +729,23 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   // A new run into a directory holding one is refused before any work (and again under the lock).
   if (!target && opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir))
     start_new_run(cfg.run_dir, opt.start);
+  const Device device = pick_device(cfg.device);
+  Run run(cfg, out, device, opt);
+  check_data_parallel(cfg, run.dp);
+  // Several ranks: rank 0 prepares the data (a cache shared by all) before the others read it.
+  if (!run.dp.writer()) run.dp.barrier(run.ctx);
   const ShardSet shards = resolve_data_source(da);
   DataStreams data = open_data_streams(shards, cfg.model.vocab_size);
-  const Device device = pick_device(cfg.device);
-  Run run(cfg, out, device);
+  if (run.dp.writer()) run.dp.barrier(run.ctx);
   check_memory(cfg, run.ctx.be(), device);
 
-  // The run directory: locked, then claimed (a new run) or found as it was (a resume).
-  const RunDirLock lock = lock_run_dir(cfg.run_dir);
-  if (target) {
+  // The run directory: locked, then claimed (a new run) or found as it was (a resume). With
+  // several ranks, rank 0 alone writes there.
+  RunDirLock lock;
+  if (run.dp.writer()) lock = lock_run_dir(cfg.run_dir);
+  if (!run.dp.writer()) {
+    // nothing to claim: rank 0 does it
+  } else if (target) {
     OCTET_CHECK(holds_run(cfg.run_dir), "--resume ", opt.resume_from, ": ", cfg.run_dir,
                 " no longer holds the run");
     // Re-checked under the lock: another process may have moved the run on since.
@@ -667,7 +767,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   const LrSchedule sched = cfg.lr_schedule();
   SafetyNets nets;
 
-  while (run.step < cfg.steps && !stop_requested(opt)) {
+  while (run.step < cfg.steps && !run.agree_stop(opt)) {
     const auto t0 = std::chrono::steady_clock::now();
     run.ctx.be().reset_peak();
     const double lr = lr_at(sched, run.step);
@@ -687,14 +787,14 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     record_step(run, rec, sm);
     if (diverged(cfg, nets, rec, sm)) break;
     if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) ||
-        run.step == cfg.steps || stop_requested(opt))
+        run.step == cfg.steps || run.agree_stop(opt))
       run.save_checkpoint();
   }
   // Stopped before this process ran a step (a signal during start-up): a new run writes the state
   // it starts from, so that --resume continues it like any stopped run (a resumed run has the
   // checkpoint it started from).
-  if (stop_requested(opt) && rec.steps_run == 0 && !target && run.step < cfg.steps)
-    run.save_checkpoint();
+  if (run.stop_seen && rec.steps_run == 0 && !target && run.step < cfg.steps) run.save_checkpoint();
+  run.finish_checkpoint();  // the last checkpoint is on disk when the run returns
   rec.progress.finish();
   return finish_result(run, opt, std::move(rec.result), rec.steps_run);
 }

@@ -20,9 +20,11 @@
 
 #include <atomic>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "dist/comm.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/train_config.h"
@@ -43,6 +45,11 @@ struct RunOptions {
   // Set (to a signal number) by a signal handler: the run finishes the step it is in, writes a
   // checkpoint and returns RunEnd::kInterrupted.
   const std::atomic<int>* stop = nullptr;
+  // Data parallelism (train/data_parallel.h): this rank's communicator over every rank of the run
+  // (null or one rank: a single process), and the GPU it runs on. Every rank calls run_training
+  // with the same config; rank 0 writes the run directory, the others only read it.
+  std::shared_ptr<Comm> comm;
+  int device_index = 0;
 };
 
 enum class RunEnd : uint8_t {

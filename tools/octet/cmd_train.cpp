@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "launch.h"
 #include "train/trainer.h"
 
 namespace octet::cli {
@@ -61,7 +62,7 @@ int run_train(const std::vector<std::string>& argv) {
       rest.push_back(argv[i]);
     }
   }
-  const Args args(rest, {"resume", "shadow-bf16", "cache-dir"},
+  const Args args(rest, {"resume", "shadow-bf16", "cache-dir", "nproc"},
                   {"print-config", "overwrite", "allow-config-change"});
   args.expect_positional(0, 1, "octet train [CONFIG.toml] [--set key=value ...] [flags]");
   const bool resume = args.has("resume");
@@ -102,7 +103,29 @@ int run_train(const std::vector<std::string>& argv) {
       cfg.run_dir = free_dir;
     }
   }
+  if (args.has("nproc")) {
+    // The ranks run this command line without --nproc, on the run directory resolved here.
+    std::vector<std::string> child;
+    for (size_t i = 0; i < argv.size(); ++i) {
+      if (argv[i] == "--nproc") {
+        ++i;
+      } else if (argv[i].rfind("--nproc=", 0) != 0) {
+        child.push_back(argv[i]);
+      }
+    }
+    child.insert(child.end(), {"--set", "run_dir=" + cfg.run_dir});
+    return spawn_local_ranks(static_cast<int>(args.get_int("nproc", 1)), child);
+  }
+  const LaunchEnv launch = launch_env();
+  OCTET_CHECK(launch.world_size == 1 || run_dir_given, "rank ", launch.rank, " of ",
+              launch.world_size,
+              ": name the run directory (a config file, or --set run_dir=DIR) "
+              "so that every rank trains the same run");
   train::RunOptions opt;
+  opt.comm = join_launch(launch);
+  opt.device_index = launch.local_rank;
+  std::ostringstream quiet;  // ranks other than 0 print nothing but errors
+  std::ostream& out = launch.rank == 0 ? std::cout : quiet;
   opt.resume_from = resume_from;
   opt.allow_config_change = args.has("allow-config-change");
   opt.start =
@@ -112,7 +135,8 @@ int run_train(const std::vector<std::string>& argv) {
       ::isatty(::fileno(stdout)) ? train::ProgressStyle::kBar : train::ProgressStyle::kLines;
   opt.stop = &g_stop;
   install_stop_handlers();
-  const train::RunResult r = train::run_training(cfg, opt, std::cout);
+  const train::RunResult r = train::run_training(cfg, opt, out);
+  if (launch.rank != 0) return r.end == train::RunEnd::kCompleted ? 0 : 1;
   std::cout << "trained " << r.steps_done << " steps; final loss " << r.final_loss
             << ", final val loss " << r.final_val_loss << ", skipped " << r.skipped_steps
             << "; run directory " << cfg.run_dir << "\n";
@@ -158,6 +182,11 @@ Command train_command() {
       "  --shadow-bf16 N    every Nth step, also run its first batch in bf16 and log the gap\n"
       "  --cache-dir DIR    where prepared text shards are kept (default .cache/octet)\n"
       "  --print-config     print the resolved configuration and exit\n"
+      "  --nproc N          data parallelism over N GPUs of this machine: starts N ranks\n"
+      "                     (one per GPU, NCCL); batch_size is per rank, so the global batch\n"
+      "                     is N x batch_size x grad_accum. Ranks started by torchrun, srun or\n"
+      "                     mpirun (RANK/WORLD_SIZE, SLURM_PROCID, OMPI_COMM_WORLD_RANK with\n"
+      "                     MASTER_ADDR and MASTER_PORT) join each other the same way\n"
       "Writes <run_dir>/run.json, config.toml, metrics.jsonl and checkpoints/. A run_dir that\n"
       "holds another run is refused (without a run_dir given, the built-in default goes to the\n"
       "next free runs/default-N), and one process at a time trains in a run_dir.\n"

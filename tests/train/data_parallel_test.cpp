@@ -1,0 +1,187 @@
+// The trainer with data parallelism on in-process ranks (threads on the CPU): DP = 2 and 4 against
+// one rank on the same global batch (grad_accum = DP micro-batches), losses and weights bit for bit;
+// a checkpoint saved at DP = 2 resumed at one rank (bit for bit) and at DP = 4 (half the per-rank
+// batch: the same global batch, cut differently, so within a stated tolerance); refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dist/inprocess_comm.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace octet::train {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("octet_dp_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string write_corpus(const std::string& dir) {
+  std::ostringstream s;
+  for (int i = 0; i < 300; ++i)
+    s << "The quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 13
+      << ". Pack my box with five dozen liquor jugs.\n";
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream(path) << s.str();
+  return path;
+}
+
+TrainConfig tiny(const std::string& run_dir, const std::string& corpus, int64_t batch,
+                 int64_t accum) {
+  TrainConfig c;
+  for (const char* kv :
+       {"steps=4", "checkpoint_every=2", "keep_checkpoints=3", "seq_len=16", "log_every=1",
+        "eval.every=0", "optim.warmup_steps=1", "device=cpu", "recipe=deepseek",
+        "safety.shadow_bf16=2", "model.hidden_size=32", "model.intermediate_size=64",
+        "model.moe_intermediate_size=16", "model.num_attention_heads=2", "model.q_lora_rank=16",
+        "model.kv_lora_rank=16", "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=16",
+        "model.v_head_dim=16", "model.max_position_embeddings=32",
+        // Without MTP: its head is the main head's parameter, which then takes two additions per
+        // micro-batch, and a single rank's (((a0 + b0) + a1) + b1) is not DP's (a0 + b0) + (a1 +
+        // b1) in the last bit. Every other parameter takes one addition per micro-batch.
+        "model.num_nextn_predict_layers=0"})
+    apply_set(c, kv);
+  apply_set(c, "batch_size=" + std::to_string(batch));
+  apply_set(c, "grad_accum=" + std::to_string(accum));
+  apply_set(c, "run_dir=" + run_dir);
+  apply_set(c, "data.text=\"" + corpus + "\"");
+  c.validate();
+  return c;
+}
+
+std::vector<double> losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (const StepMetrics& m : read_metrics(run_dir + "/metrics.jsonl")) out.push_back(m.loss);
+  return out;
+}
+
+io::NamedTensors weights(const std::string& run_dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08d", step);
+  io::NamedTensors out;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints" / name)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("model", 0) == 0 && e.path().extension() == ".safetensors")
+      for (auto& t : io::read_safetensors(e.path().string()).tensors) out.push_back(std::move(t));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+// Every rank runs the trainer; rank 0's result is returned.
+RunResult run_ranks(int world, const TrainConfig& cfg, const std::string& cache,
+                    const std::string& resume = "", bool allow_change = false) {
+  RunResult r0;
+  run_inprocess_ranks_or_throw(
+      world,
+      [&](Context& ctx) {
+        RunOptions o;
+        o.cache_dir = cache;
+        o.comm = ctx.comm;
+        o.resume_from = resume;
+        o.allow_config_change = allow_change;
+        std::ostringstream sink;
+        const RunResult r = run_training(cfg, o, sink);
+        if (ctx.comm->rank() == 0) r0 = r;
+      },
+      milliseconds(120000));
+  return r0;
+}
+
+void expect_bitwise(const io::NamedTensors& a, const io::NamedTensors& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second)) << what << ": " << a[i].first;
+  }
+}
+
+class DataParallelTrainer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    corpus_ = write_corpus(dir_);
+    cache_ = dir_ + "/cache";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_, corpus_, cache_;
+};
+
+TEST_F(DataParallelTrainer, DpTwoAndFourMatchOneRankBitForBit) {
+  for (int world : {2, 4}) {
+    const std::string one = dir_ + "/one" + std::to_string(world);
+    const std::string many = dir_ + "/dp" + std::to_string(world);
+    const RunResult a = run_ranks(1, tiny(one, corpus_, 2, world), cache_);
+    const RunResult b = run_ranks(world, tiny(many, corpus_, 2, 1), cache_);
+    EXPECT_EQ(a.steps_done, 4);
+    EXPECT_EQ(b.steps_done, 4);
+    const std::vector<double> la = losses(one), lb = losses(many);
+    ASSERT_EQ(la.size(), 4u);
+    EXPECT_EQ(la, lb) << "DP " << world;
+    EXPECT_TRUE(std::isfinite(la.back()));
+    EXPECT_LT(la.back(), la.front());
+    expect_bitwise(weights(one, 4), weights(many, 4), "DP " + std::to_string(world));
+    // The optimizer state is written in the single-rank form, whole.
+    const auto sa = io::read_safetensors(one + "/checkpoints/step_00000004/optimizer.safetensors");
+    const auto sb = io::read_safetensors(many + "/checkpoints/step_00000004/optimizer.safetensors");
+    expect_bitwise(sa.tensors, sb.tensors, "optimizer state, DP " + std::to_string(world));
+  }
+}
+
+TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
+  const std::string straight = dir_ + "/straight";
+  run_ranks(1, tiny(straight, corpus_, 2, 2), cache_);
+  const std::vector<double> want = losses(straight);
+
+  // DP 2 for two steps, then one rank (grad_accum 2: the same global batch) for the rest.
+  const std::string r1 = dir_ + "/r1";
+  TrainConfig two = tiny(r1, corpus_, 2, 1);
+  two.steps = 2;
+  run_ranks(2, two, cache_);
+  TrainConfig one = tiny(r1, corpus_, 2, 2);
+  run_ranks(1, one, cache_, r1, /*allow_change=*/true);
+  EXPECT_EQ(losses(r1), want);
+  expect_bitwise(weights(straight, 4), weights(r1, 4), "resumed at one rank");
+
+  // DP 2 for two steps, then DP 4 with one sequence per rank: the same global batch of 4
+  // sequences, but the loss is the mean of four per-sequence means instead of two two-sequence
+  // ones, and gradients are summed in another order, so the losses agree to 1e-4 (relative).
+  const std::string r4 = dir_ + "/r4";
+  TrainConfig two4 = tiny(r4, corpus_, 2, 1);
+  two4.steps = 2;
+  run_ranks(2, two4, cache_);
+  run_ranks(4, tiny(r4, corpus_, 1, 1), cache_, r4, /*allow_change=*/true);
+  const std::vector<double> got = losses(r4);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4 * std::fabs(want[i])) << "step " << i + 1;
+}
+
+TEST_F(DataParallelTrainer, DelayedScalingIsRefusedOnSeveralRanks) {
+  TrainConfig c = tiny(dir_ + "/delayed", corpus_, 2, 1);
+  apply_set(c, "recipe=fp8-tensor-delayed");
+  try {
+    run_ranks(2, c, cache_);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("delayed scaling keeps per-rank amax histories"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace octet::train
