@@ -14,6 +14,7 @@ namespace octet {
 class Backend;
 struct GemmState;       // ops/gemm: cuBLASLt handle, workspace and plan cache, made on first use
 struct AttentionState;  // ops/attention: cuDNN handle and graph cache, made on first use
+struct CastCounter;     // core/cast_counter.h: BF16/FP32 <-> FP8 conversions, when counting
 
 struct Context {
   Device device = Device::kCpu;
@@ -22,6 +23,7 @@ struct Context {
   void* stream = nullptr;  // cudaStream_t for Device::kCuda, null on the CPU
   std::shared_ptr<GemmState> gemm;
   std::shared_ptr<AttentionState> attention;
+  std::shared_ptr<CastCounter> casts;  // null: not counting (core/cast_counter.h)
 
   Backend& be() const {
     OCTET_CHECK(backend, "context has no backend");

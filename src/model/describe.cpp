@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "model/moe_casts.h"
+
 namespace octet {
 namespace {
 
@@ -189,6 +191,13 @@ std::string describe_model(const ModelConfig& c, const Recipe& r, int64_t tokens
   row("mtp projection", p.mtp_projection);
 
   os << "\nrecipe " << r.name() << ":\n" << recipe_table(r);
+  if (r.at(GemmSite::kExpertGateUp).is_fp8() || r.at(GemmSite::kExpertDown).is_fp8()) {
+    // Counted on a small MoE layer run on the CPU: the dataflow's casts, independent of shapes.
+    const MoeCastCounts mc = count_moe_casts(r);
+    os << "casts per MoE layer per step (BF16/FP32 <-> FP8, counted in the ops):\n"
+       << "  routed path    " << format_cast_counts(mc.routed) << "\n"
+       << "  shared experts " << format_cast_counts(mc.shared) << "\n";
+  }
   double all = 0;
   for (const auto& s : gemm_flops_per_token(c)) all += s.flops_per_token;
   const double attn = attention_flops_per_token(c, seq_len);

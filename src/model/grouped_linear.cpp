@@ -31,6 +31,31 @@ const std::vector<int64_t>* hs(const GroupLayoutRef& l) {
   return l.host_sizes.empty() ? nullptr : &l.host_sizes;
 }
 
+// The column-wise copy of a row-wise 1x128 power-of-2 FP8 tensor that already exists, as the
+// recipe's fp8_transpose makes it.
+void add_columnwise(Context& ctx, QuantTensor& q, Fp8Transpose how) {
+  if (how == Fp8Transpose::kScalingAware) {
+    scaling_aware_transpose(ctx, q);
+    return;
+  }
+  const QuantTensor c = quantize(ctx, {.input = dequantize(ctx, q, DType::kF32),
+                                       .format = q.format,
+                                       .granularity = Granularity::k1x128,
+                                       .rounding = q.rounding,
+                                       .output = QuantizeOutput::kColumnwise,
+                                       .scale = Tensor()});
+  q.columnwise_data = c.columnwise_data;
+  q.columnwise_scale_inv = c.columnwise_scale_inv;
+  q.columnwise_granularity = c.columnwise_granularity;
+}
+
+void check_prequantized(const QuantTensor& q, GemmSite site, const char* what) {
+  OCTET_CHECK(q.rounding == ScaleRounding::kPow2 && q.granularity == Granularity::k1x128,
+              "grouped linear ", gemm_site_name(site), ": a pre-quantized ", what,
+              " must be 1x128 with power-of-2 scales (the scaling-aware transpose makes its Wgrad "
+              "copy)");
+}
+
 }  // namespace
 
 void GroupedLinearLayer::init_state(Context& ctx, const Recipe& recipe) {
@@ -158,11 +183,8 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     qx = quantize(ctx, quantize_args(r, GemmOperand::kActivation, in_.x, QuantizeOutput::kBoth));
   } else {
     qx = in_.qx;
-    OCTET_CHECK(qx.rounding == ScaleRounding::kPow2 && qx.granularity == Granularity::k1x128,
-                "grouped linear ", gemm_site_name(site),
-                ": a pre-quantized input must be 1x128 with power-of-2 scales (the scaling-aware "
-                "transpose makes its Wgrad copy)");
-    scaling_aware_transpose(ctx, qx);
+    check_prequantized(qx, site, "input");
+    add_columnwise(ctx, qx, p.recipe.fp8_transpose);
   }
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(qx),
@@ -218,8 +240,27 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
     }
     return dx;
   }
-  const QuantTensor qdy =
-      quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth));
+  return fp8_block_backward(
+      ctx, quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth)),
+      layout, s);
+}
+
+Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const GroupedInput& dy,
+                                    const GroupLayoutRef& layout, const Saved& s) {
+  if (dy.x.defined()) return backward(ctx, p, dy.x, layout, s);
+  OCTET_CHECK(p.recipe.at(site).precision == GemmPrecision::kFp8Block, "grouped linear ",
+              gemm_site_name(site), ": a pre-quantized dY needs fp8-block, the site is ",
+              gemm_precision_name(p.recipe.at(site).precision));
+  QuantTensor qdy = dy.qx;
+  check_prequantized(qdy, site, "dY");
+  add_columnwise(ctx, qdy, p.recipe.fp8_transpose);
+  return fp8_block_backward(ctx, qdy, layout, s);
+}
+
+Tensor GroupedLinearLayer::fp8_block_backward(Context& ctx, const QuantTensor& qdy,
+                                              const GroupLayoutRef& layout, const Saved& s) {
+  const int64_t R = qdy.rows();
+  const Tensor grad3 = param->grad;  // (E, Out, In) f32
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
   // dX = dY W
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(qdy),

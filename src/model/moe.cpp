@@ -1,6 +1,7 @@
 // MoE feed-forward: forward, then backward in reverse order (moe.h has the dataflow).
 #include "model/moe.h"
 
+#include "core/cast_counter.h"
 #include "model/linear.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm.h"
@@ -20,6 +21,13 @@ std::vector<int64_t> host_sizes(Context& ctx, const Tensor& sizes) {
   std::vector<int64_t> out(static_cast<size_t>(h.numel()));
   for (size_t e = 0; e < out.size(); ++e) out[e] = h.data_as<const int32_t>()[e];
   return out;
+}
+
+// The shared experts, their casts counted apart from the routed path's.
+Tensor shared_forward(Context& ctx, const Precision& p, SwigluMlp& mlp, const Tensor& x,
+                      SwigluMlp::Saved& s) {
+  CastScope scope(ctx, "moe.shared");
+  return mlp.forward(ctx, p, x, s);
 }
 
 }  // namespace
@@ -49,6 +57,7 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   const GemmRecipe& up_r = r.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = r.at(GemmSite::kExpertDown);
   const int64_t T = x.rows(), D = x.cols(), E = router.num_experts;
+  CastScope scope(ctx, "moe.routed");
   s = Saved{};
   s.sequences = sequences;
   s.x = x;
@@ -78,6 +87,11 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
                     down_r.precision == GemmPrecision::kBf16 && grouped_bf16_counts_on_device(ctx);
   const bool device_counts = fp8_block || bf16;
   if (!device_counts) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
+  if (r.fp8_flow) {  // moe_flow.cpp
+    Tensor y = flow_forward(ctx, p, x.reshape({T, D}), s);
+    if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+    return y.reshape(x.shape());
+  }
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
     // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
@@ -101,24 +115,30 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   }
   s.expert_out = down.forward(ctx, p, h, s.layout, s.down);  // (R, D)
   Tensor y = moe_combine(ctx, s.map, {s.expert_out, s.route.topk_weight, x.dtype()});
-  if (shared) add_into(ctx, y, shared->forward(ctx, p, x.reshape({T, D}), s.shared));
+  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
   return y.reshape(x.shape());
 }
 
 Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s) {
   const int64_t T = dy.rows(), D = dy.cols();
   const Tensor dy2 = dy.reshape({T, D});
-  const CombineGrads cg =
-      moe_combine_backward(ctx, s.map, {dy2, s.expert_out, s.route.topk_weight, dy.dtype()});
-  const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
-  Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
-  swiglu_backward(ctx, {dh, s.gu, dgu});
-  const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
-  Tensor dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
+  CastScope scope(ctx, "moe.routed");
+  Tensor dx, d_topk_weight;
+  if (p.recipe.fp8_flow) {
+    std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
+  } else {
+    const CombineGrads cg =
+        moe_combine_backward(ctx, s.map, {dy2, s.expert_out, s.route.topk_weight, dy.dtype()});
+    const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
+    Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
+    swiglu_backward(ctx, {dh, s.gu, dgu});
+    const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
+    d_topk_weight = cg.d_topk_weight;
+  }
 
   // Router: through the combine weights (and the balance loss), not the selection or the bias.
-  Tensor d_logits =
-      moe_router_backward(ctx, {s.logits, s.route.topk_idx, cg.d_topk_weight, router});
+  Tensor d_logits = moe_router_backward(ctx, {s.logits, s.route.topk_idx, d_topk_weight, router});
   if (seq_aux_alpha > 0.0f)
     moe_seq_balance_loss_backward(ctx, {s.logits, s.route.topk_idx, s.sequences, seq_aux_alpha},
                                   aux_grad_scale, d_logits);  // d_logits +=
@@ -137,7 +157,10 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
                   .a_layout = OperandLayout::kMNMajor,
                   .b_layout = OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
   add_into(ctx, dx, dx_router);
-  if (shared) add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
+  if (shared) {
+    CastScope shared_scope(ctx, "moe.shared");
+    add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
+  }
   return dx.reshape(dy.shape());
 }
 

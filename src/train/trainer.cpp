@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "core/cast_counter.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
 #include "model/describe.h"
@@ -364,9 +365,6 @@ bool stop_requested(const RunOptions& opt) {
 RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
   // Everything that can be wrong is checked before anything is written.
   cfg.validate();
-  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.model.recipe.label(),
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; "
-              "use deepseek");
   std::optional<ResumeTarget> target;
   std::vector<ConfigChange> changes;
   if (!opt.resume_from.empty()) {
@@ -472,6 +470,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
         cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
     SiteProbe probe;
     if (probe_step) run.model->set_probe(&probe);
+    // The casts of the step's forward and backward passes, counted in the ops (host-side counts,
+    // no synchronisation).
+    if (!run.ctx.casts) run.ctx.casts = std::make_shared<CastCounter>();
+    run.ctx.casts->reset();
     std::vector<ModelLosses> micro;
     TokenBatch first;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
@@ -484,6 +486,13 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     StepMetrics sm;
     sm.step = run.step + 1;
     sm.lr = lr;
+    if (const auto passes = static_cast<double>(micro[0].expert_load.size() * micro.size());
+        passes > 0) {
+      const CastCounts c = run.ctx.casts->at("moe.routed");
+      for (int k = 0; k < kCastKindCount; ++k)
+        sm.moe_casts[cast_kind_name(static_cast<CastKind>(k))] =
+            static_cast<double>(c.n[static_cast<size_t>(k)]) / passes;
+    }
     for (const auto& [name, n] : probe.sites())
       sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
     double loss = 0;

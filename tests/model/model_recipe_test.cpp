@@ -132,6 +132,7 @@ const std::vector<Budget>& budgets() {
       {"fp8-tensor-current", "mla", run_mla, &kMla, {0.10, 0.16, 0.14}},
       {"fp8-tensor-current", "dense_mlp", run_mlp, &kMlp, {0.10, 0.14, 0.13}},
       {"fp8-tensor-current", "moe", run_moe, &kMoe, {0.10, 0.14, 0.13}},
+      {"fp8-flow", "moe", run_moe, &kMoe, {0.10, 0.10, 0.10}},
   };
   return b;
 }
@@ -146,11 +147,11 @@ TEST_P(RecipeBudget, AgainstBf16) {
   EXPECT_GT(e.y, 0.0) << "the FP8 recipe ran in BF16?";
 }
 
-INSTANTIATE_TEST_SUITE_P(Blocks, RecipeBudget, ::testing::Range(0, 9));
+INSTANTIATE_TEST_SUITE_P(Blocks, RecipeBudget, ::testing::Range(0, 10));
 
 // The whole model: the loss of each recipe against bf16's, and the global weight gradient.
 TEST(RecipeModel, LossAndGradientsAgainstBf16) {
-  for (const char* recipe : {"deepseek", "fp8-tensor-delayed", "fp8-tensor-current"}) {
+  for (const char* recipe : {"deepseek", "fp8-tensor-delayed", "fp8-tensor-current", "fp8-flow"}) {
     RecipeModel a(recipe), b("bf16");
     ModelBatch batch{Tensor::empty({kB, kT}, DType::kI32), Tensor::empty({kB, kT}, DType::kI32)};
     for (int64_t i = 0; i < kB * kT; ++i) {

@@ -114,7 +114,7 @@ TEST_P(TrainerResume, ResumedRunIsBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, TrainerResume,
-                         ::testing::Values("bf16", "deepseek", "fp8-tensor-delayed"));
+                         ::testing::Values("bf16", "deepseek", "fp8-tensor-delayed", "fp8-flow"));
 
 // optim.fused_prepare (the optimizer writes the next step's GEMM weights) gives the bits of a
 // separate preparation: the same losses and gradient norms, including across a spike rollback
