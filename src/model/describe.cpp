@@ -154,12 +154,14 @@ MemoryEstimate estimate_memory(const ModelConfig& c, const Recipe& r, int64_t to
   const double dense = d * kb(GemmSite::kDenseGateUp) +
                        2 * static_cast<double>(c.intermediate_size) * kb(GemmSite::kDenseDown);
   // MoE: router input and scores, the k dispatched rows, the SwiGLU inputs, the shared expert's,
-  // and the expert outputs the combine backward needs.
+  // and the expert outputs the combine backward needs (fp8-flow: its combine is unweighted, so
+  // only each row's FP32 routing weight, which the fused dSwiGLU reads).
   const double shared = static_cast<double>(c.n_shared_experts);
+  const double combine_saved = r.fp8_flow ? k * 4 : k * d * 2;
   const double moe = d * 2 + static_cast<double>(c.n_routed_experts) * 4 +
                      k * d * storage_bytes(r.moe_dispatch) +
                      k * 2 * mi * kb(GemmSite::kExpertDown) + d * kb(GemmSite::kSharedGateUp) +
-                     shared * 2 * mi * kb(GemmSite::kSharedDown) + k * d * 2;
+                     shared * 2 * mi * kb(GemmSite::kSharedDown) + combine_saved;
   const double per_token = attn * static_cast<double>(attention_layers(c)) +
                            dense * static_cast<double>(c.first_k_dense_replace) +
                            moe * static_cast<double>(moe_layers(c)) +

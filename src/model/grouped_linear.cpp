@@ -1,6 +1,8 @@
 // Grouped Linear: weight preparation, forward and backward (grouped_linear.h has the math).
 #include "model/grouped_linear.h"
 
+#include <memory>
+
 #include "backend/backend.h"
 #include "ops/cast/cast.h"
 #include "ops/grouped_gemm/grouped_gemm.h"
@@ -38,15 +40,38 @@ void add_columnwise(Context& ctx, QuantTensor& q, Fp8Transpose how) {
     scaling_aware_transpose(ctx, q);
     return;
   }
-  const QuantTensor c = quantize(ctx, {.input = dequantize(ctx, q, DType::kF32),
-                                       .format = q.format,
-                                       .granularity = Granularity::k1x128,
-                                       .rounding = q.rounding,
-                                       .output = QuantizeOutput::kColumnwise,
-                                       .scale = Tensor()});
+  const QuantTensor c = quantize(
+      ctx, {.input = dequantize(ctx, q, DType::kF32),
+            .format = q.format,
+            .granularity = Granularity::k1x128,
+            .rounding = how == Fp8Transpose::kRequantizeExact ? ScaleRounding::kExact : q.rounding,
+            .output = QuantizeOutput::kColumnwise,
+            .scale = Tensor()});
   q.columnwise_data = c.columnwise_data;
   q.columnwise_scale_inv = c.columnwise_scale_inv;
   q.columnwise_granularity = c.columnwise_granularity;
+}
+
+// The Wgrad GEMM takes one operand in 1x128 groups along K and the other in 128x128 blocks
+// (DeepSeek-V3's pairing; grouped_gemm.h). When both come from scaling-aware transposes (fp8-flow:
+// dY and X), dY's 128x128 column-wise scales are restated per row: each block's scale repeated for
+// its 128 rows, the same numbers (no data changes, nothing is rounded).
+void columnwise_scales_per_row(Context& ctx, QuantTensor& q) {
+  if (q.columnwise_granularity != Granularity::k128x128) return;
+  const int64_t rows = q.columnwise_data.rows(), kb = q.columnwise_scale_inv.cols();
+  const int64_t rb = ceil_div(rows, kGroup);
+  const Tensor full = Tensor::empty(ctx, {rb * kGroup, kb}, DType::kF32);
+  copy_columns(ctx, {.src = q.columnwise_scale_inv.reshape({rb, kb}),
+                     .src_col = 0,
+                     .dst = full,
+                     .dst_col = 0,
+                     .width = kb,
+                     .repeat = kGroup,
+                     .mode = CopyMode::kBroadcast});
+  // The first `rows` rows of `full`: a prefix of its buffer, which the view keeps alive.
+  q.columnwise_scale_inv = Tensor::wrap(full.data(), {rows, kb}, DType::kF32, ctx.device,
+                                        std::make_shared<Tensor>(full));
+  q.columnwise_granularity = Granularity::k1x128;
 }
 
 void check_prequantized(const QuantTensor& q, GemmSite site, const char* what) {
@@ -254,6 +279,7 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Grou
   QuantTensor qdy = dy.qx;
   check_prequantized(qdy, site, "dY");
   add_columnwise(ctx, qdy, p.recipe.fp8_transpose);
+  columnwise_scales_per_row(ctx, qdy);
   return fp8_block_backward(ctx, qdy, layout, s);
 }
 

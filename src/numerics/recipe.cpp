@@ -128,7 +128,15 @@ const char* storage_name(Storage s) {
 }
 
 const char* fp8_transpose_name(Fp8Transpose t) {
-  return t == Fp8Transpose::kRequantize ? "requantize" : "scaling-aware";
+  switch (t) {
+    case Fp8Transpose::kScalingAware:
+      return "scaling-aware";
+    case Fp8Transpose::kRequantize:
+      return "requantize";
+    case Fp8Transpose::kRequantizeExact:
+      return "requantize-exact";
+  }
+  return "?";
 }
 
 std::vector<std::string> recipe_names() {
@@ -297,9 +305,11 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
   } else if (key == "fp8_flow") {
     r.fp8_flow = parse_choice<bool>(key, value, {{"true", true}, {"false", false}});
   } else if (key == "fp8_transpose") {
-    r.fp8_transpose = parse_choice<Fp8Transpose>(key, value,
-                                                 {{"scaling-aware", Fp8Transpose::kScalingAware},
-                                                  {"requantize", Fp8Transpose::kRequantize}});
+    r.fp8_transpose =
+        parse_choice<Fp8Transpose>(key, value,
+                                   {{"scaling-aware", Fp8Transpose::kScalingAware},
+                                    {"requantize", Fp8Transpose::kRequantize},
+                                    {"requantize-exact", Fp8Transpose::kRequantizeExact}});
   } else if (key == "amax_history_len") {
     r.amax_history_len = parse_int(key, value);
   } else if (key == "amax_reduction") {
@@ -341,8 +351,9 @@ std::string recipe_table(const Recipe& r) {
   }
   os << "o_proj input cached as " << storage_name(r.attn_out_input) << "; MoE dispatch payload "
      << storage_name(r.moe_dispatch) << "; column-wise copies of FP8 tensors by "
-     << (r.fp8_transpose == Fp8Transpose::kRequantize ? "dequantize + requantize"
-                                                      : "the scaling-aware transpose")
+     << (r.fp8_transpose == Fp8Transpose::kScalingAware
+             ? std::string("the scaling-aware transpose")
+             : std::string("dequantize + requantize (") + fp8_transpose_name(r.fp8_transpose) + ")")
      << "\n";
   if (r.fp8_flow)
     os << "FP8-Flow MoE dataflow: every tensor between the dispatch and the combine stays FP8 in "

@@ -75,8 +75,10 @@ enum class Storage : uint8_t {
 // dSwiGLU output).
 enum class Fp8Transpose : uint8_t {
   kScalingAware,  // FP8-Flow-MoE's scaling-aware transpose: exact exponent shifts, no wide copy
-  kRequantize,    // dequantize to FP32, quantize along the other axis (the naive FP8 flow's
-                  // double quantization; kept to measure it, docs/numerics.md)
+  kRequantize,    // dequantize to FP32, quantize along the other axis with the tensor's
+                  // (power-of-2) scale rounding: the double quantization fp8-flow avoids, kept to
+                  // measure it (docs/numerics.md)
+  kRequantizeExact,  // the same with exact (not power-of-2) scales: the naive FP8 flow
 };
 
 // The operands a site's GEMMs quantize.
@@ -159,7 +161,7 @@ Recipe resolve_recipe(const RecipeSpec& spec);
 // One override, `key=value`:
 //   gemm.<site>=bf16|fp8-tensor|fp8-block   e.g. gemm.attn.out=bf16, or gemm.*=bf16 for every site
 //   attn_out_input=bf16|fp8|e5m6   moe_dispatch=bf16|fp8   fp8_flow=true|false
-//   fp8_transpose=scaling-aware|requantize
+//   fp8_transpose=scaling-aware|requantize|requantize-exact
 //   amax_history_len=N   amax_reduction=max|most_recent   margin=N
 // A site switched to fp8-block takes DeepSeek-V3's block settings (E4M3, exact scales); one
 // switched to fp8-tensor takes E4M3/E5M2 with the recipe's tensor_scaling. The router site stays
