@@ -23,9 +23,10 @@ std::vector<Variant> variants() {
       {"bf16", {"bf16", {}}},
       {"deepseek, BF16 dispatch (BF16-centred)", {"deepseek", {"moe_dispatch=bf16"}}},
       {"deepseek", {"deepseek", {}}},
-      {"deepseek, requantize", {"deepseek", {"fp8_transpose=requantize"}}},
+      {"deepseek, requantize (pow2 scales)", {"deepseek", {"fp8_transpose=requantize"}}},
       {"fp8-flow", {"fp8-flow", {}}},
-      {"fp8-flow, requantize", {"fp8-flow", {"fp8_transpose=requantize"}}},
+      {"fp8-flow, requantize (pow2 scales)", {"fp8-flow", {"fp8_transpose=requantize"}}},
+      {"fp8-flow, requantize (exact scales)", {"fp8-flow", {"fp8_transpose=requantize-exact"}}},
   };
 }
 
@@ -97,7 +98,8 @@ Command moe_report_command() {
           "Runs one MoE layer (router, routed experts, a shared expert) forward and backward on "
           "the CPU\nunder bf16, deepseek (with a BF16 dispatch too), fp8-flow, and the requantize "
           "path (column-wise\nWgrad operands by dequantize + quantize instead of the "
-          "scaling-aware transpose), and prints\nas Markdown: the casts per layer and step, "
+          "scaling-aware transpose, with power-of-2 or exact scales), and prints\nas Markdown: "
+          "the casts per layer and step, "
           "counted in the ops; the error of the output y, dX and\ndW against the same layer "
           "recomputed in FP64 from the unquantized inputs (--tokens, default\n256; --seeds, "
           "default 3). --casts-only prints the first table only.\n",
