@@ -59,7 +59,8 @@ TEST_P(SwigluFlowGpu, MatchesCpuBitwise) {
   const auto& [rows, f, dt] = GetParam();
   for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
     const std::string where = "rows " + std::to_string(rows) + " F " + std::to_string(f) + " " +
-                              dtype_name(dt) + " dist " + std::to_string(static_cast<int>(dist));
+                              std::string(dtype_name(dt)) + " dist " +
+                              std::to_string(static_cast<int>(dist));
     const uint64_t seed = 3000 + rows * 7 + f + static_cast<uint64_t>(dist);
     const Tensor gu = random_tensor({rows, 2 * f}, dt, seed, dist);
     const Tensor dh = random_tensor({rows, f}, dt, seed + 1, dist);

@@ -106,7 +106,7 @@ TEST(SwigluFlow, BackwardQuantizeEqualsQuantizeOfBackward) {
           swiglu_backward(cpu(), {dhw, gu, d});
           const QuantTensor want =
               quantize(cpu(), rowwise(d, Fp8Format::kE4M3, ScaleRounding::kPow2));
-          const std::string where = shape_str(shape) + " " + dtype_name(dt) +
+          const std::string where = shape_str(shape) + " " + std::string(dtype_name(dt)) +
                                     (weighted ? " weighted" : "") + " dist " +
                                     std::to_string(static_cast<int>(dist));
           ASSERT_TRUE(same(want, got.d_gate_up)) << where;

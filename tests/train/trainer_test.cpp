@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -110,6 +111,29 @@ TEST_P(TrainerResume, ResumedRunIsBitIdentical) {
   std::string name;
   latest >> name;
   EXPECT_EQ(name, "step_00000006");
+  fs::remove_all(dir);
+}
+
+// metrics.jsonl carries the routed path's casts per MoE layer and forward + backward, as counted
+// in the ops: fp8-flow's two explicit quantizations (x and dy) and deepseek's five.
+TEST(Trainer, MetricsCountTheMoeCasts) {
+  const std::string dir = temp_dir("casts");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  for (const auto& [recipe, quantize, fused] :
+       {std::tuple{"fp8-flow", 2.0, 2.0}, std::tuple{"deepseek", 5.0, 1.0}}) {
+    TrainConfig c = tiny(dir + "/" + recipe, corpus, recipe);
+    apply_set(c, "steps=2");
+    apply_set(c, "grad_accum=2");
+    run_training(c, quiet(dir + "/cache"), log);
+    const std::vector<StepMetrics> m = read_metrics(dir + "/" + recipe + "/metrics.jsonl");
+    ASSERT_EQ(m.size(), 2u);
+    for (const StepMetrics& s : m) {
+      EXPECT_EQ(s.moe_casts.at("quantize"), quantize) << recipe;
+      EXPECT_EQ(s.moe_casts.at("fused_quantize"), fused) << recipe;
+      EXPECT_EQ(s.moe_casts.at("dequantize"), 0.0) << recipe;
+    }
+  }
   fs::remove_all(dir);
 }
 
