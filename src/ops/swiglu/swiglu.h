@@ -53,7 +53,7 @@ struct SwigluQuantizeArgs {
   Fp8Format format = Fp8Format::kE4M3;
   ScaleRounding rounding = ScaleRounding::kPow2;  // DESIGN.md: SwiGLU output with power-of-2 scales
   float epsilon = 0.0f;                           // amax floor, >= 0 (numerics/scale.h)
-  Tensor row_weight;                              // (rows) f32, or undefined (weight 1)
+  Tensor row_weight{};                            // (rows) f32, or undefined (weight 1)
 };
 
 QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args);
@@ -71,9 +71,9 @@ QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args);
 //               partial[l] += partial[l + s]; the result is partial[0]. One rounding per operation.
 // CPU and CUDA agree bit for bit (data, scale_inv, amax, d_row_weight).
 struct SwigluBackwardQuantizeArgs {
-  Tensor dh;          // (rows, F) bf16 or f32: gradient of the forward's (weighted) output
-  Tensor gate_up;     // (rows, 2F) bf16 or f32: the forward's input (saved)
-  Tensor row_weight;  // (rows) f32, or undefined: as given to swiglu_quantize
+  Tensor dh;            // (rows, F) bf16 or f32: gradient of the forward's (weighted) output
+  Tensor gate_up;       // (rows, 2F) bf16 or f32: the forward's input (saved)
+  Tensor row_weight{};  // (rows) f32, or undefined: as given to swiglu_quantize
   Fp8Format format = Fp8Format::kE4M3;
   ScaleRounding rounding =
       ScaleRounding::kPow2;  // pow2: the Wgrad copy is a scaling-aware transpose
