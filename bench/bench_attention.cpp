@@ -48,7 +48,7 @@ void rope_table(Context& ctx, int64_t B, int64_t T, int64_t H, int warmup, int r
   for (const RopeShape& rs : shapes) {
     const Tensor x = random_bf16(ctx, rs.shape, 5);
     for (bool forward : {true, false}) {
-      const RopeArgs a{x, tb, RopePairing::kHalf, rs.offset};
+      const RopeArgs a{.input = x, .table = tb, .pairing = RopePairing::kHalf, .offset = rs.offset};
       const double ms = time_op(
                             ctx, [&] { forward ? rope_forward(ctx, a) : rope_backward(ctx, a); },
                             warmup, runs, flush)
@@ -90,18 +90,22 @@ int run(const std::vector<std::string>& argv) {
   for (const auto& [B, T, H, dqk, dv] : shapes) {
     const Tensor q = random_bf16(ctx, {B, T, H, dqk}, 1), k = random_bf16(ctx, {B, T, H, dqk}, 2);
     const Tensor v = random_bf16(ctx, {B, T, H, dv}, 3), dO = random_bf16(ctx, {B, T, H, dv}, 4);
-    const auto f = attention_forward(ctx, {q, k, v, 0.0f});
-    const double fwd = time_op(
-                           ctx,
-                           [&] {
-                             attention_forward(ctx, {q, k, v, 0.0f});
-                           },
-                           warmup, runs)
-                           .median_ms;
+    const auto f = attention_forward(ctx, {.q = q, .k = k, .v = v, .softmax_scale = 0.0f});
+    const double fwd =
+        time_op(
+            ctx, [&] { attention_forward(ctx, {.q = q, .k = k, .v = v, .softmax_scale = 0.0f}); },
+            warmup, runs)
+            .median_ms;
     const double bwd = time_op(
                            ctx,
                            [&] {
-                             attention_backward(ctx, {q, k, v, f.o, f.lse, dO, 0.0f});
+                             attention_backward(ctx, {.q = q,
+                                                      .k = k,
+                                                      .v = v,
+                                                      .o = f.o,
+                                                      .lse = f.lse,
+                                                      .grad_o = dO,
+                                                      .softmax_scale = 0.0f});
                            },
                            warmup, runs)
                            .median_ms;

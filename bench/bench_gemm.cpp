@@ -70,42 +70,44 @@ std::vector<std::string> dense_row(const Timer& t, int64_t m, int64_t n, int64_t
   const Tensor w = random_host(n, k, 2, DType::kBF16).to(ctx, ctx.device);
   const Tensor dy = random_host(m, n, 3, DType::kBF16).to(ctx, ctx.device);
   Tensor y = Tensor::empty(ctx, {m, n}, DType::kBF16);
-  const double bf16 = t.tflops(m, n, k, [&] { gemm_bf16(ctx, {x, w, y}); });
+  const double bf16 = t.tflops(m, n, k, [&] { gemm_bf16(ctx, {.a = x, .b = w, .d = y}); });
   std::vector<std::string> row = {
       std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k), fmt(bf16, 0)};
   for (Granularity g : {Granularity::kTensor, Granularity::kRow}) {
     const QuantTensor qx = quant(ctx, x, g, QuantizeOutput::kRowwise),
                       qw = quant(ctx, w, g, QuantizeOutput::kRowwise);
-    row.push_back(cell(t.tflops(m, n, k,
-                                [&] {
-                                  gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw), y});
-                                }),
-                       bf16));
+    row.push_back(cell(
+        t.tflops(
+            m, n, k,
+            [&] { gemm_fp8(ctx, {.a = rowwise_operand(qx), .b = rowwise_operand(qw), .d = y}); }),
+        bf16));
   }
   // DeepSeek-V3 blockwise: Fprop, Dgrad, Wgrad.
   const QuantTensor qx = quant(ctx, x, Granularity::k1x128, QuantizeOutput::kBoth);
   const QuantTensor qw = quant(ctx, w, Granularity::k128x128, QuantizeOutput::kBoth);
   const QuantTensor qdy = quant(ctx, dy, Granularity::k1x128, QuantizeOutput::kBoth);
-  row.push_back(cell(t.tflops(m, n, k,
-                              [&] {
-                                gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw), y});
-                              }),
-                     bf16));
-  Tensor dx = Tensor::empty(ctx, {m, k}, DType::kBF16);
-  row.push_back(cell(t.tflops(m, n, k,
-                              [&] {
-                                gemm_fp8(ctx, {rowwise_operand(qdy), columnwise_operand(qw), dx});
-                              }),
-                     bf16));
-  Tensor dw = Tensor::empty(ctx, {n, k}, DType::kF32);
-  ctx.be().memset(dw.data(), 0, dw.nbytes());
   row.push_back(cell(
       t.tflops(
           m, n, k,
-          [&] {
-            gemm_fp8(ctx, {columnwise_operand(qdy), columnwise_operand(qx), dw, Accumulate::kAdd});
-          }),
+          [&] { gemm_fp8(ctx, {.a = rowwise_operand(qx), .b = rowwise_operand(qw), .d = y}); }),
       bf16));
+  Tensor dx = Tensor::empty(ctx, {m, k}, DType::kBF16);
+  row.push_back(cell(
+      t.tflops(m, n, k,
+               [&] {
+                 gemm_fp8(ctx, {.a = rowwise_operand(qdy), .b = columnwise_operand(qw), .d = dx});
+               }),
+      bf16));
+  Tensor dw = Tensor::empty(ctx, {n, k}, DType::kF32);
+  ctx.be().memset(dw.data(), 0, dw.nbytes());
+  row.push_back(cell(t.tflops(m, n, k,
+                              [&] {
+                                gemm_fp8(ctx, {.a = columnwise_operand(qdy),
+                                               .b = columnwise_operand(qx),
+                                               .d = dw,
+                                               .accumulate = Accumulate::kAdd});
+                              }),
+                     bf16));
   return row;
 }
 
@@ -168,37 +170,50 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
     return fmt(g, 0) + " (" + fmt(g / d, 2) + "x)";
   };
   const std::string fp8_fprop = pair(
+      [&] { gemm_fp8(ctx, {.a = rowwise_operand(qx), .b = rowwise_operand(qw1), .d = y}); },
       [&] {
-        gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw1), y});
-      },
-      [&] {
-        grouped_gemm_fp8(ctx, {rowwise_operand(qx), rowwise_operand(qw), sizes_d, y});
+        grouped_gemm_fp8(
+            ctx,
+            {.a = rowwise_operand(qx), .b = rowwise_operand(qw), .group_sizes = sizes_d, .d = y});
       });
   scaling_aware_transpose(ctx, qx);
   const std::string fp8_wgrad = pair(
       [&] {
-        gemm_fp8(ctx,
-                 {columnwise_operand(qdy), columnwise_operand(qx_dense), dw1, Accumulate::kAdd});
+        gemm_fp8(ctx, {.a = columnwise_operand(qdy),
+                       .b = columnwise_operand(qx_dense),
+                       .d = dw1,
+                       .accumulate = Accumulate::kAdd});
       },
       [&] {
-        grouped_wgrad_fp8(
-            ctx, {columnwise_operand(qdy), columnwise_operand(qx), sizes_d, dw3, Accumulate::kAdd});
+        grouped_wgrad_fp8(ctx, {.a = columnwise_operand(qdy),
+                                .b = columnwise_operand(qx),
+                                .group_sizes = sizes_d,
+                                .d = dw3,
+                                .accumulate = Accumulate::kAdd});
       });
-  const std::string bf16_fprop = pair(
-      [&] {
-        gemm_bf16(ctx, {x, w1, y});
-      },
-      [&] {
-        grouped_gemm_bf16(ctx, {x, w.reshape({experts, n, k}), sizes_d, y});
-      });
+  const std::string bf16_fprop =
+      pair([&] { gemm_bf16(ctx, {.a = x, .b = w1, .d = y}); },
+           [&] {
+             grouped_gemm_bf16(
+                 ctx, {.a = x, .b = w.reshape({experts, n, k}), .group_sizes = sizes_d, .d = y});
+           });
   const std::string bf16_wgrad = pair(
       [&] {
-        gemm_bf16(ctx,
-                  {dy, x, dw1, Accumulate::kAdd, OperandLayout::kMNMajor, OperandLayout::kMNMajor});
+        gemm_bf16(ctx, {.a = dy,
+                        .b = x,
+                        .d = dw1,
+                        .accumulate = Accumulate::kAdd,
+                        .a_layout = OperandLayout::kMNMajor,
+                        .b_layout = OperandLayout::kMNMajor});
       },
       [&] {
-        grouped_wgrad_bf16(
-            ctx, {dy, x, sizes_d, dw3, Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+        grouped_wgrad_bf16(ctx, {.a = dy,
+                                 .b = x,
+                                 .group_sizes = sizes_d,
+                                 .d = dw3,
+                                 .accumulate = Accumulate::kAdd,
+                                 .host_sizes = nullptr,
+                                 .layout = OperandLayout::kMNMajor});
       });
   const auto [mn, mx] = std::minmax_element(sizes.begin(), sizes.end());
   return {std::to_string(experts) + (skewed ? " skewed" : " balanced"),

@@ -68,13 +68,12 @@ std::vector<std::vector<std::string>> model_shapes_table(Context& ctx, double co
     const double ms = time_op(
                           ctx,
                           [&] {
-                            quantize(ctx, {x,
-                                           Fp8Format::kE4M3,
-                                           Granularity::k1x128,
-                                           ScaleRounding::kPow2,
-                                           0.0f,
-                                           sh.out,
-                                           {}});
+                            quantize(ctx, {.input = x,
+                                           .format = Fp8Format::kE4M3,
+                                           .granularity = Granularity::k1x128,
+                                           .rounding = ScaleRounding::kPow2,
+                                           .epsilon = 0.0f,
+                                           .output = sh.out});
                           },
                           warmup, runs, flush)
                           .median_ms;
@@ -118,7 +117,14 @@ int run(const std::vector<std::string>& argv) {
     const double s128x1 = scale_bytes(Granularity::k128x1, rows, cols);
     const double s128 = scale_bytes(Granularity::k128x128, rows, cols);
     auto quant = [&](Granularity g, QuantizeOutput o, ScaleRounding r) {
-      return [&ctx, &x, g, o, r] { quantize(ctx, {x, Fp8Format::kE4M3, g, r, 0.0f, o, {}}); };
+      return [&ctx, &x, g, o, r] {
+        quantize(ctx, {.input = x,
+                       .format = Fp8Format::kE4M3,
+                       .granularity = g,
+                       .rounding = r,
+                       .epsilon = 0.0f,
+                       .output = o});
+      };
     };
     const std::vector<Row> rows_out = {
         {"bf16 -> fp8 1x128",
@@ -150,13 +156,12 @@ int run(const std::vector<std::string>& argv) {
     }
 
     // Scaling-aware transpose vs the path it replaces: dequantize to BF16, quantize the transpose.
-    QuantTensor q = quantize(ctx, {x,
-                                   Fp8Format::kE4M3,
-                                   Granularity::k1x128,
-                                   ScaleRounding::kPow2,
-                                   0.0f,
-                                   QuantizeOutput::kRowwise,
-                                   {}});
+    QuantTensor q = quantize(ctx, {.input = x,
+                                   .format = Fp8Format::kE4M3,
+                                   .granularity = Granularity::k1x128,
+                                   .rounding = ScaleRounding::kPow2,
+                                   .epsilon = 0.0f,
+                                   .output = QuantizeOutput::kRowwise});
     const double t_sat = time_op(
                              ctx, [&] { scaling_aware_transpose(ctx, q); }, warmup, runs, flush)
                              .median_ms;
@@ -167,13 +172,12 @@ int run(const std::vector<std::string>& argv) {
     const double t_req = time_op(
                              ctx,
                              [&] {
-                               quantize(ctx, {xd,
-                                              Fp8Format::kE4M3,
-                                              Granularity::k1x128,
-                                              ScaleRounding::kPow2,
-                                              0.0f,
-                                              QuantizeOutput::kColumnwise,
-                                              {}});
+                               quantize(ctx, {.input = xd,
+                                              .format = Fp8Format::kE4M3,
+                                              .granularity = Granularity::k1x128,
+                                              .rounding = ScaleRounding::kPow2,
+                                              .epsilon = 0.0f,
+                                              .output = QuantizeOutput::kColumnwise});
                              },
                              warmup, runs, flush)
                              .median_ms;

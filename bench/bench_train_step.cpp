@@ -75,13 +75,7 @@ int run(const std::vector<std::string>& argv) {
     Model m(ctx, mc, {c.resolved_recipe(), DType::kBF16});
     m.load(ctx, init_parameters(mc, 1));
     m.prepare(ctx);
-    std::vector<train::Param> params;
-    for (Parameter* p : m.parameters())
-      params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
-    std::vector<train::Param*> ptrs;
-    ptrs.reserve(params.size());
-    for (auto& p : params) ptrs.push_back(&p);
-    train::AdamWOptimizer opt(ctx, ptrs, c.adamw());
+    train::AdamWOptimizer opt(ctx, m.parameters(), c.adamw());
     const ModelBatch batch = synthetic_batch(mc, B, T);
     // Host time: how long the host spends in the step call itself (enqueueing kernels, and waiting
     // wherever the step synchronises), against the step's GPU time.
@@ -109,15 +103,9 @@ int run(const std::vector<std::string>& argv) {
         1, runs);
     // optim.fused_prepare: AdamW writes the prepared weights; what is left is prepared after it.
     // optim.fused_prepare (BF16 copies) and fused_prepare_fp8 (also the FP8 blocks).
-    auto fused_timing = [&](bool fp8) {
+    auto fused_timing = [&](OutputCopies copies) {
       m.prepare(ctx);
-      std::map<const void*, WeightOutput> outs;
-      for (const WeightOutput& w : m.weight_outputs(fp8)) outs[w.param->value.data()] = w;
-      for (train::Param& p : params) {
-        const auto it = outs.find(p.master.data());
-        p.bf16_copy = it != outs.end() ? it->second.bf16 : Tensor();
-        p.fp8_copy = it != outs.end() ? it->second.fp8 : BlockQuantOutput{};
-      }
+      opt.set_weight_outputs(ctx, m.weight_outputs(copies));
       return time_op(
           ctx,
           [&] {
@@ -127,7 +115,8 @@ int run(const std::vector<std::string>& argv) {
           },
           1, runs);
     };
-    const Timing fused = fused_timing(false), fused8 = fused_timing(true);
+    const Timing fused = fused_timing(OutputCopies::kBf16Only),
+                 fused8 = fused_timing(OutputCopies::kBf16AndFp8);
     const Tensor x = random_act(ctx, N, mc.hidden_size);
     DecoderLayer::Saved s;
     const Timing dense = time_op(

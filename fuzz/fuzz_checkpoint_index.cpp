@@ -1,5 +1,5 @@
-// The checkpoint index reader (model.safetensors.index.json, model/checkpoint.h) on arbitrary text:
-// parse_checkpoint_index either returns a weight map of plain file names or refuses with
+// The checkpoint index reader (model.safetensors.index.json, io/safetensors_dir.h) on arbitrary
+// text: parse_safetensors_index either returns a weight map of plain file names or refuses with
 // octet::Error. An index that parses is then read as the index of a real sharded checkpoint (a tiny
 // model written once per process) by read_checkpoint, which must load it or refuse it with
 // octet::Error; when it loads, it holds every tensor of the model.
@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "fuzz_util.h"
+#include "io/safetensors_dir.h"
 #include "model/checkpoint.h"
 
 namespace {
@@ -72,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   try {
     for (const auto& [name, file] :
-         octet::parse_checkpoint_index(text, "model.safetensors.index.json"))
+         octet::io::parse_safetensors_index(text, "model.safetensors.index.json"))
       if (file.empty() || file == "." || file == ".." ||
           file.find_first_of(std::string("/\0", 2)) != std::string::npos)
         octet::fuzz::fail("weight_map file '" + file + "' is not a plain file name");

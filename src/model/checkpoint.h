@@ -1,26 +1,20 @@
 // Checkpoints: a model's parameters as a directory the Hugging Face ecosystem and DeepSeek-V3's
 // tooling read as is.
 //
-// Layout (the transformers library's save_pretrained, and DeepSeek-V3's release):
-//   config.json                     model_config_to_json (plus the release's quantization_config
-//                                   when FP8 weights are stored)
-//   model.safetensors               when every tensor fits in one shard, or
-//   model-00001-of-0000N.safetensors + model.safetensors.index.json
-//                                   {"metadata": {"total_size": data bytes},
-//                                    "weight_map": {name: file}}
-// Each shard carries the safetensors metadata {"format": "pt"} that transformers' loader expects.
-// Reading takes the index when present (its total_size is informational and not checked, as in
-// transformers); a directory holding both an index and model.safetensors is rejected as ambiguous.
+// Layout (the transformers library's save_pretrained, and DeepSeek-V3's release): config.json
+// (model_config_to_json, plus the release's quantization_config when FP8 weights are stored) in a
+// sharded safetensors directory as io/safetensors_dir.h writes and reads it (model.safetensors or
+// numbered shards with model.safetensors.index.json).
 //
-// Tensor names and shapes are the transformers library's DeepseekV3 names (expected_tensors). The
-// Multi-Token Prediction modules follow DeepSeek-V3's release: depth d lives at layer index
-// L = num_hidden_layers + d as a full (MoE) decoder layer plus enorm, hnorm, eh_proj,
-// shared_head.norm, shared_head.head and embed_tokens. The release shares embed_tokens and
-// shared_head.head with the main model but stores a copy of each per MTP layer; octet does the
-// same, so that a checkpoint it writes loads in the release's own inference code, vLLM and SGLang
-// (which read these names), and it requires them on reading. The transformers library drops the MTP
-// layers on saving; such a checkpoint reads with a warning (LoadedCheckpoint::warnings) and the
-// caller initialises fresh MTP layers.
+// Tensor names and shapes are the transformers library's DeepseekV3 names (expected_tensors) of the
+// structure model/module_tree.h describes. The Multi-Token Prediction modules follow DeepSeek-V3's
+// release: depth d lives at layer index L = num_hidden_layers + d as a full (MoE) decoder layer
+// plus enorm, hnorm, eh_proj, shared_head.norm, shared_head.head and embed_tokens. The release
+// shares embed_tokens and shared_head.head with the main model but stores a copy of each per MTP
+// layer; octet does the same, so that a checkpoint it writes loads in the release's own inference
+// code, vLLM and SGLang (which read these names), and it requires them on reading. The transformers
+// library drops the MTP layers on saving; such a checkpoint reads with a warning
+// (LoadedCheckpoint::warnings) and the caller initialises fresh MTP layers.
 //
 // Storage formats (CheckpointFormat):
 //   kAsIs  every tensor in the dtype it is given in (F32 or BF16; an FP8 pair passes through).
@@ -33,17 +27,8 @@
 //          block (octet::quantize, E4M3, exact scales, on the CPU); everything else as in kBf16
 //          (the release keeps the embeddings, heads, router gate and eh_proj in BF16).
 //
-// Atomicity: the checkpoint is written into a new staging directory `<dir>.tmp.XXXXXX` (mkdtemp:
-// a fresh name, never an existing file or a link; every file in it via AtomicFile, the index last)
-// and then swapped into place with one renameat2(RENAME_EXCHANGE), after which the old checkpoint
-// (now in the staging name) is deleted. Files in an existing `dir` that are not part of its
-// checkpoint (tokenizer files, README, other .safetensors files, ...) are carried over into the new
-// directory; only the old checkpoint's own files (config.json, the index and the files it names,
-// model.safetensors) and their stale AtomicFile temporaries are left behind. A crash leaves `dir`
-// either wholly old or wholly new, plus possibly a stale `<dir>.tmp.XXXXXX` (safe to delete;
-// readers never look at it). Where RENAME_EXCHANGE is unavailable (old kernels, some network file
-// systems) two renames are used: a crash between them leaves no `dir` but the complete old
-// checkpoint in `<dir>.old.XXXXXX/` and the complete new one in `<dir>.tmp.XXXXXX`.
+// Atomicity: io/safetensors_dir.h's (a staging directory swapped into place; files of an existing
+// directory that are not part of its checkpoint are carried over).
 #pragma once
 
 #include <cstdint>
@@ -56,40 +41,42 @@
 #include "core/quant_tensor.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/module_tree.h"
 
 namespace octet {
 
-// What a parameter is, which decides how each format stores it.
-enum class TensorKind : uint8_t {
-  kLinear,         // Linear weight (out, in): FP8 128x128 in the release form
-  kNorm,           // RMSNorm weight (n)
-  kEmbedding,      // token embedding (V, D)
-  kHead,           // output projection (V, D): BF16 in the release
-  kRouterGate,     // MoE router weight (E, D): BF16 in the release
-  kRouterBias,     // e_score_correction_bias (E): F32 in the release
-  kMtpProjection,  // eh_proj (D, 2D): BF16 in the release
-};
 const char* tensor_kind_name(TensorKind k);
 
+// One tensor of the checkpoint: module_tree()'s ModuleTensor with its DeepSeek-V3 name.
 struct TensorSpec {
   std::string name;  // DeepSeek-V3 / transformers name
   Shape shape;       // row-major; Linear weights (out, in) as PyTorch stores them
   TensorKind kind = TensorKind::kLinear;
   int64_t layer = -1;      // decoder layer index (MTP layers included); -1 outside the layers
   int64_t mtp_depth = -1;  // 0-based MTP depth; -1 for the main model
-  // Where the model holds it when it fuses parameters (model/parameter.h): the fused parameter's
-  // name and shape, and this tensor's first element in it. Empty: held as itself. Dense and
-  // shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of `mlp.gate_up_proj.weight`;
-  // routed expert j's are [2j] / [2j + 1] of `mlp.experts.gate_up_proj` (E, 2F, D), its down_proj
-  // [j] of `mlp.experts.down_proj` (E, D, F).
+  ParamRole role = ParamRole::kEmbedding;  // of the parameter holding it (module_tree.h)
+  // Where the model holds it when it fuses parameters (model/module_tree.h): the fused
+  // parameter's name and shape, and this tensor's first element in it. Empty: held as itself.
+  // Dense and shared-expert gate_proj / up_proj are rows [0, I) / [I, 2I) of
+  // `mlp.gate_up_proj.weight`; routed expert j's are [2j] / [2j + 1] of
+  // `mlp.experts.gate_up_proj` (E, 2F, D), its down_proj [j] of `mlp.experts.down_proj` (E, D, F).
   std::string fused_name;
   int64_t fused_offset = 0;
   Shape fused_shape;
+  // An MTP module's copy of the shared embedding or head: the main model's tensor whose values it
+  // holds (it is no parameter of its own). Empty otherwise.
+  std::string copy_of;
 };
 
-// Every parameter of the model, in a fixed order: embed_tokens, layers 0..N-1, model.norm, lm_head
-// (absent when tie_word_embeddings), then the MTP layers N..N+depth-1.
+// Every tensor of the checkpoint, in module_tree()'s order (embed_tokens, layers 0..N-1,
+// model.norm, lm_head (absent when tie_word_embeddings), then the MTP layers N..N+depth-1), named
+// in DeepSeek-V3's layout.
 std::vector<TensorSpec> expected_tensors(const ModelConfig& c);
+
+// The model's name of the parameter of `role` in `layer` (-1 outside the layers): the checkpoint
+// name of a tensor held as itself, the fused name (e.g. model.layers.3.mlp.experts.gate_up_proj)
+// of a fused one.
+std::string parameter_name(ParamRole role, int64_t layer);
 
 // The name of the FP8 scale tensor of weight `name`: "X.weight" -> "X.weight_scale_inv".
 std::string fp8_scale_name(const std::string& weight_name);
@@ -158,11 +145,5 @@ struct LoadedCheckpoint {
 // extra or misshapen tensor, a weight_map entry whose file is missing or lacks the tensor, a tensor
 // in two shards, a shard tensor the index does not list.
 LoadedCheckpoint read_checkpoint(const std::string& dir, const CheckpointReadOptions& options = {});
-
-// The weight_map (tensor name -> shard file) of the text of a model.safetensors.index.json, which
-// read_checkpoint reads with it. Every file must be a plain name inside the directory and no tensor
-// may be listed twice; errors name `source`.
-std::map<std::string, std::string> parse_checkpoint_index(std::string_view text,
-                                                          const std::string& source);
 
 }  // namespace octet

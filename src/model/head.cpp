@@ -17,11 +17,21 @@ OutputHead::Result OutputHead::run(Context& ctx, const Precision& p, const Tenso
   r.count = Tensor::empty(ctx, {1}, DType::kI32);
   Tensor losses = Tensor::empty(ctx, {rows}, DType::kF32);
   Tensor lse = Tensor::empty(ctx, {rows}, DType::kF32);
-  cross_entropy_forward(ctx, {logits, targets.reshape({rows}), losses, lse, r.count, r.loss});
+  cross_entropy_forward(ctx, {.logits = logits,
+                              .targets = targets.reshape({rows}),
+                              .losses = losses,
+                              .lse = lse,
+                              .count = r.count,
+                              .loss = r.loss});
   if (dloss == nullptr) return r;
 
   // The logits' gradient overwrites the logits: one buffer of (rows, V).
-  cross_entropy_backward(ctx, {logits, targets.reshape({rows}), lse, r.count, *dloss, logits});
+  cross_entropy_backward(ctx, {.logits = logits,
+                               .targets = targets.reshape({rows}),
+                               .lse = lse,
+                               .count = r.count,
+                               .dloss = *dloss,
+                               .dlogits = logits});
   // The head's backward adds its weight gradient (+=) into the shared parameter.
   const Tensor dxn = const_cast<LinearLayer*>(head)->backward(ctx, p, logits, hs);
   r.dx = norm.backward(ctx, dxn, ns).reshape(x.shape());

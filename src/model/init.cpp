@@ -12,18 +12,6 @@
 namespace octet {
 namespace {
 
-const char* const kEmbedName = "model.embed_tokens.weight";
-const char* const kHeadName = "lm_head.weight";
-
-// The parameter whose values `s` holds: itself, or for an MTP module's copy of the shared
-// embedding or head, the main model's tensor.
-std::string source_name(const TensorSpec& s, const ModelConfig& c) {
-  if (s.mtp_depth < 0) return s.name;
-  if (s.kind == TensorKind::kEmbedding) return kEmbedName;
-  if (s.kind == TensorKind::kHead) return c.tie_word_embeddings ? kEmbedName : kHeadName;
-  return s.name;
-}
-
 // nn.Embedding's padding_idx, as transformers' DeepseekV3Model passes config.pad_token_id (a
 // negative index counts from the end, as PyTorch allows).
 std::optional<int64_t> padding_row(const ModelConfig& c) {
@@ -109,16 +97,16 @@ io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed, DType
   io::NamedTensors out;
   out.reserve(specs.size());
   for (const TensorSpec& s : specs) {
-    const std::string source = source_name(s, config);
     Tensor t;
-    if (source != s.name) {
-      const auto it = shared.find(source);
-      OCTET_CHECK(it != shared.end(), "init_parameters: '", s.name, "' copies '", source,
+    if (!s.copy_of.empty()) {  // an MTP module's copy of the shared embedding or head
+      const auto it = shared.find(s.copy_of);
+      OCTET_CHECK(it != shared.end(), "init_parameters: '", s.name, "' copies '", s.copy_of,
                   "', which expected_tensors did not list before it");
       t = copy_of(it->second);
     } else {
       t = init_one(s, config, seed);
-      if (s.name == kEmbedName || s.name == kHeadName) shared.emplace(s.name, t);
+      if (s.role == ParamRole::kEmbedding || s.role == ParamRole::kLmHead)
+        shared.emplace(s.name, t);
     }
     if (dtype == DType::kBF16 && s.kind != TensorKind::kRouterBias) t = to_bf16(t);
     out.emplace_back(s.name, std::move(t));

@@ -59,7 +59,9 @@ QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, Ge
 void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds, int64_t& steps,
                  const Tensor& amax, const GemmRecipe& r, GemmOperand operand) {
   const GemmRecipe::Quantization q = r.quantization(operand);
-  delayed_scaling_update(ctx, ds, amax, steps, st.reduce, {q.format, q.rounding, 0.0f, st.margin});
+  delayed_scaling_update(
+      ctx, ds, amax, steps, st.reduce,
+      {.format = q.format, .rounding = q.rounding, .epsilon = 0.0f, .margin = st.margin});
   ++steps;
 }
 

@@ -20,13 +20,18 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
   } else {
     qf = q.forward(ctx, p, x, s.q);
   }
-  s.q_rot = rope_forward(ctx, {qf.reshape({B, T, H, dqk}), rope_table, pairing, nope});
+  s.q_rot = rope_forward(ctx, {.input = qf.reshape({B, T, H, dqk}),
+                               .table = rope_table,
+                               .pairing = pairing,
+                               .offset = nope});
 
   const Tensor kva = kv_a.forward(ctx, p, x, s.kv_a);  // (N, kv_lora + dr)
   const Tensor c = slice_columns(ctx, kva, 0, kv_lora, kva.dtype());
   const Tensor cn = kv_a_norm.forward(ctx, c, s.kv_a_norm);
-  const Tensor kva_rot =
-      rope_forward(ctx, {kva.reshape({B, T, kv_lora + rope}), rope_table, pairing, kv_lora});
+  const Tensor kva_rot = rope_forward(ctx, {.input = kva.reshape({B, T, kv_lora + rope}),
+                                            .table = rope_table,
+                                            .pairing = pairing,
+                                            .offset = kv_lora});
   const Tensor kv = kv_b.forward(ctx, p, cn, s.kv_b);  // (N, H (dn + dv))
   const Tensor kv_h = kv.reshape({N * H, nope + v_dim});
   Tensor k = Tensor::empty(ctx, {B, T, H, dqk}, x.dtype());
@@ -34,8 +39,13 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
   copy_columns(ctx, {.src = kv_h, .dst = k, .width = nope});
   // The rope key is shared by all heads (MQA-style): row n of kva_rot goes to rows n H .. n H +
   // H-1.
-  copy_columns(
-      ctx, {kva_rot.reshape({N, kv_lora + rope}), kv_lora, k, nope, rope, H, CopyMode::kBroadcast});
+  copy_columns(ctx, {.src = kva_rot.reshape({N, kv_lora + rope}),
+                     .src_col = kv_lora,
+                     .dst = k,
+                     .dst_col = nope,
+                     .width = rope,
+                     .repeat = H,
+                     .mode = CopyMode::kBroadcast});
   copy_columns(ctx, {.src = kv_h, .src_col = nope, .dst = v, .width = v_dim});
 
   AttentionForwardResult att = attention_forward(ctx, {.q = s.q_rot, .k = k, .v = v});
@@ -70,11 +80,16 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
   const Tensor dc = kv_a_norm.backward(ctx, dcn, s.kv_a_norm);
   copy_columns(ctx, {.src = dc, .dst = dkva, .width = kv_lora});
   // RoPE touched only the rope channels; its backward rotates them back and copies the rest.
-  const Tensor dkva_pre =
-      rope_backward(ctx, {dkva.reshape({B, T, kv_lora + rope}), rope_table, pairing, kv_lora});
+  const Tensor dkva_pre = rope_backward(ctx, {.input = dkva.reshape({B, T, kv_lora + rope}),
+                                              .table = rope_table,
+                                              .pairing = pairing,
+                                              .offset = kv_lora});
   Tensor dx = kv_a.backward(ctx, p, dkva_pre.reshape({N, kv_lora + rope}), s.kv_a);
 
-  const Tensor dq = rope_backward(ctx, {g.grad_q, rope_table, pairing, nope}).reshape({N, H * dqk});
+  const Tensor dq =
+      rope_backward(ctx,
+                    {.input = g.grad_q, .table = rope_table, .pairing = pairing, .offset = nope})
+          .reshape({N, H * dqk});
   if (has_q_lora) {
     const Tensor dqan = q_b.backward(ctx, p, dq, s.q_b);
     const Tensor dqa = q_a_norm.backward(ctx, dqan, s.q_a_norm);

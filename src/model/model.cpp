@@ -18,10 +18,6 @@
 namespace octet {
 namespace {
 
-std::string layer_prefix(int64_t i) {
-  return "model.layers." + std::to_string(i) + ".";
-}
-
 CopyKind to_device_kind(const Context& ctx) {
   return ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kHostToDevice;
 }
@@ -89,12 +85,12 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
 
   // Parameters, named and shaped by the checkpoint layout (fused where the model fuses).
   for (const TensorSpec& s : expected_tensors(c)) {
-    if (s.mtp_depth >= 0 && (s.kind == TensorKind::kEmbedding || s.kind == TensorKind::kHead))
-      continue;  // the MTP modules' copies of the shared embedding and head
+    if (!s.copy_of.empty()) continue;  // the MTP modules' copies of the shared embedding and head
     const auto [name, offset, shape] = fused_location(s);
     if (!by_name_.count(name))
-      add(name, shape, shape.size() >= 2 ? WeightDecay::kYes : WeightDecay::kNo,
-          s.kind == TensorKind::kRouterBias ? Trainable::kNo : Trainable::kYes);
+      by_role_[{s.layer, s.role}] =
+          add(name, shape, shape.size() >= 2 ? WeightDecay::kYes : WeightDecay::kNo,
+              s.kind == TensorKind::kRouterBias ? Trainable::kNo : Trainable::kYes);
     slots_[s.name] = {by_name_.at(name), offset, shape_numel(s.shape)};
   }
   for (auto& p : params_) {
@@ -103,24 +99,24 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
     p->grad = zeros(ctx, shape, DType::kF32);
   }
 
-  embed_ = by_name_.at("model.embed_tokens.weight");
+  embed_ = param(-1, ParamRole::kEmbedding);
   head_proj_.site = GemmSite::kHead;
-  head_proj_.param = c.tie_word_embeddings ? embed_ : by_name_.at("lm_head.weight");
-  head_.norm = {by_name_.at("model.norm.weight"), static_cast<float>(c.rms_norm_eps)};
+  head_proj_.param = c.tie_word_embeddings ? embed_ : param(-1, ParamRole::kLmHead);
+  head_.norm = {param(-1, ParamRole::kFinalNorm), static_cast<float>(c.rms_norm_eps)};
   head_.head = &head_proj_;
   layers_.resize(static_cast<size_t>(L));
   mtp_.resize(static_cast<size_t>(K));
   for (int64_t i = 0; i < L; ++i) build_layer(layers_[i], i);
   for (int64_t k = 0; k < K; ++k) {
     MtpModule& m = mtp_[k];
-    const std::string p = layer_prefix(L + k);
+    const int64_t layer = L + k;
     const auto eps = static_cast<float>(c.rms_norm_eps);
-    m.enorm = {by_name_.at(p + "enorm.weight"), eps};
-    m.hnorm = {by_name_.at(p + "hnorm.weight"), eps};
+    m.enorm = {param(layer, ParamRole::kMtpENorm), eps};
+    m.hnorm = {param(layer, ParamRole::kMtpHNorm), eps};
     m.eh_proj.site = GemmSite::kMtpProj;
-    m.eh_proj.param = by_name_.at(p + "eh_proj.weight");
-    build_layer(m.layer, L + k);
-    m.head.norm = {by_name_.at(p + "shared_head.norm.weight"), eps};
+    m.eh_proj.param = param(layer, ParamRole::kMtpEhProj);
+    build_layer(m.layer, layer);
+    m.head.norm = {param(layer, ParamRole::kMtpHeadNorm), eps};
     m.head.head = &head_proj_;
   }
   for (auto& l : layers_)
@@ -131,17 +127,23 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   set_precision(ctx, precision_);
 }
 
+Parameter* Model::param(int64_t layer, ParamRole role) const {
+  const auto it = by_role_.find({layer, role});
+  OCTET_CHECK(it != by_role_.end(), "model: layer ", layer, " has no parameter of role ",
+              static_cast<int>(role));
+  return it->second;
+}
+
 void Model::build_layer(DecoderLayer& l, int64_t index) {
   const ModelConfig& c = config_;
-  const std::string p = layer_prefix(index);
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  auto param = [&](const std::string& n) { return by_name_.at(p + n); };
-  auto linear = [&](LinearLayer& ll, GemmSite site, const std::string& n) {
+  auto param = [&](ParamRole role) { return this->param(index, role); };
+  auto linear = [&](LinearLayer& ll, GemmSite site, ParamRole role) {
     ll.site = site;
-    ll.param = param(n);
+    ll.param = param(role);
   };
-  l.input_norm = {param("input_layernorm.weight"), eps};
-  l.post_norm = {param("post_attention_layernorm.weight"), eps};
+  l.input_norm = {param(ParamRole::kInputNorm), eps};
+  l.post_norm = {param(ParamRole::kPostNorm), eps};
   MlaLayer& a = l.attn;
   a.heads = c.num_attention_heads;
   a.nope = c.qk_nope_head_dim;
@@ -151,20 +153,20 @@ void Model::build_layer(DecoderLayer& l, int64_t index) {
   a.has_q_lora = c.q_lora_rank.has_value();
   a.pairing = c.rope_interleave ? RopePairing::kInterleave : RopePairing::kHalf;
   if (a.has_q_lora) {
-    linear(a.q_a, GemmSite::kAttnQDown, "self_attn.q_a_proj.weight");
-    a.q_a_norm = {param("self_attn.q_a_layernorm.weight"), eps};
-    linear(a.q_b, GemmSite::kAttnQUp, "self_attn.q_b_proj.weight");
+    linear(a.q_a, GemmSite::kAttnQDown, ParamRole::kQAProj);
+    a.q_a_norm = {param(ParamRole::kQANorm), eps};
+    linear(a.q_b, GemmSite::kAttnQUp, ParamRole::kQBProj);
   } else {
-    linear(a.q, GemmSite::kAttnQDown, "self_attn.q_proj.weight");
+    linear(a.q, GemmSite::kAttnQDown, ParamRole::kQProj);
   }
-  linear(a.kv_a, GemmSite::kAttnKvDown, "self_attn.kv_a_proj_with_mqa.weight");
-  a.kv_a_norm = {param("self_attn.kv_a_layernorm.weight"), eps};
-  linear(a.kv_b, GemmSite::kAttnKvUp, "self_attn.kv_b_proj.weight");
-  linear(a.o, GemmSite::kAttnOut, "self_attn.o_proj.weight");
+  linear(a.kv_a, GemmSite::kAttnKvDown, ParamRole::kKvAProj);
+  a.kv_a_norm = {param(ParamRole::kKvANorm), eps};
+  linear(a.kv_b, GemmSite::kAttnKvUp, ParamRole::kKvBProj);
+  linear(a.o, GemmSite::kAttnOut, ParamRole::kOProj);
   if (!c.is_moe_layer(index)) {
     l.mlp.emplace();
-    linear(l.mlp->gate_up, GemmSite::kDenseGateUp, "mlp.gate_up_proj.weight");
-    linear(l.mlp->down, GemmSite::kDenseDown, "mlp.down_proj.weight");
+    linear(l.mlp->gate_up, GemmSite::kDenseGateUp, ParamRole::kMlpGateUp);
+    linear(l.mlp->down, GemmSite::kDenseDown, ParamRole::kMlpDown);
     return;
   }
   MoeLayer& m = l.moe.emplace();
@@ -176,16 +178,16 @@ void Model::build_layer(DecoderLayer& l, int64_t index) {
   m.router.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   m.router.validate();
   m.seq_aux_alpha = static_cast<float>(c.seq_aux_loss_alpha);
-  m.gate = param("mlp.gate.weight");
-  m.bias = param("mlp.gate.e_score_correction_bias");
+  m.gate = param(ParamRole::kRouterGate);
+  m.bias = param(ParamRole::kRouterBias);
   m.gate_up.site = GemmSite::kExpertGateUp;
-  m.gate_up.param = param("mlp.experts.gate_up_proj");
+  m.gate_up.param = param(ParamRole::kExpertsGateUp);
   m.down.site = GemmSite::kExpertDown;
-  m.down.param = param("mlp.experts.down_proj");
+  m.down.param = param(ParamRole::kExpertsDown);
   if (c.n_shared_experts > 0) {
     m.shared.emplace();
-    linear(m.shared->gate_up, GemmSite::kSharedGateUp, "mlp.shared_experts.gate_up_proj.weight");
-    linear(m.shared->down, GemmSite::kSharedDown, "mlp.shared_experts.down_proj.weight");
+    linear(m.shared->gate_up, GemmSite::kSharedGateUp, ParamRole::kSharedGateUp);
+    linear(m.shared->down, GemmSite::kSharedDown, ParamRole::kSharedDown);
   }
 }
 
@@ -235,9 +237,7 @@ io::NamedTensors Model::export_tensors(Context& ctx) const {
   const CopyKind kind =
       ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToHost;
   for (const TensorSpec& s : expected_tensors(config_)) {
-    std::string source = s.name;
-    if (s.mtp_depth >= 0 && s.kind == TensorKind::kEmbedding) source = embed_->name;
-    if (s.mtp_depth >= 0 && s.kind == TensorKind::kHead) source = head_proj_.param->name;
+    const std::string& source = s.copy_of.empty() ? s.name : s.copy_of;
     const Slot slot = slots_.count(source) ? slots_.at(source)
                                            : Slot{by_name_.at(source), 0, shape_numel(s.shape)};
     Tensor t = Tensor::empty(s.shape, DType::kF32);
@@ -285,14 +285,14 @@ void Model::visit_linears(const std::function<void(LinearLayer&)>& linear,
   }
 }
 
-std::vector<WeightOutput> Model::weight_outputs(bool fp8) {
+std::vector<WeightOutput> Model::weight_outputs(OutputCopies copies) {
   std::vector<WeightOutput> out;
   std::set<const Parameter*> taken;
   auto add = [&](auto& layer) {
     WeightOutput w;
     layer.fused = false;
     if (layer.param == nullptr || taken.count(layer.param) || !layer.weight_output(w) ||
-        (!fp8 && w.fp8.data.data() != nullptr))
+        (copies == OutputCopies::kBf16Only && w.fp8.data.data() != nullptr))
       return;
     taken.insert(layer.param);
     layer.fused = true;
@@ -341,7 +341,7 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
 
   auto embed = [&](const Tensor& ids) {
     Tensor h = Tensor::empty(ctx, {N, D}, p.act);
-    embedding_forward(ctx, {ids, embed_->value, h});
+    embedding_forward(ctx, {.ids = ids, .table = embed_->value, .out = h});
     return h;
   };
   const Tensor ids = upload(ctx, batch.inputs), targets = upload(ctx, batch.targets);
@@ -391,13 +391,15 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
     Tensor dh = mtp_dh[k];
     if (carry.defined() && carry.numel() > 0) add_into(ctx, dh, carry);
     const MtpModule::Grads g = mtp_[k].backward(ctx, p, rope_, dh, mtp_saved[k]);
-    embedding_backward(ctx, {mtp_ids[k], g.d_emb, embed_->grad});  // += (shared embedding)
+    embedding_backward(
+        ctx,
+        {.ids = mtp_ids[k], .dout = g.d_emb, .dtable = embed_->grad});  // += (shared embedding)
     carry = g.d_h_prev;
   }
   Tensor dh = main.dx;
   if (K > 0) add_into(ctx, dh, carry);
   for (size_t l = layers_.size(); l-- > 0;) dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
-  embedding_backward(ctx, {ids, dh, embed_->grad});  // +=
+  embedding_backward(ctx, {.ids = ids, .dout = dh, .dtable = embed_->grad});  // +=
   return out;
 }
 
@@ -434,7 +436,8 @@ void Model::update_router_bias(Context& ctx, const std::vector<ModelLosses>& mic
       }
       counts = sum.to(ctx, ctx.device);
     }
-    moe_router_bias_update(ctx, {moe_layers_[m]->bias->value, counts, rate});
+    moe_router_bias_update(ctx,
+                           {.bias = moe_layers_[m]->bias->value, .counts = counts, .rate = rate});
   }
 }
 

@@ -83,8 +83,8 @@ class Model {
   // After a full prepare(): where the optimizer can write the next step's prepared weights in its
   // update pass (a parameter at most once), marking those layers fused so that
   // prepare(kNotFused) skips them. Valid until the next full prepare().
-  // With fp8 false, only the BF16 copies (the FP8 block weights stay with prepare()).
-  std::vector<WeightOutput> weight_outputs(bool fp8 = true);
+  // With kBf16Only, only the BF16 copies (the FP8 block weights stay with prepare()).
+  std::vector<WeightOutput> weight_outputs(OutputCopies copies = OutputCopies::kBf16AndFp8);
   void zero_grad(Context& ctx);
 
   // One micro-batch. kForwardBackward adds every gradient (+=), the loss scaled by grad_scale
@@ -114,6 +114,7 @@ class Model {
   Parameter* add(const std::string& name, const Shape& shape, WeightDecay decay,
                  Trainable trainable = Trainable::kYes);
   void build_layer(DecoderLayer& layer, int64_t index);
+  Parameter* param(int64_t layer, ParamRole role) const;
   Tensor device_scalar(Context& ctx, float v);
   // Every Linear and grouped Linear of the model, in preparation order.
   void visit_linears(const std::function<void(LinearLayer&)>& linear,
@@ -126,6 +127,9 @@ class Model {
   Precision precision_;
   std::vector<std::unique_ptr<Parameter>> params_;
   std::map<std::string, Parameter*> by_name_;
+  // (layer, role) -> parameter (module_tree.h; layer -1 outside the layers): how blocks find
+  // their parameters.
+  std::map<std::pair<int64_t, ParamRole>, Parameter*> by_role_;
   // Checkpoint tensor -> (parameter, first element): fused and stacked weights hold several.
   struct Slot {
     Parameter* param;

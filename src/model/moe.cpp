@@ -66,14 +66,18 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   gemm_bf16(
       ctx,
       {.a = x.reshape({T, D}), .b = gate_w_, .d = s.logits, .accumulate = Accumulate::kOverwrite});
-  s.route = moe_router_forward(ctx, {s.logits, bias->value, router});
+  s.route = moe_router_forward(ctx, {.logits = s.logits, .bias = bias->value, .config = router});
   if (seq_aux_alpha > 0.0f)
-    s.aux_loss =
-        moe_seq_balance_loss_forward(ctx, {s.logits, s.route.topk_idx, sequences, seq_aux_alpha});
+    s.aux_loss = moe_seq_balance_loss_forward(ctx, {.logits = s.logits,
+                                                    .topk_idx = s.route.topk_idx,
+                                                    .num_sequences = sequences,
+                                                    .alpha = seq_aux_alpha});
 
   // Dispatch. FP8 Wgrad of the experts needs each expert's rows to start at a multiple of 128.
   s.map = moe_permute_map(
-      ctx, {s.route.topk_idx, E, fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
+      ctx, {.topk_idx = s.route.topk_idx,
+            .num_experts = E,
+            .padding = fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
   s.layout.sizes = s.map.group_sizes;
   // DeepSeek-V3's dataflow (FP8 dispatch, blockwise expert GEMMs, SwiGLU quantized for the down
   // projection, Wgrad operands from the scaling-aware transpose) and the BF16 experts run their six
@@ -111,10 +115,12 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
     h.qx = swiglu_quantize(ctx, {.gate_up = s.gu, .format = hq.format, .rounding = hq.rounding});
   } else {
     h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
-    swiglu_forward(ctx, {s.gu, h.x});
+    swiglu_forward(ctx, {.gate_up = s.gu, .h = h.x});
   }
   s.expert_out = down.forward(ctx, p, h, s.layout, s.down);  // (R, D)
-  Tensor y = moe_combine(ctx, s.map, {s.expert_out, s.route.topk_weight, x.dtype()});
+  Tensor y = moe_combine(
+      ctx, s.map,
+      {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
   if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
   return y.reshape(x.shape());
 }
@@ -127,20 +133,30 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   if (p.recipe.fp8_flow) {
     std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
-    const CombineGrads cg =
-        moe_combine_backward(ctx, s.map, {dy2, s.expert_out, s.route.topk_weight, dy.dtype()});
+    const CombineGrads cg = moe_combine_backward(ctx, s.map,
+                                                 {.d_out = dy2,
+                                                  .expert_out = s.expert_out,
+                                                  .topk_weight = s.route.topk_weight,
+                                                  .d_expert_out_dtype = dy.dtype()});
     const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
     Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
-    swiglu_backward(ctx, {dh, s.gu, dgu});
+    swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
     const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
     dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
     d_topk_weight = cg.d_topk_weight;
   }
 
   // Router: through the combine weights (and the balance loss), not the selection or the bias.
-  Tensor d_logits = moe_router_backward(ctx, {s.logits, s.route.topk_idx, d_topk_weight, router});
+  Tensor d_logits = moe_router_backward(ctx, {.logits = s.logits,
+                                              .topk_idx = s.route.topk_idx,
+                                              .d_topk_weight = d_topk_weight,
+                                              .config = router});
   if (seq_aux_alpha > 0.0f)
-    moe_seq_balance_loss_backward(ctx, {s.logits, s.route.topk_idx, s.sequences, seq_aux_alpha},
+    moe_seq_balance_loss_backward(ctx,
+                                  {.logits = s.logits,
+                                   .topk_idx = s.route.topk_idx,
+                                   .num_sequences = s.sequences,
+                                   .alpha = seq_aux_alpha},
                                   aux_grad_scale, d_logits);  // d_logits +=
   const Tensor dl = cast(ctx, d_logits, dy.dtype());
   Tensor dx_router = Tensor::empty(ctx, {T, D}, dy.dtype());

@@ -7,7 +7,8 @@
 //   ...mlp.shared_experts.gate_up_proj.weight  likewise
 //   ...mlp.experts.gate_up_proj              (E, 2F, D)  expert j's gate_proj and up_proj
 //   ...mlp.experts.down_proj                 (E, D, F)
-// model/model.cpp converts to and from the per-expert, unfused checkpoint names.
+// Which checkpoint tensors a fused parameter holds, and where, is the module tree's
+// (model/module_tree.h); model/model.cpp converts to and from the unfused checkpoint names by it.
 #pragma once
 
 #include <string>
@@ -51,6 +52,10 @@ struct WeightOutput {
   Tensor bf16;           // the BF16 copy, the parameter's element count; or undefined
   BlockQuantOutput fp8;  // the 128x128 FP8 blocks (fp8.data defined); or undefined
 };
+
+// Which prepared copies the optimizer may write (Model::weight_outputs): the BF16 ones only, or the
+// FP8 128x128 blocks too (optim.fused_prepare_fp8).
+enum class OutputCopies : uint8_t { kBf16Only, kBf16AndFp8 };
 
 // What a preparation covers: everything, or what no WeightOutput handed to the optimizer covers.
 enum class PrepareScope : uint8_t { kAll, kNotFused };

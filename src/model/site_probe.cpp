@@ -31,7 +31,7 @@ void SiteProbe::record(Context& ctx, GemmSite site, GemmOperand operand, const T
   if (!r.is_fp8()) return;
   const GemmRecipe::Quantization q = r.quantization(operand);
   const Fp8Format format = q.format;
-  const ScaleRule rule{format, q.rounding, 0.0f, 0};
+  const ScaleRule rule{.format = format, .rounding = q.rounding, .epsilon = 0.0f, .margin = 0};
   // Clamped rather than rounded: beyond the largest value by more than half its ulp (E4M3 464,
   // E5M2 61440). Group maxima with exact scales land a rounding error above fmax and round to it.
   const int man_bits = format == Fp8Format::kE4M3 ? 3 : 2;

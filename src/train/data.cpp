@@ -20,6 +20,7 @@
 #include "io/atomic_file.h"
 #include "io/megatron_dataset.h"
 #include "io/token_shard.h"
+#include "train/token_shard_writer.h"
 
 namespace octet::train {
 
@@ -163,45 +164,24 @@ size_t validation_cut(std::string_view text, const std::vector<Range>& docs, dou
   return p;
 }
 
-// Accumulates tokens and writes numbered shards of shard_tokens each (the last may be shorter).
+// The text's shards: each non-blank document, byte tokens after an end-of-text token.
 class ShardWriter {
  public:
   ShardWriter(std::string dir, std::string prefix, int64_t shard_tokens)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens) {}
+      : shards_(std::move(dir), std::move(prefix), shard_tokens) {}
 
   void add_document(std::string_view text) {
     if (is_blank(text)) return;
-    buffer_.push_back(static_cast<uint16_t>(kEndOfText));
-    append_byte_tokens(text, buffer_);
-    while (static_cast<int64_t>(buffer_.size()) >= shard_tokens_) {
-      write({buffer_.data(), static_cast<size_t>(shard_tokens_)});
-      buffer_.erase(buffer_.begin(), buffer_.begin() + shard_tokens_);
-    }
+    const std::vector<uint16_t> doc = encode_bytes(text);
+    shards_.add_document(static_cast<uint16_t>(kEndOfText), doc);
   }
-  void finish() {
-    if (!buffer_.empty()) write(buffer_);
-    buffer_.clear();
-  }
-  const std::vector<std::string>& files() const { return files_; }
-  const std::vector<int64_t>& counts() const { return counts_; }
-  int64_t total() const { return total_; }
+  void finish() { shards_.finish(); }
+  const std::vector<std::string>& files() const { return shards_.files(); }
+  int64_t total() const { return shards_.tokens(); }
+  nlohmann::ordered_json list() const { return shards_.list(); }
 
  private:
-  void write(std::span<const uint16_t> tokens) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "%s_%06zu.bin", prefix_.c_str(), files_.size());
-    io::write_token_shard((fs::path(dir_) / name).string(), tokens);
-    files_.emplace_back(name);
-    counts_.push_back(static_cast<int64_t>(tokens.size()));
-    total_ += static_cast<int64_t>(tokens.size());
-  }
-
-  std::string dir_, prefix_;
-  int64_t shard_tokens_;
-  std::vector<uint16_t> buffer_;
-  std::vector<std::string> files_;
-  std::vector<int64_t> counts_;
-  int64_t total_ = 0;
+  TokenShardWriter<uint16_t> shards_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -239,14 +219,6 @@ Json manifest_inputs(const PrepareTextArgs& args) {
               {"val_fraction", args.val_fraction},
               {"shard_tokens", args.shard_tokens},
               {"sources", sources}};
-}
-
-Json shard_list(const ShardWriter& w) {
-  Json out = Json::array();
-  for (size_t i = 0; i < w.files().size(); ++i) {
-    out.push_back({{"file", w.files()[i]}, {"tokens", w.counts()[i]}});
-  }
-  return out;
 }
 
 // The earlier preparation in out_dir when its manifest matches `inputs` and its shards are
@@ -343,7 +315,7 @@ PreparedText prepare_text_shards(const PrepareTextArgs& args) {
   OCTET_CHECK(train.total() > 0, "prepare_text_shards: the text files (", args.corpus.files[0],
               ", ...) hold no training text");
 
-  Json manifest = {{"inputs", inputs}, {"train", shard_list(train)}, {"val", shard_list(val)}};
+  Json manifest = {{"inputs", inputs}, {"train", train.list()}, {"val", val.list()}};
   io::write_text_file_atomic((fs::path(args.out_dir) / kManifestName).string(),
                              manifest.dump(2) + "\n");
   PreparedText p;

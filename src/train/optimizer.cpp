@@ -10,7 +10,7 @@
 namespace octet::train {
 namespace {
 
-void check_param_tensor(const Tensor& t, const Param& p, const char* what, DType dtype,
+void check_param_tensor(const Tensor& t, const Parameter& p, const char* what, DType dtype,
                         Device device, int64_t numel) {
   OCTET_CHECK(t.data() != nullptr || t.numel() == 0, "optimizer: parameter ", p.name, ": ", what,
               " has no storage");
@@ -49,35 +49,51 @@ void AdamWConfig::validate() const {
               grad_clip);
 }
 
-AdamWOptimizer::AdamWOptimizer(Context& ctx, std::vector<Param*> params, const AdamWConfig& config)
+AdamWOptimizer::AdamWOptimizer(Context& ctx, std::vector<Parameter*> params,
+                               const AdamWConfig& config)
     : params_(std::move(params)), config_(config) {
   config_.validate();
   std::set<std::string> names;
   moments_.resize(params_.size());
+  outputs_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     OCTET_CHECK(params_[i] != nullptr, "optimizer: params[", i, "] is null");
-    const Param& p = *params_[i];
+    const Parameter& p = *params_[i];
     OCTET_CHECK(!p.name.empty(), "optimizer: params[", i, "] has an empty name");
     OCTET_CHECK(names.insert(p.name).second, "optimizer: parameter name ", p.name,
                 " appears twice");
-    const int64_t n = p.master.numel();
-    check_param_tensor(p.master, p, "master", DType::kF32, ctx.device, n);
+    const int64_t n = p.value.numel();
+    check_param_tensor(p.value, p, "master", DType::kF32, ctx.device, n);
     if (!p.trainable) continue;
     check_param_tensor(p.grad, p, "grad", DType::kF32, ctx.device, n);
-    OCTET_CHECK(p.grad.shape() == p.master.shape(), "optimizer: parameter ", p.name,
-                ": grad shape ", shape_str(p.grad.shape()), " differs from master shape ",
-                shape_str(p.master.shape()));
-    if (p.bf16_copy.data())
-      check_param_tensor(p.bf16_copy, p, "bf16_copy", DType::kBF16, ctx.device, n);
-    moments_[i].exp_avg = zeros(ctx, p.master.shape(), DType::kBF16);
-    moments_[i].exp_avg_sq = zeros(ctx, p.master.shape(), DType::kBF16);
+    OCTET_CHECK(p.grad.shape() == p.value.shape(), "optimizer: parameter ", p.name, ": grad shape ",
+                shape_str(p.grad.shape()), " differs from master shape ",
+                shape_str(p.value.shape()));
+    moments_[i].exp_avg = zeros(ctx, p.value.shape(), DType::kBF16);
+    moments_[i].exp_avg_sq = zeros(ctx, p.value.shape(), DType::kBF16);
   }
+}
+
+void AdamWOptimizer::set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs) {
+  std::map<const Parameter*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i]] = i;
+  std::vector<Outputs> next(params_.size());
+  for (const WeightOutput& w : outputs) {
+    const auto it = index.find(w.param);
+    OCTET_CHECK(it != index.end(), "optimizer: a weight output's parameter ",
+                w.param ? w.param->name : std::string("(null)"), " is not one of the optimizer's");
+    const Parameter& p = *w.param;
+    if (w.bf16.data())
+      check_param_tensor(w.bf16, p, "bf16 copy", DType::kBF16, ctx.device, p.value.numel());
+    next[it->second] = {w.bf16, w.fp8};
+  }
+  outputs_ = std::move(next);
 }
 
 StepResult AdamWOptimizer::step(Context& ctx, float lr) {
   if (pending_) finish_step(ctx);
   std::vector<Tensor> grads;
-  for (const Param* p : params_)
+  for (const Parameter* p : params_)
     if (p->trainable) grads.push_back(p->grad);
   StepResult r;
   r.grad_norm = global_grad_norm(ctx, grads);
@@ -86,14 +102,14 @@ StepResult AdamWOptimizer::step(Context& ctx, float lr) {
   r.skipped = nonfinite_flag(ctx, {r.grad_norm});
   r.step = steps_taken_ + 1;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Param& p = *params_[i];
+    const Parameter& p = *params_[i];
     if (!p.trainable) continue;
     AdamWArgs a;
-    a.param = p.master;
+    a.param = p.value;
     a.grad = p.grad;
     a.exp_avg = moments_[i].exp_avg;
     a.exp_avg_sq = moments_[i].exp_avg_sq;
-    a.param_bf16 = p.bf16_copy;
+    a.param_bf16 = outputs_[i].bf16;
     a.grad_scale = r.clip_coef;
     a.found_inf = r.skipped;
     a.lr = lr;
@@ -102,8 +118,8 @@ StepResult AdamWOptimizer::step(Context& ctx, float lr) {
     a.eps = config_.eps;
     a.weight_decay = p.weight_decay ? config_.weight_decay : 0.0f;
     a.step = r.step;
-    if (p.fp8_copy.data.data() != nullptr)
-      adamw_step_block_quantize(ctx, a, p.fp8_copy);
+    if (outputs_[i].fp8.data.data() != nullptr)
+      adamw_step_block_quantize(ctx, a, outputs_[i].fp8);
     else
       adamw_step(ctx, a);
   }
@@ -127,7 +143,7 @@ StepStats AdamWOptimizer::finish_step(Context& ctx) {
 }
 
 void AdamWOptimizer::zero_grad(Context& ctx) {
-  for (const Param* p : params_)
+  for (const Parameter* p : params_)
     if (p->grad.data() && p->grad.nbytes()) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
 }
 
@@ -168,12 +184,12 @@ void AdamWOptimizer::load_state_dict(Context& ctx, const io::NamedTensors& state
   // Check everything before changing anything, so a bad file leaves the optimizer as it was.
   std::vector<std::pair<Tensor*, const Tensor*>> copies;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Param& p = *params_[i];
+    const Parameter& p = *params_[i];
     if (!p.trainable) continue;
     copies.emplace_back(&moments_[i].exp_avg,
-                        &take(p.name + ".exp_avg", DType::kBF16, p.master.shape()));
+                        &take(p.name + ".exp_avg", DType::kBF16, p.value.shape()));
     copies.emplace_back(&moments_[i].exp_avg_sq,
-                        &take(p.name + ".exp_avg_sq", DType::kBF16, p.master.shape()));
+                        &take(p.name + ".exp_avg_sq", DType::kBF16, p.value.shape()));
   }
   const int64_t steps = take(kStepTensorName, DType::kI64, {1}).data_as<int64_t>()[0];
   OCTET_CHECK(steps >= 0, "optimizer state: tensor ", kStepTensorName, " must be >= 0, got ",

@@ -7,7 +7,7 @@
 //   coef  = min(1, grad_clip / (norm + 1e-6))                          (torch's clip_grad_norm_)
 //   flag  = nonfinite_flag(norm)
 //   adamw_step per trainable parameter, grad_scale = coef, found_inf = flag, weight decay only
-//   where Param::weight_decay
+//   where Parameter::weight_decay
 // The flag is taken from the norm, not from a second pass over the gradients: any NaN or inf
 // element makes the sum of squares NaN or inf, and so does a sum that overflows FP32; either way
 // the step changes nothing (parameters, moments).
@@ -24,21 +24,10 @@
 
 #include "core/context.h"
 #include "io/safetensors.h"
+#include "model/parameter.h"
 #include "ops/adamw/adamw.h"
 
 namespace octet::train {
-
-// One parameter as the model exposes it to the optimizer. The optimizer keeps the pointer: the
-// Param must outlive it, and its tensors must keep their buffers (the update is in place).
-struct Param {
-  std::string name;           // DeepSeek-V3 / transformers name; names the optimizer state
-  Tensor master;              // any shape, f32, on the context's device: updated in place
-  Tensor grad;                // same shape, f32: read by step(), zeroed by zero_grad()
-  bool weight_decay = true;   // false for norms, biases and the router bias
-  bool trainable = true;      // false: skipped (e_score_correction_bias moves by its own rule)
-  Tensor bf16_copy;           // optional, same element count, bf16: receives the updated weights
-  BlockQuantOutput fp8_copy;  // optional (data defined): the updated weights in 128x128 FP8 blocks
-};
 
 struct AdamWConfig {
   float lr = 1e-3f;  // the default rate; step() takes the scheduled one
@@ -69,9 +58,21 @@ struct StepStats {
 
 class AdamWOptimizer {
  public:
+  // The model's parameters (model/parameter.h), as they are: the name names the optimizer state,
+  // `value` (f32 master, on the context's device) is updated in place, `grad` (value's shape, f32)
+  // is read by step() and zeroed by zero_grad(); weight decay only where `weight_decay`; a
+  // parameter that is not `trainable` is skipped. The optimizer keeps the pointers: the
+  // parameters must outlive it and their tensors keep their buffers.
   // Allocates zeroed BF16 moments on the context's device for every trainable parameter. Checks
   // the parameters (names unique and non-empty, dtypes, shapes, devices), naming the parameter.
-  AdamWOptimizer(Context& ctx, std::vector<Param*> params, const AdamWConfig& config);
+  AdamWOptimizer(Context& ctx, std::vector<Parameter*> params, const AdamWConfig& config);
+
+  // Where the following updates also write the weights for the next forward (optim.fused_prepare,
+  // model.h weight_outputs()): each output's BF16 copy (the parameter's element count) and/or its
+  // 128x128 FP8 blocks (fp8.data defined). Replaces the previous outputs; parameters without one
+  // get none. Checks that each output's parameter is one of the optimizer's and the copy's
+  // dtype, device and size.
+  void set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs);
 
   // One update at rate `lr` (the schedule's; config.lr is not used here). Enqueued only.
   StepResult step(Context& ctx, float lr);
@@ -84,7 +85,7 @@ class AdamWOptimizer {
   // Applied steps so far (AdamW's t after the last applied update).
   int64_t steps_taken() const { return steps_taken_; }
   const AdamWConfig& config() const { return config_; }
-  const std::vector<Param*>& params() const { return params_; }
+  const std::vector<Parameter*>& params() const { return params_; }
 
   // Optimizer state as host tensors for a safetensors file: "<name>.exp_avg" and
   // "<name>.exp_avg_sq" (bf16, the parameter's shape) for each trainable parameter, in parameter
@@ -103,8 +104,15 @@ class AdamWOptimizer {
     Tensor exp_avg_sq;  // bf16
   };
 
-  std::vector<Param*> params_;
+  // The updated weights' other copies (set_weight_outputs), undefined where there is none.
+  struct Outputs {
+    Tensor bf16;
+    BlockQuantOutput fp8;
+  };
+
+  std::vector<Parameter*> params_;
   std::vector<Moments> moments_;  // parallel to params_; undefined for frozen parameters
+  std::vector<Outputs> outputs_;  // parallel to params_
   AdamWConfig config_;
   int64_t steps_taken_ = 0;
   StepResult last_;

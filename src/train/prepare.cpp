@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "io/atomic_file.h"
+#include "train/token_shard_writer.h"
 
 namespace octet {
 
@@ -13,47 +14,8 @@ namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
 // One split's shards: tokens accumulate and every shard_tokens of them become a file.
-struct TokenizedDataWriter::Split {
-  std::string dir, prefix;
-  int64_t shard_tokens = 0;
-  io::ShardTokens type = io::ShardTokens::kU16;
-  std::vector<uint32_t> buffer;
-  std::vector<std::string> files;
-  std::vector<int64_t> counts;
-  int64_t tokens = 0, documents = 0;
-
-  void add(uint32_t eot, std::span<const uint32_t> doc) {
-    buffer.push_back(eot);
-    buffer.insert(buffer.end(), doc.begin(), doc.end());
-    tokens += static_cast<int64_t>(doc.size()) + 1;
-    ++documents;
-    while (static_cast<int64_t>(buffer.size()) >= shard_tokens) {
-      write({buffer.data(), static_cast<size_t>(shard_tokens)});
-      buffer.erase(buffer.begin(), buffer.begin() + shard_tokens);
-    }
-  }
-  void finish() {
-    if (!buffer.empty()) write(buffer);
-    buffer.clear();
-  }
-  void write(std::span<const uint32_t> t) {
-    char name[64];
-    std::snprintf(name, sizeof name, "%s_%06zu.bin", prefix.c_str(), files.size());
-    io::write_token_shard((fs::path(dir) / name).string(), t, type);
-    files.emplace_back(name);
-    counts.push_back(static_cast<int64_t>(t.size()));
-  }
-  Json list() const {
-    Json out = Json::array();
-    for (size_t i = 0; i < files.size(); ++i)
-      out.push_back({{"file", files[i]}, {"tokens", counts[i]}});
-    return out;
-  }
-  std::vector<std::string> paths() const {
-    std::vector<std::string> out;
-    for (const std::string& f : files) out.push_back((fs::path(dir) / f).string());
-    return out;
-  }
+struct TokenizedDataWriter::Split : TokenShardWriter<uint32_t> {
+  using TokenShardWriter::TokenShardWriter;
 };
 
 TokenizedDataWriter::TokenizedDataWriter(const TokenizedDataArgs& args) : args_(args) {
@@ -69,8 +31,8 @@ TokenizedDataWriter::TokenizedDataWriter(const TokenizedDataArgs& args) : args_(
   fs::create_directories(args.out_dir, ec);
   OCTET_CHECK(!ec, args.out_dir, ": cannot create the output directory: ", ec.message());
   const io::ShardTokens type = io::shard_tokens_for_vocab(args.vocab_size);
-  train_ = std::make_unique<Split>(Split{args.out_dir, "train", args.shard_tokens, type});
-  val_ = std::make_unique<Split>(Split{args.out_dir, "val", args.shard_tokens, type});
+  train_ = std::make_unique<Split>(args.out_dir, "train", args.shard_tokens, type);
+  val_ = std::make_unique<Split>(args.out_dir, "val", args.shard_tokens, type);
 }
 
 TokenizedDataWriter::~TokenizedDataWriter() = default;
@@ -79,27 +41,27 @@ void TokenizedDataWriter::add_document(std::span<const uint32_t> tokens) {
   if (tokens.empty()) return;
   for (size_t i = 0; i < tokens.size(); ++i)
     OCTET_CHECK(tokens[i] < static_cast<uint64_t>(args_.vocab_size), "prepare: document ",
-                train_->documents + val_->documents, ": token ", tokens[i], " at index ", i,
+                train_->documents() + val_->documents(), ": token ", tokens[i], " at index ", i,
                 " is outside the tokenizer's vocabulary of ", args_.vocab_size);
   const auto n = static_cast<double>(tokens.size() + 1);
-  const double total = static_cast<double>(train_->tokens + val_->tokens) + n;
-  const bool to_val = static_cast<double>(val_->tokens) + n <= args_.val_fraction * total;
-  (to_val ? *val_ : *train_).add(static_cast<uint32_t>(args_.eot_id), tokens);
+  const double total = static_cast<double>(train_->tokens() + val_->tokens()) + n;
+  const bool to_val = static_cast<double>(val_->tokens()) + n <= args_.val_fraction * total;
+  (to_val ? *val_ : *train_).add_document(static_cast<uint32_t>(args_.eot_id), tokens);
 }
 
 TokenizedDataSummary TokenizedDataWriter::finish(const std::string& extra_json) {
   train_->finish();
   val_->finish();
-  OCTET_CHECK(train_->tokens > 0, "prepare: the inputs hold no text (every document is blank)");
+  OCTET_CHECK(train_->tokens() > 0, "prepare: the inputs hold no text (every document is blank)");
   Json m = {{"format", "octet token shards"},
             {"version", 1},
             {"vocab_size", args_.vocab_size},
             {"eot_id", args_.eot_id},
-            {"token_type", io::shard_tokens_name(train_->type)},
+            {"token_type", io::shard_tokens_name(train_->type())},
             {"val_fraction", args_.val_fraction},
             {"shard_tokens", args_.shard_tokens},
-            {"documents", {{"train", train_->documents}, {"val", val_->documents}}},
-            {"tokens", {{"train", train_->tokens}, {"val", val_->tokens}}}};
+            {"documents", {{"train", train_->documents()}, {"val", val_->documents()}}},
+            {"tokens", {{"train", train_->tokens()}, {"val", val_->tokens()}}}};
   if (!extra_json.empty()) {
     const Json extra = Json::parse(extra_json);
     OCTET_CHECK(extra.is_object(), "prepare: the manifest's extra keys must be a JSON object");
@@ -112,11 +74,11 @@ TokenizedDataSummary TokenizedDataWriter::finish(const std::string& extra_json) 
   io::write_text_file_atomic(s.manifest, m.dump(2) + "\n");
   s.train = train_->paths();
   s.val = val_->paths();
-  s.train_tokens = train_->tokens;
-  s.val_tokens = val_->tokens;
-  s.train_documents = train_->documents;
-  s.val_documents = val_->documents;
-  s.token_type = train_->type;
+  s.train_tokens = train_->tokens();
+  s.val_tokens = val_->tokens();
+  s.train_documents = train_->documents();
+  s.val_documents = val_->documents();
+  s.token_type = train_->type();
   return s;
 }
 

@@ -34,9 +34,6 @@ enum class SpikeAction : uint8_t {
   kRollback,  // reload the last checkpoint and continue past the offending batch
 };
 
-const char* device_choice_name(DeviceChoice d);
-const char* spike_action_name(SpikeAction a);
-
 struct OptimConfig {
   double lr = 3e-3;  // peak learning rate
   double min_lr = 3e-4;

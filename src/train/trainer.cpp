@@ -72,7 +72,6 @@ struct Run {
   Context ctx;
   std::unique_ptr<Model> model;
   std::unique_ptr<Model> shadow;  // bf16 copy for --shadow-bf16, made on first use
-  std::vector<Param> params;
   std::unique_ptr<AdamWOptimizer> optim;
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<ValBatches> val;
@@ -94,18 +93,18 @@ struct Run {
       : cfg(c), out(o), ctx(make_context(device)) {}
 
   const ModelConfig& model_config() const { return cfg.model; }
+  int64_t tokens_per_step() const { return cfg.batch_size * cfg.seq_len * cfg.grad_accum; }
 
   void build(DataStreams data) {
     const ModelConfig mc = model_config();
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
-    for (Parameter* p : model->parameters())
-      params.push_back({p->name, p->value, p->grad, p->weight_decay, p->trainable, Tensor()});
-    std::vector<Param*> ptrs;
-    for (Param& p : params) ptrs.push_back(&p);
-    optim = std::make_unique<AdamWOptimizer>(ctx, ptrs, cfg.adamw());
-    sampler = std::make_unique<BatchSampler>(
-        std::move(data.train),
-        SamplerArgs{cfg.batch_size, cfg.seq_len, static_cast<uint64_t>(cfg.seed), 0, 1});
+    optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
+    sampler = std::make_unique<BatchSampler>(std::move(data.train),
+                                             SamplerArgs{.batch_size = cfg.batch_size,
+                                                         .seq_len = cfg.seq_len,
+                                                         .seed = static_cast<uint64_t>(cfg.seed),
+                                                         .rank = 0,
+                                                         .world_size = 1});
     const int64_t val_need = cfg.batch_size * cfg.seq_len + 1;
     if (data.val && cfg.eval.every > 0 && data.val->size() < val_need) {
       out << "note: the validation data has " << data.val->size()
@@ -113,8 +112,10 @@ struct Run {
           << "); training without validation (more text, a larger data.val_fraction or "
              "eval.every = 0 removes this note)\n";
     } else if (data.val && cfg.eval.every > 0) {
-      val = std::make_unique<ValBatches>(
-          std::move(*data.val), ValBatchesArgs{cfg.batch_size, cfg.seq_len, cfg.eval.batches});
+      val = std::make_unique<ValBatches>(std::move(*data.val),
+                                         ValBatchesArgs{.batch_size = cfg.batch_size,
+                                                        .seq_len = cfg.seq_len,
+                                                        .max_batches = cfg.eval.batches});
     }
   }
 
@@ -171,14 +172,9 @@ struct Run {
       return;
     }
     model->prepare(ctx);
-    std::map<const void*, const WeightOutput*> by_master;
-    const std::vector<WeightOutput> outputs = model->weight_outputs(cfg.optim.fused_prepare_fp8);
-    for (const WeightOutput& w : outputs) by_master[w.param->value.data()] = &w;
-    for (Param& p : params) {
-      const auto it = by_master.find(p.master.data());
-      p.bf16_copy = it != by_master.end() ? it->second->bf16 : Tensor();
-      p.fp8_copy = it != by_master.end() ? it->second->fp8 : BlockQuantOutput{};
-    }
+    optim->set_weight_outputs(
+        ctx, model->weight_outputs(cfg.optim.fused_prepare_fp8 ? OutputCopies::kBf16AndFp8
+                                                               : OutputCopies::kBf16Only));
     outputs_attached = true;
   }
 
@@ -360,6 +356,277 @@ bool stop_requested(const RunOptions& opt) {
   return opt.stop && opt.stop->load() != 0;
 }
 
+// What the run reports: the progress lines, metrics.jsonl and the result.
+struct Records {
+  Progress progress;
+  std::unique_ptr<MetricsWriter> metrics;
+  RunResult result = {};
+  std::vector<std::string> pending_changes = {};  // recorded with the first step after the resume
+  int64_t steps_run = 0;                          // by this process
+};
+
+// ---- the step ----
+
+// One step's forward and backward passes over its grad_accum micro-batches, before any update.
+struct StepPass {
+  std::vector<ModelLosses> micro;  // per micro-batch, unread until the losses are summed
+  TokenBatch first;                // the first micro-batch (the BF16 shadow's input)
+  double loss = 0;                 // main loss, mean over the micro-batches
+};
+
+// Prepares the weights, runs the passes (gradients accumulate over the micro-batches) and reads
+// the losses: the step's planned synchronisation. Fills sm's loss, MTP losses, site numerics and the
+// MoE layers' casts.
+StepPass forward_backward(Run& run, StepMetrics& sm) {
+  const TrainConfig& cfg = run.cfg;
+  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum);
+  run.prepare_weights();
+  run.optim->zero_grad(run.ctx);
+  // Every sites_every steps (and the first) also record every site's quantization numerics.
+  const bool probe_step =
+      cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
+  SiteProbe probe;
+  if (probe_step) run.model->set_probe(&probe);
+  // The casts of the step's passes, counted in the ops (host-side counts, no synchronisation).
+  if (!run.ctx.casts) run.ctx.casts = std::make_shared<CastCounter>();
+  run.ctx.casts->reset();
+  StepPass pass;
+  for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+    const TokenBatch b = run.sampler->next();
+    if (m == 0) pass.first = b;
+    pass.micro.push_back(
+        run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
+  }
+  run.model->set_probe(nullptr);
+  if (const auto passes = static_cast<double>(pass.micro[0].expert_load.size() * pass.micro.size());
+      passes > 0) {
+    const CastCounts c = run.ctx.casts->at("moe.routed");
+    for (int k = 0; k < kCastKindCount; ++k)
+      sm.moe_casts[cast_kind_name(static_cast<CastKind>(k))] =
+          static_cast<double>(c.n[static_cast<size_t>(k)]) / passes;
+  }
+  for (const auto& [name, n] : probe.sites())
+    sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
+  double loss = 0;
+  std::vector<double> mtp;
+  for (const ModelLosses& l : pass.micro) {  // the planned synchronisation of the step
+    const LossValues v = run.model->read_losses(run.ctx, l);
+    loss += v.main / static_cast<double>(pass.micro.size());
+    mtp.resize(v.mtp.size());
+    for (size_t k = 0; k < v.mtp.size(); ++k)
+      mtp[k] += v.mtp[k] / static_cast<double>(pass.micro.size());
+  }
+  sm.loss = loss;
+  sm.mtp_loss = mtp;
+  pass.loss = loss;
+  return pass;
+}
+
+// ---- the safety nets ----
+
+struct SafetyNets {
+  int64_t rollbacks_in_a_row = 0;
+  int64_t skipped_in_a_row = 0;
+};
+
+enum class LossVerdict : uint8_t { kApply, kSkip, kRolledBack };
+
+// Before the update: a non-finite loss skips it; a loss spike (safety.spike_*) keeps it, skips it
+// or rolls the weights back to the last checkpoint (at most 3 times in a row; then it skips).
+// A rollback replaces the records of the steps it undoes. Sets sm's skip reason when skipping.
+LossVerdict check_loss(Run& run, SafetyNets& nets, Records& rec, StepMetrics& sm) {
+  const TrainConfig& cfg = run.cfg;
+  const double loss = sm.loss;
+  if (!std::isfinite(loss)) {
+    sm.skip_reason = "non-finite loss";
+    return LossVerdict::kSkip;
+  }
+  if (!run.is_spike(loss)) return LossVerdict::kApply;
+  std::ostringstream msg;
+  msg << "step " << sm.step << ": loss spike " << loss << " (window of " << run.spike_window.size()
+      << ")";
+  bool apply = true;
+  if (cfg.safety.spike_action == SpikeAction::kSkip) {
+    apply = false;
+    sm.skip_reason = "loss spike";
+  } else if (cfg.safety.spike_action == SpikeAction::kRollback) {
+    if (!run.rollback_dir.empty() && nets.rollbacks_in_a_row < 3) {
+      const std::string dir = run.rollback_dir;
+      // The sampler moves on past the offending batches.
+      run.load_checkpoint(dir, Run::Restore::kModelOnly);
+      // The steps after the checkpoint are run again: their records are replaced.
+      rec.metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
+      ++nets.rollbacks_in_a_row;
+      rec.progress.message(msg.str() + ": rolled back to " + dir);
+      return LossVerdict::kRolledBack;
+    }
+    apply = false;
+    sm.skip_reason = "loss spike (no checkpoint to roll back to)";
+  }
+  rec.progress.message(msg.str() + (apply ? ", kept" : ", update skipped"));
+  return apply ? LossVerdict::kApply : LossVerdict::kSkip;
+}
+
+// The optimizer update, skipped when the gradients are not finite; then the router bias and the
+// spike window. Returns whether the update was applied.
+bool apply_update(Run& run, SafetyNets& nets, const StepPass& pass, double lr, StepMetrics& sm) {
+  run.optim->step(run.ctx, static_cast<float>(lr));
+  const StepStats st = run.optim->finish_step(run.ctx);
+  sm.grad_norm = st.grad_norm;
+  if (st.skipped) {
+    sm.skip_reason = "non-finite gradient";
+    return false;
+  }
+  run.model->update_router_bias(run.ctx, pass.micro,
+                                static_cast<float>(run.model_config().bias_update_rate));
+  run.remember_loss(pass.loss);
+  nets.rollbacks_in_a_row = 0;
+  return true;
+}
+
+// After the step is recorded: too many skipped updates in a row end the run as diverged.
+bool diverged(const TrainConfig& cfg, SafetyNets& nets, Records& rec, const StepMetrics& sm) {
+  nets.skipped_in_a_row = sm.skipped ? nets.skipped_in_a_row + 1 : 0;
+  if (cfg.safety.max_skipped_in_a_row <= 0 ||
+      nets.skipped_in_a_row < cfg.safety.max_skipped_in_a_row)
+    return false;
+  rec.result.end = RunEnd::kDiverged;
+  rec.result.end_reason =
+      std::to_string(nets.skipped_in_a_row) + " updates in a row were skipped (the " +
+      "last for: " + sm.skip_reason +
+      "; safety.max_skipped_in_a_row = " + std::to_string(cfg.safety.max_skipped_in_a_row) + ")";
+  return true;
+}
+
+// ---- the records ----
+
+// The step's measurements: the BF16 shadow, the router imbalance, time, throughput and memory.
+// Synchronises with the device (the step's end).
+void measure_step(Run& run, const StepPass& pass, std::chrono::steady_clock::time_point t0,
+                  StepMetrics& sm) {
+  const TrainConfig& cfg = run.cfg;
+  if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
+      cfg.resolved_recipe().any_fp8()) {
+    const double fp8_first = run.model->read_losses(run.ctx, pass.micro[0]).main;
+    const double bf = run.shadow_loss(pass.first);
+    sm.shadow_bf16_loss = bf;
+    sm.shadow_gap = (fp8_first - bf) / bf;
+  }
+  if (!pass.micro[0].expert_load.empty() && (sm.step % cfg.log_every == 0 || sm.step == 1)) {
+    double worst = 1.0;
+    for (const Tensor& c : pass.micro[0].expert_load)
+      worst = std::max(worst, max_over_mean(c.to_host(run.ctx)));
+    sm.router_imbalance = worst;
+  }
+  run.ctx.synchronize();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  sm.step_ms = ms;
+  sm.tokens_per_s = static_cast<double>(run.tokens_per_step()) / (ms / 1000.0);
+  sm.peak_mem_bytes = run.ctx.be().peak_bytes();
+}
+
+// Counts the step as done, runs the validation when due, and writes the step's record.
+void record_step(Run& run, Records& rec, StepMetrics& sm) {
+  const TrainConfig& cfg = run.cfg;
+  run.step += 1;
+  run.tokens_seen += run.tokens_per_step();
+  if (run.val && (run.step % cfg.eval.every == 0 || run.step == cfg.steps)) {
+    sm.val_loss = run.validate_loss();
+    rec.result.final_val_loss = *sm.val_loss;
+  }
+  sm.config_changes = std::move(rec.pending_changes);
+  rec.pending_changes.clear();
+  rec.metrics->write(sm);
+  rec.progress.update(sm);
+  ++rec.steps_run;
+  if (sm.skipped) ++rec.result.skipped_steps;
+  rec.result.final_loss = sm.loss;
+}
+
+// How the run ended, once the loop is left.
+RunResult finish_result(const Run& run, const RunOptions& opt, RunResult result,
+                        int64_t steps_run) {
+  const TrainConfig& cfg = run.cfg;
+  result.steps_done = run.step;
+  result.last_checkpoint = run.last_checkpoint;
+  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && stop_requested(opt)) {
+    result.end = RunEnd::kInterrupted;
+    result.stop_signal = opt.stop->load();
+    result.end_reason = "stopped by signal " + std::to_string(result.stop_signal) + " at step " +
+                        std::to_string(run.step) + " of " + std::to_string(cfg.steps);
+  } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
+             result.skipped_steps == steps_run) {
+    result.end = RunEnd::kAllSkipped;
+    result.end_reason = "every one of the " + std::to_string(steps_run) +
+                        " steps was skipped; the weights never changed";
+  } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
+             !std::isfinite(result.final_loss)) {
+    result.end = RunEnd::kDiverged;
+    result.end_reason = "the last step's loss is not finite";
+  }
+  return result;
+}
+
+// The run's starting state: its weights (new, from init_from, or the checkpoint resumed from),
+// its checkpoint directory, config.toml and the metrics file it appends to. Called under the run
+// directory's lock.
+std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
+                                        const std::optional<ResumeTarget>& target,
+                                        const std::vector<ConfigChange>& changes,
+                                        DataStreams data) {
+  const TrainConfig& cfg = run.cfg;
+  std::ostream& out = run.out;
+  std::unique_ptr<MetricsWriter> metrics;
+  run.ckpt_root = cfg.run_dir + "/checkpoints";
+  if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
+    out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
+        << run.ckpt_root << "\n";
+  run.build(std::move(data));
+  if (!target && !cfg.init_from.empty()) {
+    run.init_from_checkpoint(init_checkpoint_dir(cfg.init_from));
+    std::string removed;
+    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (!removed.empty()) out << removed << "\n";
+  } else if (!target) {
+    run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
+    // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
+    std::string removed;
+    start_new_run(cfg.run_dir, opt.start, &removed);
+    if (!removed.empty()) out << removed << "\n";
+  } else {
+    // A failure here has written nothing.
+    run.load_checkpoint(target->checkpoint, Run::Restore::kModelAndData);
+    run.rollback_dir = target->checkpoint;
+    ensure_run_record(cfg.run_dir);
+  }
+  std::error_code ec;
+  fs::create_directories(run.ckpt_root, ec);
+  OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
+  write_config(cfg, out);
+  if (cfg.optim.warmup_steps > cfg.steps)
+    out << "note: steps = " << cfg.steps
+        << " is below optim.warmup_steps = " << cfg.optim.warmup_steps
+        << ": the warm-up is shortened to all " << cfg.steps << " steps\n";
+  if (!target) {
+    metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
+  } else {
+    metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
+    out << "resumed from " << target->checkpoint << " at step " << run.step << "\n";
+    for (const ConfigChange& c : changes)
+      out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
+  }
+  out << "device: " << device_name(run.ctx.device) << ", recipe: " << cfg.model.recipe.label()
+      << ", parameters: " <<
+      [&] {
+        int64_t n = 0;
+        for (Parameter* p : run.model->parameters()) n += p->value.numel();
+        return n;
+      }()
+      << ", train tokens: " << run.sampler->stream().size() << "\n";
+  return metrics;
+}
+
 }  // namespace
 
 RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
@@ -395,206 +662,39 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   } else if (opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir)) {
     start_new_run(cfg.run_dir, opt.start);  // throws naming the run
   }
-  run.ckpt_root = cfg.run_dir + "/checkpoints";
-  if (const int n = remove_stale_checkpoint_staging(run.ckpt_root))
-    out << "removed " << n << " unfinished checkpoint write(s) of an earlier process in "
-        << run.ckpt_root << "\n";
-  run.build(std::move(data));
-  std::unique_ptr<MetricsWriter> metrics;
-  if (!target && !cfg.init_from.empty()) {
-    run.init_from_checkpoint(init_checkpoint_dir(cfg.init_from));
-    std::string removed;
-    start_new_run(cfg.run_dir, opt.start, &removed);
-    if (!removed.empty()) out << removed << "\n";
-  } else if (!target) {
-    run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
-    // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
-    std::string removed;
-    start_new_run(cfg.run_dir, opt.start, &removed);
-    if (!removed.empty()) out << removed << "\n";
-  } else {
-    // A failure here has written nothing.
-    run.load_checkpoint(target->checkpoint, Run::Restore::kModelAndData);
-    run.rollback_dir = target->checkpoint;
-    ensure_run_record(cfg.run_dir);
-  }
-  std::error_code ec;
-  fs::create_directories(run.ckpt_root, ec);
-  OCTET_CHECK(!ec, run.ckpt_root, ": cannot create the checkpoint directory: ", ec.message());
-  write_config(cfg, out);
-  if (cfg.optim.warmup_steps > cfg.steps)
-    out << "note: steps = " << cfg.steps
-        << " is below optim.warmup_steps = " << cfg.optim.warmup_steps
-        << ": the warm-up is shortened to all " << cfg.steps << " steps\n";
-  if (!target) {
-    metrics = std::make_unique<MetricsWriter>(MetricsWriter::fresh(cfg.run_dir));
-  } else {
-    metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
-    out << "resumed from " << target->checkpoint << " at step " << run.step << "\n";
-    for (const ConfigChange& c : changes)
-      out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
-  }
-  out << "device: " << device_name(device) << ", recipe: " << cfg.model.recipe.label()
-      << ", parameters: " <<
-      [&] {
-        int64_t n = 0;
-        for (Parameter* p : run.model->parameters()) n += p->value.numel();
-        return n;
-      }()
-      << ", train tokens: " << run.sampler->stream().size() << "\n";
+  std::unique_ptr<MetricsWriter> metrics = open_run(run, opt, target, changes, std::move(data));
 
   ProgressOptions po;
   po.total_steps = cfg.steps;
   po.start_step = run.step;
   po.log_every = cfg.log_every;
-  Progress progress(out, opt.style, po);
-  const LrSchedule sched = cfg.lr_schedule();
-  const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum;
-  const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum);
-  RunResult result;
-  result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
-  int64_t rollbacks_in_a_row = 0, skipped_in_a_row = 0, steps_run = 0;
-  std::vector<std::string> pending_changes;  // recorded with the first step after the resume
-  pending_changes.reserve(changes.size());
+  Records rec{.progress = Progress(out, opt.style, po), .metrics = std::move(metrics)};
+  rec.result.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  rec.pending_changes.reserve(changes.size());
   for (const ConfigChange& c : changes)
-    pending_changes.push_back(c.key + ": " + c.before + " -> " + c.after);
+    rec.pending_changes.push_back(c.key + ": " + c.before + " -> " + c.after);
+  const LrSchedule sched = cfg.lr_schedule();
+  SafetyNets nets;
 
   while (run.step < cfg.steps && !stop_requested(opt)) {
     const auto t0 = std::chrono::steady_clock::now();
     run.ctx.be().reset_peak();
     const double lr = lr_at(sched, run.step);
-    run.prepare_weights();
-    run.optim->zero_grad(run.ctx);
-    // Every sites_every steps (and the first) also record every site's quantization numerics.
-    const bool probe_step =
-        cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
-    SiteProbe probe;
-    if (probe_step) run.model->set_probe(&probe);
-    // The casts of the step's forward and backward passes, counted in the ops (host-side counts,
-    // no synchronisation).
-    if (!run.ctx.casts) run.ctx.casts = std::make_shared<CastCounter>();
-    run.ctx.casts->reset();
-    std::vector<ModelLosses> micro;
-    TokenBatch first;
-    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
-      const TokenBatch b = run.sampler->next();
-      if (m == 0) first = b;
-      micro.push_back(
-          run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
-    }
-    run.model->set_probe(nullptr);
     StepMetrics sm;
     sm.step = run.step + 1;
     sm.lr = lr;
-    if (const auto passes = static_cast<double>(micro[0].expert_load.size() * micro.size());
-        passes > 0) {
-      const CastCounts c = run.ctx.casts->at("moe.routed");
-      for (int k = 0; k < kCastKindCount; ++k)
-        sm.moe_casts[cast_kind_name(static_cast<CastKind>(k))] =
-            static_cast<double>(c.n[static_cast<size_t>(k)]) / passes;
-    }
-    for (const auto& [name, n] : probe.sites())
-      sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
-    double loss = 0;
-    std::vector<double> mtp;
-    for (const ModelLosses& l : micro) {  // the planned synchronisation of the step
-      const LossValues v = run.model->read_losses(run.ctx, l);
-      loss += v.main / static_cast<double>(micro.size());
-      mtp.resize(v.mtp.size());
-      for (size_t k = 0; k < v.mtp.size(); ++k)
-        mtp[k] += v.mtp[k] / static_cast<double>(micro.size());
-    }
-    sm.loss = loss;
-    sm.mtp_loss = mtp;
-
-    bool apply = true;
-    if (!std::isfinite(loss)) {
-      apply = false;
-      sm.skip_reason = "non-finite loss";
-    } else if (run.is_spike(loss)) {
-      std::ostringstream msg;
-      msg << "step " << sm.step << ": loss spike " << loss << " (window of "
-          << run.spike_window.size() << ")";
-      if (cfg.safety.spike_action == SpikeAction::kSkip) {
-        apply = false;
-        sm.skip_reason = "loss spike";
-      } else if (cfg.safety.spike_action == SpikeAction::kRollback) {
-        if (!run.rollback_dir.empty() && rollbacks_in_a_row < 3) {
-          const std::string dir = run.rollback_dir;
-          // The sampler moves on past the offending batches.
-          run.load_checkpoint(dir, Run::Restore::kModelOnly);
-          // The steps after the checkpoint are run again: their records are replaced.
-          metrics = std::make_unique<MetricsWriter>(MetricsWriter::resume(cfg.run_dir, run.step));
-          ++rollbacks_in_a_row;
-          progress.message(msg.str() + ": rolled back to " + dir);
-          continue;
-        }
-        apply = false;
-        sm.skip_reason = "loss spike (no checkpoint to roll back to)";
-      }
-      progress.message(msg.str() + (apply ? ", kept" : ", update skipped"));
-    }
-    if (apply) {
-      run.optim->step(run.ctx, static_cast<float>(lr));
-      const StepStats st = run.optim->finish_step(run.ctx);
-      sm.grad_norm = st.grad_norm;
-      if (st.skipped) {
-        apply = false;
-        sm.skip_reason = "non-finite gradient";
-      } else {
-        run.model->update_router_bias(run.ctx, micro,
-                                      static_cast<float>(run.model_config().bias_update_rate));
-        run.remember_loss(loss);
-        rollbacks_in_a_row = 0;
-      }
-    }
+    const StepPass pass = forward_backward(run, sm);
+    const LossVerdict verdict = check_loss(run, nets, rec, sm);
+    if (verdict == LossVerdict::kRolledBack) continue;
+    bool apply = verdict == LossVerdict::kApply;
+    if (apply) apply = apply_update(run, nets, pass, lr, sm);
     sm.skipped = !apply;
     if (sm.skipped)
-      progress.message("step " + std::to_string(sm.step) + ": " + sm.skip_reason +
-                       ", update skipped");
-    if (cfg.safety.shadow_bf16 > 0 && sm.step % cfg.safety.shadow_bf16 == 0 &&
-        cfg.resolved_recipe().any_fp8()) {
-      const double fp8_first = run.model->read_losses(run.ctx, micro[0]).main;
-      const double bf = run.shadow_loss(first);
-      sm.shadow_bf16_loss = bf;
-      sm.shadow_gap = (fp8_first - bf) / bf;
-    }
-    if (!micro[0].expert_load.empty() && (sm.step % cfg.log_every == 0 || sm.step == 1)) {
-      double worst = 1.0;
-      for (const Tensor& c : micro[0].expert_load)
-        worst = std::max(worst, max_over_mean(c.to_host(run.ctx)));
-      sm.router_imbalance = worst;
-    }
-    run.ctx.synchronize();
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    sm.step_ms = ms;
-    sm.tokens_per_s = static_cast<double>(tokens_per_step) / (ms / 1000.0);
-    sm.peak_mem_bytes = run.ctx.be().peak_bytes();
-    run.step += 1;
-    run.tokens_seen += tokens_per_step;
-    if (run.val && (run.step % cfg.eval.every == 0 || run.step == cfg.steps)) {
-      sm.val_loss = run.validate_loss();
-      result.final_val_loss = *sm.val_loss;
-    }
-    sm.config_changes = std::move(pending_changes);
-    pending_changes.clear();
-    metrics->write(sm);
-    progress.update(sm);
-    ++steps_run;
-    if (sm.skipped) ++result.skipped_steps;
-    skipped_in_a_row = sm.skipped ? skipped_in_a_row + 1 : 0;
-    result.final_loss = loss;
-    if (cfg.safety.max_skipped_in_a_row > 0 &&
-        skipped_in_a_row >= cfg.safety.max_skipped_in_a_row) {
-      result.end = RunEnd::kDiverged;
-      result.end_reason =
-          std::to_string(skipped_in_a_row) + " updates in a row were skipped (the " +
-          "last for: " + sm.skip_reason +
-          "; safety.max_skipped_in_a_row = " + std::to_string(cfg.safety.max_skipped_in_a_row) +
-          ")";
-      break;
-    }
+      rec.progress.message("step " + std::to_string(sm.step) + ": " + sm.skip_reason +
+                           ", update skipped");
+    measure_step(run, pass, t0, sm);
+    record_step(run, rec, sm);
+    if (diverged(cfg, nets, rec, sm)) break;
     if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) ||
         run.step == cfg.steps || stop_requested(opt))
       run.save_checkpoint();
@@ -602,27 +702,10 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   // Stopped before this process ran a step (a signal during start-up): a new run writes the state
   // it starts from, so that --resume continues it like any stopped run (a resumed run has the
   // checkpoint it started from).
-  if (stop_requested(opt) && steps_run == 0 && !target && run.step < cfg.steps)
+  if (stop_requested(opt) && rec.steps_run == 0 && !target && run.step < cfg.steps)
     run.save_checkpoint();
-  progress.finish();
-  result.steps_done = run.step;
-  result.last_checkpoint = run.last_checkpoint;
-  if (result.end == RunEnd::kCompleted && run.step < cfg.steps && stop_requested(opt)) {
-    result.end = RunEnd::kInterrupted;
-    result.stop_signal = opt.stop->load();
-    result.end_reason = "stopped by signal " + std::to_string(result.stop_signal) + " at step " +
-                        std::to_string(run.step) + " of " + std::to_string(cfg.steps);
-  } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
-             result.skipped_steps == steps_run) {
-    result.end = RunEnd::kAllSkipped;
-    result.end_reason = "every one of the " + std::to_string(steps_run) +
-                        " steps was skipped; the weights never changed";
-  } else if (result.end == RunEnd::kCompleted && steps_run > 0 &&
-             !std::isfinite(result.final_loss)) {
-    result.end = RunEnd::kDiverged;
-    result.end_reason = "the last step's loss is not finite";
-  }
-  return result;
+  rec.progress.finish();
+  return finish_result(run, opt, std::move(rec.result), rec.steps_run);
 }
 
 }  // namespace octet::train

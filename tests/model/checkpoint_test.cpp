@@ -14,6 +14,7 @@
 #include <set>
 
 #include "backend/backend.h"
+#include "io/safetensors_dir.h"
 #include "numerics/fp8.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
@@ -549,9 +550,9 @@ TEST_F(CheckpointCorruptionTest, TruncatedShard) {
   expect_read_error(dir(), {shard});
 }
 
-// The index as read_checkpoint reads it (parse_checkpoint_index, also the fuzz harness's entry): a
-// tensor listed twice and a file name that is not a plain name inside the directory are refused,
-// naming the index; a FIFO in the index's place is refused instead of blocking the reader.
+// The index as read_checkpoint reads it (io::parse_safetensors_index, also the fuzz harness's
+// entry): a tensor listed twice and a file name that is not a plain name inside the directory are
+// refused, naming the index; a FIFO in the index's place is refused instead of blocking the reader.
 TEST_F(CheckpointCorruptionTest, IndexListsATensorTwiceOrAFileOutsideTheDirectory) {
   const std::string name = "model.norm.weight";
   std::string text = index_.dump();
@@ -562,7 +563,7 @@ TEST_F(CheckpointCorruptionTest, IndexListsATensorTwiceOrAFileOutsideTheDirector
   expect_read_error(dir(), {"model.safetensors.index.json", "lists tensor '" + name + "' twice"});
 
   const std::map<std::string, std::string> map =
-      parse_checkpoint_index(index_.dump(), "index.json");
+      io::parse_safetensors_index(index_.dump(), "index.json");
   EXPECT_EQ(map.size(), index_.at("weight_map").size());
   EXPECT_EQ(map.at(name), shard_of(name));
   for (const std::string& bad : {std::string("../x.safetensors"), std::string(".."),
@@ -570,7 +571,7 @@ TEST_F(CheckpointCorruptionTest, IndexListsATensorTwiceOrAFileOutsideTheDirector
     nlohmann::json j = index_;
     j["weight_map"][name] = bad;
     try {
-      parse_checkpoint_index(j.dump(), "index.json");
+      io::parse_safetensors_index(j.dump(), "index.json");
       ADD_FAILURE() << "accepted file name '" << bad << "'";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("index.json: weight_map['" + name + "']"),

@@ -74,11 +74,15 @@ Tensor host(Context& ctx, const Tensor& t) {
 Step run_step(Context& ctx, const Problem& p, const GemmRecipe& r, LinearScalingState* st) {
   auto put = [&](const Tensor& t) { return t.to(ctx, ctx.device); };
   const GemmSite site = GemmSite::kAttnQUp;
-  const PreparedWeight pw = prepare_weight(ctx, {site, put(p.w), r, st});
+  const PreparedWeight pw =
+      prepare_weight(ctx, {.site = site, .weight = put(p.w), .recipe = r, .state = st});
   LinearSaved saved;
-  const Tensor y = linear_forward(ctx, {site, put(p.x), pw, r, st}, saved);
+  const Tensor y = linear_forward(
+      ctx, {.site = site, .x = put(p.x), .weight = pw, .recipe = r, .state = st}, saved);
   LinearGrads g{put(p.dw0)};
-  const Tensor dx = linear_backward(ctx, {site, put(p.dy), saved, pw, r, st}, g);
+  const Tensor dx = linear_backward(
+      ctx, {.site = site, .dy = put(p.dy), .saved = saved, .weight = pw, .recipe = r, .state = st},
+      g);
   Step s{host(ctx, y), host(ctx, dx), host(ctx, g.weight), {}};
   s.saved_x.columnwise_data = host(ctx, saved.qx.columnwise_data);
   s.saved_x.columnwise_scale_inv = host(ctx, saved.qx.columnwise_scale_inv);
@@ -224,23 +228,34 @@ TEST(LinearGpu, RejectsShapesCublasLtCannotRun) {
   const Tensor w200 = random_tensor({128, 200}, DType::kF32, 1).to(gpu, Device::kCuda);
   test::expect_error(
       [&] {
-        (void)prepare_weight(gpu, {GemmSite::kAttnOut, w200, block, nullptr});
+        (void)prepare_weight(
+            gpu, {.site = GemmSite::kAttnOut, .weight = w200, .recipe = block, .state = nullptr});
       },
       {"attn.out", "CUDA", "In = 200", "multiple of 16"});
   const Tensor w = random_tensor({128, 256}, DType::kF32, 2).to(gpu, Device::kCuda);
-  const PreparedWeight pw = prepare_weight(gpu, {GemmSite::kAttnOut, w, block, nullptr});
+  const PreparedWeight pw = prepare_weight(
+      gpu, {.site = GemmSite::kAttnOut, .weight = w, .recipe = block, .state = nullptr});
   const Tensor x100 = random_tensor({100, 256}, DType::kBF16, 3).to(gpu, Device::kCuda);
   LinearSaved saved;
   test::expect_error(
       [&] {
-        (void)linear_forward(gpu, {GemmSite::kAttnOut, x100, pw, block, nullptr}, saved);
+        (void)linear_forward(gpu,
+                             {.site = GemmSite::kAttnOut,
+                              .x = x100,
+                              .weight = pw,
+                              .recipe = block,
+                              .state = nullptr},
+                             saved);
       },
       {"attn.out", "T (tokens) = 100", "Wgrad"});
   // The BF16 recipe has no such rule.
   const GemmRecipe bf16 = recipe_preset("bf16").at(GemmSite::kAttnOut);
-  const PreparedWeight pb = prepare_weight(gpu, {GemmSite::kAttnOut, w200, bf16, nullptr});
+  const PreparedWeight pb = prepare_weight(
+      gpu, {.site = GemmSite::kAttnOut, .weight = w200, .recipe = bf16, .state = nullptr});
   const Tensor x = random_tensor({100, 200}, DType::kBF16, 4).to(gpu, Device::kCuda);
-  const Tensor y = linear_forward(gpu, {GemmSite::kAttnOut, x, pb, bf16, nullptr}, saved);
+  const Tensor y = linear_forward(
+      gpu, {.site = GemmSite::kAttnOut, .x = x, .weight = pb, .recipe = bf16, .state = nullptr},
+      saved);
   EXPECT_EQ(y.shape(), (Shape{100, 128}));
 }
 

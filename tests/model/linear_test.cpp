@@ -76,11 +76,20 @@ struct Step {
 // prepare_weight, forward, backward: one optimizer step of one micro-batch.
 Step run_step(Context& ctx, const Problem& p, const GemmRecipe& r, LinearScalingState* st,
               const Tensor& dw0) {
-  const PreparedWeight pw = prepare_weight(ctx, {GemmSite::kAttnQUp, p.w, r, st});
+  const PreparedWeight pw =
+      prepare_weight(ctx, {.site = GemmSite::kAttnQUp, .weight = p.w, .recipe = r, .state = st});
   LinearSaved saved;
-  const Tensor y = linear_forward(ctx, {GemmSite::kAttnQUp, p.x, pw, r, st}, saved);
+  const Tensor y = linear_forward(
+      ctx, {.site = GemmSite::kAttnQUp, .x = p.x, .weight = pw, .recipe = r, .state = st}, saved);
   LinearGrads g{cast(ctx, dw0, DType::kF32)};  // a copy: backward accumulates into it
-  const Tensor dx = linear_backward(ctx, {GemmSite::kAttnQUp, p.dy, saved, pw, r, st}, g);
+  const Tensor dx = linear_backward(ctx,
+                                    {.site = GemmSite::kAttnQUp,
+                                     .dy = p.dy,
+                                     .saved = saved,
+                                     .weight = pw,
+                                     .recipe = r,
+                                     .state = st},
+                                    g);
   return {y, dx, g.weight};
 }
 
@@ -176,11 +185,20 @@ TEST(Linear, WeightGradientAccumulates) {
   for (const Budget& b : kBudgets) {
     const RecipeCase rc = recipe_case(b.preset);
     const Step once = run_step(cpu(), p, rc.gemm, nullptr, zeros({128, 256}));
-    const PreparedWeight pw = prepare_weight(cpu(), {GemmSite::kAttnQUp, p.w, rc.gemm, nullptr});
+    const PreparedWeight pw = prepare_weight(
+        cpu(), {.site = GemmSite::kAttnQUp, .weight = p.w, .recipe = rc.gemm, .state = nullptr});
     LinearSaved saved;
-    (void)linear_forward(cpu(), {GemmSite::kAttnQUp, p.x, pw, rc.gemm, nullptr}, saved);
+    (void)linear_forward(
+        cpu(),
+        {.site = GemmSite::kAttnQUp, .x = p.x, .weight = pw, .recipe = rc.gemm, .state = nullptr},
+        saved);
     LinearGrads g{cast(cpu(), dw0, DType::kF32)};
-    const LinearBackwardArgs args{GemmSite::kAttnQUp, p.dy, saved, pw, rc.gemm, nullptr};
+    const LinearBackwardArgs args{.site = GemmSite::kAttnQUp,
+                                  .dy = p.dy,
+                                  .saved = saved,
+                                  .weight = pw,
+                                  .recipe = rc.gemm,
+                                  .state = nullptr};
     const Tensor dx1 = linear_backward(cpu(), args, g);
     const Tensor dx2 = linear_backward(cpu(), args, g);  // += again
     EXPECT_TRUE(test::bitwise_equal(dx1, dx2)) << b.preset;
@@ -213,9 +231,10 @@ TEST(Linear, DelayedScalingUsesThePreviousStepsAmax) {
   const float ax = amax(cpu(), p.x).data_as<const float>()[0];
   const float aw = amax(cpu(), p.w).data_as<const float>()[0];
   const float ady = amax(cpu(), p.dy).data_as<const float>()[0];
-  EXPECT_EQ(st.x.scale.data_as<const float>()[0], compute_scale(ax, {Fp8Format::kE4M3}));
-  EXPECT_EQ(st.w.scale.data_as<const float>()[0], compute_scale(aw, {Fp8Format::kE4M3}));
-  EXPECT_EQ(st.dy.scale.data_as<const float>()[0], compute_scale(ady, {Fp8Format::kE5M2}));
+  EXPECT_EQ(st.x.scale.data_as<const float>()[0], compute_scale(ax, {.format = Fp8Format::kE4M3}));
+  EXPECT_EQ(st.w.scale.data_as<const float>()[0], compute_scale(aw, {.format = Fp8Format::kE4M3}));
+  EXPECT_EQ(st.dy.scale.data_as<const float>()[0],
+            compute_scale(ady, {.format = Fp8Format::kE5M2}));
   EXPECT_NE(st.dy.scale.data_as<const float>()[0], 1.0f);
   EXPECT_EQ(st.x.amax_history.data_as<const float>()[0], ax);
 
@@ -253,42 +272,77 @@ TEST(Linear, RejectsMismatchedArguments) {
   const GemmRecipe block = recipe_case("deepseek").gemm;
   const GemmRecipe bf16 = recipe_case("bf16").gemm;
   const GemmRecipe delayed = recipe_case("fp8-tensor-delayed").gemm;
-  const PreparedWeight pw = prepare_weight(cpu(), {GemmSite::kAttnOut, p.w, block, nullptr});
+  const PreparedWeight pw = prepare_weight(
+      cpu(), {.site = GemmSite::kAttnOut, .weight = p.w, .recipe = block, .state = nullptr});
   LinearSaved saved;
   test::expect_error(
       [&] {
-        (void)linear_forward(cpu(), {GemmSite::kAttnOut, p.x, pw, bf16, nullptr}, saved);
+        (void)linear_forward(
+            cpu(),
+            {.site = GemmSite::kAttnOut, .x = p.x, .weight = pw, .recipe = bf16, .state = nullptr},
+            saved);
       },
       {"attn.out", "fp8-block", "bf16"});
   test::expect_error(
       [&] {
-        (void)prepare_weight(cpu(), {GemmSite::kExpertDown, p.w, delayed, nullptr});
+        (void)prepare_weight(
+            cpu(),
+            {.site = GemmSite::kExpertDown, .weight = p.w, .recipe = delayed, .state = nullptr});
       },
       {"expert.down", "LinearScalingState"});
   const Tensor x_wide = random_tensor({16, 48}, DType::kBF16, 20);
   test::expect_error(
       [&] {
-        (void)linear_forward(cpu(), {GemmSite::kAttnOut, x_wide, pw, block, nullptr}, saved);
+        (void)linear_forward(cpu(),
+                             {.site = GemmSite::kAttnOut,
+                              .x = x_wide,
+                              .weight = pw,
+                              .recipe = block,
+                              .state = nullptr},
+                             saved);
       },
       {"attn.out", "48", "32"});
   const Tensor x_f32 = random_tensor({16, 32}, DType::kF32, 21);
   test::expect_error(
       [&] {
-        (void)linear_forward(cpu(), {GemmSite::kAttnOut, x_f32, pw, block, nullptr}, saved);
+        (void)linear_forward(cpu(),
+                             {.site = GemmSite::kAttnOut,
+                              .x = x_f32,
+                              .weight = pw,
+                              .recipe = block,
+                              .state = nullptr},
+                             saved);
       },
       {"linear x"});
-  (void)linear_forward(cpu(), {GemmSite::kAttnOut, p.x, pw, block, nullptr}, saved);
+  (void)linear_forward(
+      cpu(),
+      {.site = GemmSite::kAttnOut, .x = p.x, .weight = pw, .recipe = block, .state = nullptr},
+      saved);
   LinearGrads g{zeros({16, 32})};
   const Tensor dy_short = random_tensor({8, 16}, DType::kBF16, 22);
   test::expect_error(
       [&] {
-        (void)linear_backward(cpu(), {GemmSite::kAttnOut, dy_short, saved, pw, block, nullptr}, g);
+        (void)linear_backward(cpu(),
+                              {.site = GemmSite::kAttnOut,
+                               .dy = dy_short,
+                               .saved = saved,
+                               .weight = pw,
+                               .recipe = block,
+                               .state = nullptr},
+                              g);
       },
       {"attn.out", "16 tokens", "8"});
   LinearGrads bad{zeros({32, 16})};
   test::expect_error(
       [&] {
-        (void)linear_backward(cpu(), {GemmSite::kAttnOut, p.dy, saved, pw, block, nullptr}, bad);
+        (void)linear_backward(cpu(),
+                              {.site = GemmSite::kAttnOut,
+                               .dy = p.dy,
+                               .saved = saved,
+                               .weight = pw,
+                               .recipe = block,
+                               .state = nullptr},
+                              bad);
       },
       {"grads.weight", "[16, 32]", "[32, 16]"});
 }

@@ -19,7 +19,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 ScaleRule rule(Fp8Format f, ScaleRounding r = ScaleRounding::kExact, float eps = 0.0f,
                int margin = 0) {
-  return ScaleRule{f, r, eps, margin};
+  return ScaleRule{.format = f, .rounding = r, .epsilon = eps, .margin = margin};
 }
 
 bool is_pow2(float x) {

@@ -59,11 +59,16 @@ TEST_P(AdamWGpu, StepsMatchCpuBitwise) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
   const int64_t n = GetParam();
-  AdamWArgs c{test::random_tensor({n}, DType::kF32, 1), Tensor(),
-              bf16_of(test::random_tensor({n}, DType::kF32, 2), false),
-              bf16_of(test::random_tensor({n}, DType::kF32, 3, test::Dist::kWide), true)};
+  AdamWArgs c{
+      .param = test::random_tensor({n}, DType::kF32, 1),
+      .grad = Tensor(),
+      .exp_avg = bf16_of(test::random_tensor({n}, DType::kF32, 2), false),
+      .exp_avg_sq = bf16_of(test::random_tensor({n}, DType::kF32, 3, test::Dist::kWide), true)};
   c.param_bf16 = Tensor::empty({n}, DType::kBF16);
-  AdamWArgs g{to_gpu(c.param), Tensor(), to_gpu(c.exp_avg), to_gpu(c.exp_avg_sq)};
+  AdamWArgs g{.param = to_gpu(c.param),
+              .grad = Tensor(),
+              .exp_avg = to_gpu(c.exp_avg),
+              .exp_avg_sq = to_gpu(c.exp_avg_sq)};
   g.param_bf16 = Tensor::empty(gpu, {n}, DType::kBF16);
   for (int64_t step = 1; step <= 4; ++step) {
     SCOPED_TRACE("n = " + std::to_string(n) + ", step " + std::to_string(step));
@@ -126,10 +131,15 @@ TEST_P(AdamWBlockQuantizeGpu, MatchesCpuBitwise) {
   auto& [cpu, gpu] = devices();
   const BlockCase bc = GetParam();
   const int64_t n = bc.rows * bc.cols;
-  AdamWArgs c{test::random_tensor({n}, DType::kF32, 5, test::Dist::kOutliers), Tensor(),
-              bf16_of(test::random_tensor({n}, DType::kF32, 6), false),
-              bf16_of(test::random_tensor({n}, DType::kF32, 7, test::Dist::kWide), true)};
-  AdamWArgs g{to_gpu(c.param), Tensor(), to_gpu(c.exp_avg), to_gpu(c.exp_avg_sq)};
+  AdamWArgs c{
+      .param = test::random_tensor({n}, DType::kF32, 5, test::Dist::kOutliers),
+      .grad = Tensor(),
+      .exp_avg = bf16_of(test::random_tensor({n}, DType::kF32, 6), false),
+      .exp_avg_sq = bf16_of(test::random_tensor({n}, DType::kF32, 7, test::Dist::kWide), true)};
+  AdamWArgs g{.param = to_gpu(c.param),
+              .grad = Tensor(),
+              .exp_avg = to_gpu(c.exp_avg),
+              .exp_avg_sq = to_gpu(c.exp_avg_sq)};
   const BlockQuantOutput oc = block_output(cpu, bc), og = block_output(gpu, bc);
   for (int64_t step = 1; step <= 3; ++step) {
     SCOPED_TRACE(std::to_string(bc.rows) + "x" + std::to_string(bc.cols) + " batch " +

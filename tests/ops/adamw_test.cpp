@@ -86,7 +86,7 @@ TEST(AdamW, MatchesFp64ReimplementationOverSteps) {
       pi -= lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + eps);
       want_p[i] = pi, want_m[i] = mi, want_v[i] = vi;
     }
-    AdamWArgs a{p, g, m, v};
+    AdamWArgs a{.param = p, .grad = g, .exp_avg = m, .exp_avg_sq = v};
     a.lr = lr, a.beta1 = b1, a.beta2 = b2, a.eps = eps, a.weight_decay = wd, a.step = step;
     adamw_step(cpu(), a);
     for (int64_t i = 0; i < n; ++i) {
@@ -112,12 +112,12 @@ TEST(AdamW, GradScaleFoundInfAndBf16Copy) {
   for (int64_t i = 0; i < n; ++i) gs.data_as<float>()[i] = gs.data_as<float>()[i] * 0.375f;
   Tensor v0abs = copy(v0);
   for (int64_t i = 0; i < n; ++i) v0abs.data_as<uint16_t>()[i] &= 0x7FFF;  // v >= 0
-  AdamWArgs a{copy(p0), g, copy(m0), copy(v0abs)};
+  AdamWArgs a{.param = copy(p0), .grad = g, .exp_avg = copy(m0), .exp_avg_sq = copy(v0abs)};
   a.grad_scale = scalar_f32(0.375f);
   a.param_bf16 = Tensor::empty({n}, DType::kBF16);
   a.step = 7;
   adamw_step(cpu(), a);
-  AdamWArgs b{copy(p0), gs, copy(m0), copy(v0abs)};
+  AdamWArgs b{.param = copy(p0), .grad = gs, .exp_avg = copy(m0), .exp_avg_sq = copy(v0abs)};
   b.step = 7;
   adamw_step(cpu(), b);
   ASSERT_TRUE(test::bitwise_equal(b.param, a.param));
@@ -125,7 +125,7 @@ TEST(AdamW, GradScaleFoundInfAndBf16Copy) {
   ASSERT_TRUE(test::bitwise_equal(b.exp_avg_sq, a.exp_avg_sq));
   ASSERT_TRUE(test::bitwise_equal(bf16_of(a.param), a.param_bf16));
   // found_inf set: nothing changes.
-  AdamWArgs c{copy(p0), g, copy(m0), copy(v0abs)};
+  AdamWArgs c{.param = copy(p0), .grad = g, .exp_avg = copy(m0), .exp_avg_sq = copy(v0abs)};
   c.found_inf = scalar_i32(1);
   adamw_step(cpu(), c);
   ASSERT_TRUE(test::bitwise_equal(p0, c.param));
@@ -136,9 +136,10 @@ TEST(AdamW, GradScaleFoundInfAndBf16Copy) {
 }
 
 TEST(AdamW, RejectsMismatchedState) {
-  AdamWArgs a{test::random_tensor({8}, DType::kF32, 1), test::random_tensor({8}, DType::kF32, 2),
-              test::random_tensor({8}, DType::kF32, 3),
-              bf16_of(test::random_tensor({8}, DType::kF32, 4))};
+  AdamWArgs a{.param = test::random_tensor({8}, DType::kF32, 1),
+              .grad = test::random_tensor({8}, DType::kF32, 2),
+              .exp_avg = test::random_tensor({8}, DType::kF32, 3),
+              .exp_avg_sq = bf16_of(test::random_tensor({8}, DType::kF32, 4))};
   try {
     adamw_step(cpu(), a);
     FAIL() << "an F32 exp_avg was accepted";

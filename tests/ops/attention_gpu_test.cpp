@@ -134,12 +134,13 @@ void compare_with_cpu(int64_t B, int64_t T, int64_t H, Dims d, float scale, floa
   const std::string where = "T=" + std::to_string(T) + " H=" + std::to_string(H) +
                             " Dqk=" + std::to_string(d.dqk) + " Dv=" + std::to_string(d.dv) +
                             " scale=" + std::to_string(scale) + " q_gain=" + std::to_string(q_gain);
-  const auto want = attention_forward(cpu, {in.q, in.k, in.v, scale});
+  const auto want =
+      attention_forward(cpu, {.q = in.q, .k = in.k, .v = in.v, .softmax_scale = scale});
   const Tensor qg = in.q.to(gpu, Device::kCuda), kg = in.k.to(gpu, Device::kCuda),
                vg = in.v.to(gpu, Device::kCuda);
   const Tensor dog = in.dO.to(gpu, Device::kCuda);
   poison_pool(gpu, 8 * in.q.nbytes() + (4 << 20));
-  const auto got = attention_forward(gpu, {qg, kg, vg, scale});
+  const auto got = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = scale});
   double e_o = 0;
   ASSERT_TRUE(rel_frobenius(want.o, got.o.to_host(gpu), 1e-2, "o", &e_o)) << where;
   ASSERT_TRUE(
@@ -148,10 +149,21 @@ void compare_with_cpu(int64_t B, int64_t T, int64_t H, Dims d, float scale, floa
 
   // Backward from the same o and lse on both sides (the CPU's), so only the backward kernels
   // differ.
-  const auto gw = attention_backward(cpu, {in.q, in.k, in.v, want.o, want.lse, in.dO, scale});
+  const auto gw = attention_backward(cpu, {.q = in.q,
+                                           .k = in.k,
+                                           .v = in.v,
+                                           .o = want.o,
+                                           .lse = want.lse,
+                                           .grad_o = in.dO,
+                                           .softmax_scale = scale});
   poison_pool(gpu, 8 * in.q.nbytes() + (4 << 20));
-  const auto gg = attention_backward(gpu, {qg, kg, vg, want.o.to(gpu, Device::kCuda),
-                                           want.lse.to(gpu, Device::kCuda), dog, scale});
+  const auto gg = attention_backward(gpu, {.q = qg,
+                                           .k = kg,
+                                           .v = vg,
+                                           .o = want.o.to(gpu, Device::kCuda),
+                                           .lse = want.lse.to(gpu, Device::kCuda),
+                                           .grad_o = dog,
+                                           .softmax_scale = scale});
   double e_dq = 0, e_dk = 0, e_dv = 0;
   ASSERT_TRUE(rel_frobenius(gw.grad_q, gg.grad_q.to_host(gpu), 1e-2, "dq", &e_dq)) << where;
   ASSERT_TRUE(rel_frobenius(gw.grad_k, gg.grad_k.to_host(gpu), 1e-2, "dk", &e_dk)) << where;
@@ -205,8 +217,14 @@ TEST(AttentionGpuSpecial, CausalMaskIgnoresFutureTokens) {
     auto run = [&](const Inputs& x) {
       const Tensor qg = x.q.to(gpu, Device::kCuda), kg = x.k.to(gpu, Device::kCuda),
                    vg = x.v.to(gpu, Device::kCuda);
-      auto f = attention_forward(gpu, {qg, kg, vg, 0.0f});
-      auto g = attention_backward(gpu, {qg, kg, vg, f.o, f.lse, x.dO.to(gpu, Device::kCuda), 0.0f});
+      auto f = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.0f});
+      auto g = attention_backward(gpu, {.q = qg,
+                                        .k = kg,
+                                        .v = vg,
+                                        .o = f.o,
+                                        .lse = f.lse,
+                                        .grad_o = x.dO.to(gpu, Device::kCuda),
+                                        .softmax_scale = 0.0f});
       return std::tuple{f.o.to_host(gpu), f.lse.to_host(gpu), g.grad_q.to_host(gpu)};
     };
     const auto [o1, lse1, dq1] = run(in);
@@ -258,8 +276,14 @@ TEST(AttentionGpuSpecial, BitwiseDeterministic) {
     std::vector<Tensor> runs[2];
     for (int r = 0; r < 2; ++r) {
       poison_pool(gpu, 64 << 20);
-      const auto f = attention_forward(gpu, {qg, kg, vg, 0.0f});
-      const auto g = attention_backward(gpu, {qg, kg, vg, f.o, f.lse, dog, 0.0f});
+      const auto f = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.0f});
+      const auto g = attention_backward(gpu, {.q = qg,
+                                              .k = kg,
+                                              .v = vg,
+                                              .o = f.o,
+                                              .lse = f.lse,
+                                              .grad_o = dog,
+                                              .softmax_scale = 0.0f});
       for (const Tensor& t : {f.o, f.lse, g.grad_q, g.grad_k, g.grad_v})
         runs[r].push_back(t.to_host(gpu));
     }
@@ -280,15 +304,24 @@ TEST(AttentionGpuSpecial, GraphsCachedAndCapturable) {
   const Inputs in = make_inputs(2, 193, 3, 96, 64, 515);
   const Tensor qg = in.q.to(gpu, Device::kCuda), kg = in.k.to(gpu, Device::kCuda),
                vg = in.v.to(gpu, Device::kCuda), dog = in.dO.to(gpu, Device::kCuda);
-  auto eager_f = attention_forward(gpu, {qg, kg, vg, 0.0f});
-  auto eager_g = attention_backward(gpu, {qg, kg, vg, eager_f.o, eager_f.lse, dog, 0.0f});
+  auto eager_f = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.0f});
+  auto eager_g = attention_backward(gpu, {.q = qg,
+                                          .k = kg,
+                                          .v = vg,
+                                          .o = eager_f.o,
+                                          .lse = eager_f.lse,
+                                          .grad_o = dog,
+                                          .softmax_scale = 0.0f});
   const size_t graphs = attention_state(gpu).graphs.size();
   for (int i = 0; i < 3; ++i) {
-    auto f = attention_forward(gpu, {qg, kg, vg, 0.0f});
-    attention_backward(gpu, {qg, kg, vg, f.o, f.lse, dog, 0.0f});
+    auto f = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.0f});
+    attention_backward(
+        gpu,
+        {.q = qg, .k = kg, .v = vg, .o = f.o, .lse = f.lse, .grad_o = dog, .softmax_scale = 0.0f});
   }
   EXPECT_EQ(attention_state(gpu).graphs.size(), graphs) << "a cached shape built a new graph";
-  attention_forward(gpu, {qg, kg, vg, 0.5f});  // another scale is another graph
+  attention_forward(
+      gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.5f});  // another scale is another graph
   EXPECT_EQ(attention_state(gpu).graphs.size(), graphs + 1);
 
   // Outputs allocated before the capture, so the replayed graph writes into known buffers.
@@ -300,8 +333,10 @@ TEST(AttentionGpuSpecial, GraphsCachedAndCapturable) {
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   {
-    auto f = attention_forward(gpu, {qg, kg, vg, 0.0f});
-    auto g = attention_backward(gpu, {qg, kg, vg, f.o, f.lse, dog, 0.0f});
+    auto f = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.0f});
+    auto g = attention_backward(
+        gpu,
+        {.q = qg, .k = kg, .v = vg, .o = f.o, .lse = f.lse, .grad_o = dog, .softmax_scale = 0.0f});
     gpu.be().copy(o.data(), f.o.data(), o.nbytes(), CopyKind::kDeviceToDevice);
     gpu.be().copy(lse.data(), f.lse.data(), lse.nbytes(), CopyKind::kDeviceToDevice);
     gpu.be().copy(dq.data(), g.grad_q.data(), dq.nbytes(), CopyKind::kDeviceToDevice);
@@ -385,8 +420,10 @@ TEST(AttentionGpuSpecial, LongSequenceMemoryAndAccuracy) {
   ASSERT_EQ(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), cudaSuccess);
   size_t free0 = 0, total = 0;
   cudaMemGetInfo(&free0, &total);
-  const auto f = attention_forward(gpu, {qg, kg, vg, 0.0f});
-  const auto g = attention_backward(gpu, {qg, kg, vg, f.o, f.lse, dog, 0.0f});
+  const auto f = attention_forward(gpu, {.q = qg, .k = kg, .v = vg, .softmax_scale = 0.0f});
+  const auto g = attention_backward(
+      gpu,
+      {.q = qg, .k = kg, .v = vg, .o = f.o, .lse = f.lse, .grad_o = dog, .softmax_scale = 0.0f});
   gpu.synchronize();
   ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), cudaSuccess);
   size_t free1 = 0;
@@ -478,16 +515,21 @@ TEST(AttentionGpuSpecial, RejectsUnsupportedInputs) {
     }
   };
   const Tensor qf = random_tensor({1, 8, 2, 64}, DType::kF32, 1).to(gpu, Device::kCuda);
-  expect_error([&] { attention_forward(gpu, {qf, qf, qf, 0.0f}); }, "BF16");
+  expect_error([&] { attention_forward(gpu, {.q = qf, .k = qf, .v = qf, .softmax_scale = 0.0f}); },
+               "BF16");
   const Tensor q100 = random_tensor({1, 8, 2, 100}, DType::kBF16, 1).to(gpu, Device::kCuda);
   const Tensor v64 = random_tensor({1, 8, 2, 64}, DType::kBF16, 1).to(gpu, Device::kCuda);
-  expect_error([&] { attention_forward(gpu, {q100, q100, v64, 0.0f}); }, "multiples of 8");
+  expect_error(
+      [&] { attention_forward(gpu, {.q = q100, .k = q100, .v = v64, .softmax_scale = 0.0f}); },
+      "multiples of 8");
   expect_error([&] { attention_check_supported(gpu, 100, 64); }, "multiples of 8");
   attention_check_supported(gpu, 192, 128);
   const Tensor big = random_tensor({1 * 8 * 2 * 64 + 8}, DType::kBF16, 1).to(gpu, Device::kCuda);
   const Tensor misaligned = Tensor::wrap(static_cast<uint16_t*>(big.data()) + 1, {1, 8, 2, 64},
                                          DType::kBF16, Device::kCuda);
-  expect_error([&] { attention_forward(gpu, {misaligned, v64, v64, 0.0f}); }, "16-byte aligned");
+  expect_error(
+      [&] { attention_forward(gpu, {.q = misaligned, .k = v64, .v = v64, .softmax_scale = 0.0f}); },
+      "16-byte aligned");
 }
 
 }  // namespace

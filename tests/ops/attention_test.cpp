@@ -64,7 +64,7 @@ TEST(AttentionCpu, ForwardMatchesFullMatrixSoftmax) {
     const Tensor q = random_tensor({2, T, H, Dk}, DType::kF32, 1),
                  k = random_tensor({2, T, H, Dk}, DType::kF32, 2);
     const Tensor v = random_tensor({2, T, H, Dv}, DType::kF32, 3);
-    const auto r = attention_forward(cpu, {q, k, v, scale});
+    const auto r = attention_forward(cpu, {.q = q, .k = k, .v = v, .softmax_scale = scale});
     ASSERT_EQ(r.o.shape(), (Shape{2, T, H, Dv}));
     ASSERT_EQ(r.lse.shape(), (Shape{2, H, T}));
     std::vector<double> o, lse;
@@ -81,7 +81,7 @@ TEST(AttentionCpu, SingleTokenOutputIsV) {
   const Tensor q = random_tensor({3, 1, 2, 32}, DType::kF32, 1),
                k = random_tensor({3, 1, 2, 32}, DType::kF32, 2);
   const Tensor v = random_tensor({3, 1, 2, 16}, DType::kF32, 3);
-  const auto r = attention_forward(cpu, {q, k, v, 0.0f});
+  const auto r = attention_forward(cpu, {.q = q, .k = k, .v = v, .softmax_scale = 0.0f});
   EXPECT_TRUE(test::bitwise_equal(v, r.o));
 }
 
@@ -91,12 +91,12 @@ TEST(AttentionCpu, CausalMaskIgnoresFutureTokens) {
   Tensor q = random_tensor({2, T, H, D}, DType::kF32, 1),
          k = random_tensor({2, T, H, D}, DType::kF32, 2);
   Tensor v = random_tensor({2, T, H, D}, DType::kF32, 3);
-  const auto before = attention_forward(cpu, {q, k, v, 0.0f});
+  const auto before = attention_forward(cpu, {.q = q, .k = k, .v = v, .softmax_scale = 0.0f});
   for (Tensor* t : {&q, &k, &v})
     for (int64_t b = 0; b < 2; ++b)
       for (int64_t i = t0; i < T; ++i)
         for (int64_t e = 0; e < H * D; ++e) t->data_as<float>()[(b * T + i) * H * D + e] *= -3.0f;
-  const auto after = attention_forward(cpu, {q, k, v, 0.0f});
+  const auto after = attention_forward(cpu, {.q = q, .k = k, .v = v, .softmax_scale = 0.0f});
   for (int64_t b = 0; b < 2; ++b) {
     ASSERT_EQ(
         std::memcmp(before.o.data_as<float>() + b * T * H * D,
@@ -124,13 +124,15 @@ TEST(AttentionCpu, BackwardMatchesFiniteDifferences) {
     Tensor v = random_tensor({B, T, H, Dv}, DType::kF32, 13);
     const Tensor w = random_tensor({B, T, H, Dv}, DType::kF32, 14);
     auto loss = [&] {
-      const auto r = attention_forward(cpu, {q, k, v, scale});
+      const auto r = attention_forward(cpu, {.q = q, .k = k, .v = v, .softmax_scale = scale});
       double s = 0;
       for (int64_t i = 0; i < r.o.numel(); ++i) s += double{get(r.o, i)} * get(w, i);
       return s;
     };
-    const auto fwd = attention_forward(cpu, {q, k, v, scale});
-    const AttentionGrads g = attention_backward(cpu, {q, k, v, fwd.o, fwd.lse, w, scale});
+    const auto fwd = attention_forward(cpu, {.q = q, .k = k, .v = v, .softmax_scale = scale});
+    const AttentionGrads g = attention_backward(
+        cpu,
+        {.q = q, .k = k, .v = v, .o = fwd.o, .lse = fwd.lse, .grad_o = w, .softmax_scale = scale});
     const float eps = 1e-2f;
     for (auto [x, gx, name] : {std::tuple{&q, &g.grad_q, "dq"}, std::tuple{&k, &g.grad_k, "dk"},
                                std::tuple{&v, &g.grad_v, "dv"}}) {
@@ -165,8 +167,9 @@ TEST(AttentionCpu, Bf16AgreesWithF32) {
     for (int64_t i = 0; i < t.numel(); ++i) f.data_as<float>()[i] = get(t, i);
     return f;
   };
-  const auto rb = attention_forward(cpu, {qb, kb, vb, 0.0f});
-  const auto rf = attention_forward(cpu, {widen(qb), widen(kb), widen(vb), 0.0f});
+  const auto rb = attention_forward(cpu, {.q = qb, .k = kb, .v = vb, .softmax_scale = 0.0f});
+  const auto rf = attention_forward(
+      cpu, {.q = widen(qb), .k = widen(kb), .v = widen(vb), .softmax_scale = 0.0f});
   ASSERT_EQ(rb.o.dtype(), DType::kBF16);
   for (int64_t i = 0; i < rb.o.numel(); ++i)
     ASSERT_EQ(rb.o.data_as<uint16_t>()[i], float_to_bf16(rf.o.data_as<float>()[i]))
@@ -191,28 +194,37 @@ TEST(AttentionCpu, RejectsBadShapesWithClearMessages) {
                v = random_tensor({1, 4, 2, 16}, DType::kF32, 2);
   const Tensor q100 = random_tensor({1, 4, 2, 100}, DType::kF32, 1);
   expect_error(
-      [&] {
-        attention_forward(cpu, {q100, q100, v, 0.0f});
-      },
+      [&] { attention_forward(cpu, {.q = q100, .k = q100, .v = v, .softmax_scale = 0.0f}); },
       {"q", "Dqk", "100", "multiples of 8"});
   // The rule is cuDNN's (multiples of 8), not the old kernels' (multiples of 16): 40 runs.
   const Tensor q40 = random_tensor({1, 4, 2, 40}, DType::kF32, 3);
-  EXPECT_EQ(attention_forward(cpu, {q40, q40, v, 0.0f}).o.shape(), (Shape{1, 4, 2, 16}));
+  EXPECT_EQ(attention_forward(cpu, {.q = q40, .k = q40, .v = v, .softmax_scale = 0.0f}).o.shape(),
+            (Shape{1, 4, 2, 16}));
   expect_error([&] { attention_check_supported(cpu, 100, 64); }, {"Dqk", "100", "multiples of 8"});
   expect_error([&] { attention_check_supported(cpu, 64, 264); }, {"Dv", "264"});
   attention_check_supported(cpu, 192, 128);
   const Tensor v272 = random_tensor({1, 4, 2, 272}, DType::kF32, 1);
-  expect_error([&] { attention_forward(cpu, {q, q, v272, 0.0f}); }, {"v", "Dv", "272"});
+  expect_error([&] { attention_forward(cpu, {.q = q, .k = q, .v = v272, .softmax_scale = 0.0f}); },
+               {"v", "Dv", "272"});
   const Tensor k_bad = random_tensor({1, 5, 2, 32}, DType::kF32, 1);
-  expect_error([&] { attention_forward(cpu, {q, k_bad, v, 0.0f}); }, {"k", "[1, 4, 2, 32]"});
+  expect_error([&] { attention_forward(cpu, {.q = q, .k = k_bad, .v = v, .softmax_scale = 0.0f}); },
+               {"k", "[1, 4, 2, 32]"});
   const Tensor k_bf = random_tensor({1, 4, 2, 32}, DType::kBF16, 1);
-  expect_error([&] { attention_forward(cpu, {q, k_bf, v, 0.0f}); }, {"k", "BF16"});
-  expect_error([&] { attention_forward(cpu, {q, q, v, -1.0f}); }, {"softmax_scale"});
-  const auto r = attention_forward(cpu, {q, q, v, 0.0f});
+  expect_error([&] { attention_forward(cpu, {.q = q, .k = k_bf, .v = v, .softmax_scale = 0.0f}); },
+               {"k", "BF16"});
+  expect_error([&] { attention_forward(cpu, {.q = q, .k = q, .v = v, .softmax_scale = -1.0f}); },
+               {"softmax_scale"});
+  const auto r = attention_forward(cpu, {.q = q, .k = q, .v = v, .softmax_scale = 0.0f});
   const Tensor lse_bad = Tensor::empty({1, 4, 2}, DType::kF32);
   expect_error(
       [&] {
-        attention_backward(cpu, {q, q, v, r.o, lse_bad, r.o, 0.0f});
+        attention_backward(cpu, {.q = q,
+                                 .k = q,
+                                 .v = v,
+                                 .o = r.o,
+                                 .lse = lse_bad,
+                                 .grad_o = r.o,
+                                 .softmax_scale = 0.0f});
       },
       {"lse", "(B, H, T)"});
 }
@@ -221,9 +233,10 @@ TEST(AttentionCpu, EmptySequenceIsAllowed) {
   Context cpu = make_context(Device::kCpu);
   const Tensor q = Tensor::empty({2, 0, 3, 32}, DType::kF32),
                v = Tensor::empty({2, 0, 3, 16}, DType::kF32);
-  const auto r = attention_forward(cpu, {q, q, v, 0.0f});
+  const auto r = attention_forward(cpu, {.q = q, .k = q, .v = v, .softmax_scale = 0.0f});
   EXPECT_EQ(r.o.numel(), 0);
-  const auto g = attention_backward(cpu, {q, q, v, r.o, r.lse, r.o, 0.0f});
+  const auto g = attention_backward(
+      cpu, {.q = q, .k = q, .v = v, .o = r.o, .lse = r.lse, .grad_o = r.o, .softmax_scale = 0.0f});
   EXPECT_EQ(g.grad_q.numel(), 0);
 }
 

@@ -50,14 +50,24 @@ Fwd forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
   const int64_t rows = logits.rows();
   Fwd f{make(ctx, {rows}, DType::kF32), make(ctx, {rows}, DType::kF32), make(ctx, {1}, DType::kI32),
         make(ctx, {1}, DType::kF32)};
-  cross_entropy_forward(ctx, {logits, targets, f.losses, f.lse, f.count, f.loss});
+  cross_entropy_forward(ctx, {.logits = logits,
+                              .targets = targets,
+                              .losses = f.losses,
+                              .lse = f.lse,
+                              .count = f.count,
+                              .loss = f.loss});
   return f;
 }
 
 Tensor backward(Context& ctx, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                 const Tensor& count, const Tensor& dloss) {
   Tensor d = make(ctx, logits.shape(), logits.dtype());
-  cross_entropy_backward(ctx, {logits, targets, lse, count, dloss, d});
+  cross_entropy_backward(ctx, {.logits = logits,
+                               .targets = targets,
+                               .lse = lse,
+                               .count = count,
+                               .dloss = dloss,
+                               .dlogits = d});
   return d.to_host(ctx);
 }
 
@@ -108,7 +118,12 @@ void check(const Tensor& logits, const Tensor& targets, float dloss_value,
   const Tensor d2 = backward(gpu, logits_d, targets_d, got.lse, got.count, dloss_d);
   EXPECT_TRUE(bitwise_equal(d1, d2)) << where << " dlogits not deterministic";
   Tensor in_place = logits.to(gpu, Device::kCuda);
-  cross_entropy_backward(gpu, {in_place, targets_d, got.lse, got.count, dloss_d, in_place});
+  cross_entropy_backward(gpu, {.logits = in_place,
+                               .targets = targets_d,
+                               .lse = got.lse,
+                               .count = got.count,
+                               .dloss = dloss_d,
+                               .dlogits = in_place});
   EXPECT_TRUE(bitwise_equal(d1, in_place.to_host(gpu))) << where << " in-place backward differs";
 }
 

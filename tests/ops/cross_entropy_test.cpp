@@ -23,7 +23,12 @@ Fwd forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
   Fwd f{Tensor::empty({rows}, DType::kF32), Tensor::empty({rows}, DType::kF32),
         Tensor::empty({1}, DType::kI32), Tensor::empty({1}, DType::kF32)};
   for (Tensor* t : {&f.losses, &f.lse, &f.count, &f.loss}) test::poison(*t, 0xFF);
-  cross_entropy_forward(ctx, {logits, targets, f.losses, f.lse, f.count, f.loss});
+  cross_entropy_forward(ctx, {.logits = logits,
+                              .targets = targets,
+                              .losses = f.losses,
+                              .lse = f.lse,
+                              .count = f.count,
+                              .loss = f.loss});
   return f;
 }
 
@@ -32,7 +37,12 @@ Tensor backward(Context& ctx, const Tensor& logits, const Tensor& targets, const
   Tensor d = Tensor::empty(logits.shape(), logits.dtype());
   test::poison(d, 0xFF);
   const Tensor dl = test::host_tensor({1}, DType::kF32, [&](int64_t) { return dloss; });
-  cross_entropy_backward(ctx, {logits, targets, f.lse, f.count, dl, d});
+  cross_entropy_backward(ctx, {.logits = logits,
+                               .targets = targets,
+                               .lse = f.lse,
+                               .count = f.count,
+                               .dloss = dl,
+                               .dlogits = d});
   return d;
 }
 
@@ -123,7 +133,12 @@ TEST(CrossEntropy, InPlaceBackwardEqualsOutOfPlace) {
     const Fwd f = forward(cpu, logits, targets);
     const Tensor want = backward(cpu, logits, targets, f, 0.5f);
     const Tensor dl = test::host_tensor({1}, DType::kF32, [](int64_t) { return 0.5; });
-    cross_entropy_backward(cpu, {logits, targets, f.lse, f.count, dl, logits});
+    cross_entropy_backward(cpu, {.logits = logits,
+                                 .targets = targets,
+                                 .lse = f.lse,
+                                 .count = f.count,
+                                 .dloss = dl,
+                                 .dlogits = logits});
     EXPECT_TRUE(test::bitwise_equal(want, logits)) << dtype_name(dt);
   }
 }
@@ -154,13 +169,22 @@ TEST(CrossEntropy, RejectsBadArguments) {
   const Tensor dl = test::host_tensor({1}, DType::kF32, [](int64_t) { return 1.0; });
   test::expect_error(
       [&] {
-        cross_entropy_backward(
-            cpu, {logits, targets, f.lse, f.count, dl, Tensor::empty({4, 10}, DType::kBF16)});
+        cross_entropy_backward(cpu, {.logits = logits,
+                                     .targets = targets,
+                                     .lse = f.lse,
+                                     .count = f.count,
+                                     .dloss = dl,
+                                     .dlogits = Tensor::empty({4, 10}, DType::kBF16)});
       },
       {"cross_entropy dlogits", "F32", "BF16"});
   test::expect_error(
       [&] {
-        cross_entropy_backward(cpu, {logits, targets, f.lse, f.loss, dl, logits});
+        cross_entropy_backward(cpu, {.logits = logits,
+                                     .targets = targets,
+                                     .lse = f.lse,
+                                     .count = f.loss,
+                                     .dloss = dl,
+                                     .dlogits = logits});
       },
       {"cross_entropy count", "I32", "F32"});
 }

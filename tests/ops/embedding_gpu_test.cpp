@@ -31,20 +31,23 @@ Tensor forward(Context& ctx, const Tensor& ids, const Tensor& table, DType out_d
   Tensor out =
       ctx.device == Device::kCuda ? test::poisoned(ctx, s, out_dt) : Tensor::empty(s, out_dt);
   if (ctx.device == Device::kCuda)
-    embedding_forward(ctx, {ids.to(ctx, Device::kCuda), table.to(ctx, Device::kCuda), out});
+    embedding_forward(
+        ctx,
+        {.ids = ids.to(ctx, Device::kCuda), .table = table.to(ctx, Device::kCuda), .out = out});
   else
-    embedding_forward(ctx, {ids, table, out});
+    embedding_forward(ctx, {.ids = ids, .table = table, .out = out});
   return out.to_host(ctx);
 }
 
 Tensor backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable0) {
   if (ctx.device == Device::kCpu) {
     Tensor dt = dtable0.to_host(ctx);
-    embedding_backward(ctx, {ids, dout, dt});
+    embedding_backward(ctx, {.ids = ids, .dout = dout, .dtable = dt});
     return dt;
   }
   Tensor dt = dtable0.to(ctx, Device::kCuda);
-  embedding_backward(ctx, {ids.to(ctx, Device::kCuda), dout.to(ctx, Device::kCuda), dt});
+  embedding_backward(
+      ctx, {.ids = ids.to(ctx, Device::kCuda), .dout = dout.to(ctx, Device::kCuda), .dtable = dt});
   return dt.to_host(ctx);
 }
 

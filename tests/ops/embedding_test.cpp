@@ -21,7 +21,7 @@ TEST(Embedding, ForwardGathersRows) {
   for (DType out_dt : {DType::kF32, DType::kBF16}) {
     Tensor out = Tensor::empty({2, 9, 13}, out_dt);
     test::poison(out, 0xFF);
-    embedding_forward(cpu, {ids, table, out});
+    embedding_forward(cpu, {.ids = ids, .table = table, .out = out});
     for (int64_t t = 0; t < 18; ++t)
       for (int64_t j = 0; j < 13; ++j) {
         const float want = table.data_as<float>()[ids.data_as<int32_t>()[t] * 13 + j];
@@ -59,7 +59,7 @@ TEST(Embedding, BackwardFollowsItsSummationOrder) {
     const Tensor dout = random_tensor({40, 9}, dt, 34, test::Dist::kWide);
     const Tensor dtable0 = random_tensor({9, 9}, DType::kF32, 35);
     Tensor dtable = dtable0.to_host(cpu);
-    embedding_backward(cpu, {ids, dout, dtable});
+    embedding_backward(cpu, {.ids = ids, .dout = dout, .dtable = dtable});
     EXPECT_TRUE(test::bitwise_equal(expected_dtable(ids, dout, dtable0), dtable)) << dtype_name(dt);
   }
 }
@@ -72,11 +72,11 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const Tensor r = random_tensor({6, 3}, DType::kF32, 37);
   auto loss = [&] {
     Tensor out = Tensor::empty({6, 3}, DType::kF32);
-    embedding_forward(cpu, {ids, table, out});
+    embedding_forward(cpu, {.ids = ids, .table = table, .out = out});
     return test::weighted_sum(out, r);
   };
   Tensor dtable = test::host_tensor({5, 3}, DType::kF32, [](int64_t) { return 0.0; });
-  embedding_backward(cpu, {ids, r, dtable});
+  embedding_backward(cpu, {.ids = ids, .dout = r, .dtable = dtable});
   for (int64_t i = 0; i < table.numel(); ++i) {
     const double fd = test::central_difference(table.data_as<float>() + i, 1e-2, loss);
     EXPECT_NEAR(dtable.data_as<float>()[i], fd, 1e-4 * std::max(1.0, std::fabs(fd)))
@@ -92,33 +92,31 @@ TEST(Embedding, RejectsBadArguments) {
   Tensor ids = test::random_ints({5}, 0, 6, 39);
   Tensor out = Tensor::empty({5, 4}, DType::kBF16);
   ids.data_as<int32_t>()[3] = 7;
-  test::expect_error(
-      [&] {
-        embedding_forward(cpu, {ids, table, out});
-      },
-      {"position 3", "holds 7", "[0, 7)"});
+  test::expect_error([&] { embedding_forward(cpu, {.ids = ids, .table = table, .out = out}); },
+                     {"position 3", "holds 7", "[0, 7)"});
   Tensor dtable = Tensor::empty({7, 4}, DType::kF32);
-  test::expect_error([&] { embedding_backward(cpu, {ids, out, dtable}); }, {"position 3"});
+  test::expect_error([&] { embedding_backward(cpu, {.ids = ids, .dout = out, .dtable = dtable}); },
+                     {"position 3"});
   ids.data_as<int32_t>()[3] = -1;
-  test::expect_error(
-      [&] {
-        embedding_forward(cpu, {ids, table, out});
-      },
-      {"position 3", "holds -1"});
+  test::expect_error([&] { embedding_forward(cpu, {.ids = ids, .table = table, .out = out}); },
+                     {"position 3", "holds -1"});
   ids.data_as<int32_t>()[3] = 0;
   test::expect_error(
       [&] {
-        embedding_forward(cpu, {ids, table, Tensor::empty({5, 5}, DType::kBF16)});
+        embedding_forward(cpu,
+                          {.ids = ids, .table = table, .out = Tensor::empty({5, 5}, DType::kBF16)});
       },
       {"embedding out", "(5, 4)", "[5, 5]"});
   test::expect_error(
       [&] {
-        embedding_forward(cpu, {random_tensor({5}, DType::kF32, 1), table, out});
+        embedding_forward(cpu,
+                          {.ids = random_tensor({5}, DType::kF32, 1), .table = table, .out = out});
       },
       {"embedding ids", "I32", "F32"});
   test::expect_error(
       [&] {
-        embedding_backward(cpu, {ids, out, Tensor::empty({7, 4}, DType::kBF16)});
+        embedding_backward(
+            cpu, {.ids = ids, .dout = out, .dtable = Tensor::empty({7, 4}, DType::kBF16)});
       },
       {"embedding dtable", "F32", "BF16"});
 }

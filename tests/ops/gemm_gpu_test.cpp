@@ -152,9 +152,9 @@ TEST(GemmGpu, Bf16MatchesCpu) {
                  b = random_tensor({s.n, s.k}, DType::kBF16, 2);
     for (DType out : {DType::kF32, DType::kBF16}) {
       Tensor dc = make_output(s.m, s.n, out);
-      gemm_bf16(cpu(), {a, b, dc});
+      gemm_bf16(cpu(), {.a = a, .b = b, .d = dc});
       Tensor dg = poisoned_gpu(s.m, s.n, out);
-      gemm_bf16(gpu(), {a.to(gpu(), Device::kCuda), b.to(gpu(), Device::kCuda), dg});
+      gemm_bf16(gpu(), {.a = a.to(gpu(), Device::kCuda), .b = b.to(gpu(), Device::kCuda), .d = dg});
       const std::vector<double> ref = to_doubles(dc), got = to_doubles(dg.to_host(gpu()));
       ASSERT_TRUE(all_finite(got, s.n));
       EXPECT_LE(rel_frobenius(ref, got), out == DType::kF32 ? 1e-5 : 4e-3)
@@ -184,9 +184,14 @@ TEST(GemmGpu, Bf16OperandLayoutsMatchCpu) {
           for (int64_t i = 0; i < dc.numel(); ++i) dc.data_as<float>()[i] = 0.5f - (i % 5);
         Tensor dg = dc.to(gpu(), Device::kCuda);
         if (acc == Accumulate::kOverwrite) dg = poisoned_gpu(s.m, s.n, out);
-        gemm_bf16(cpu(), {ha, hb, dc, acc, la, lb});
-        gemm_bf16(gpu(),
-                  {ha.to(gpu(), Device::kCuda), hb.to(gpu(), Device::kCuda), dg, acc, la, lb});
+        gemm_bf16(cpu(),
+                  {.a = ha, .b = hb, .d = dc, .accumulate = acc, .a_layout = la, .b_layout = lb});
+        gemm_bf16(gpu(), {.a = ha.to(gpu(), Device::kCuda),
+                          .b = hb.to(gpu(), Device::kCuda),
+                          .d = dg,
+                          .accumulate = acc,
+                          .a_layout = la,
+                          .b_layout = lb});
         const std::vector<double> ref = to_doubles(dc), got = to_doubles(dg.to_host(gpu()));
         ASSERT_TRUE(all_finite(got, s.n));
         EXPECT_LE(rel_frobenius(ref, got), out == DType::kF32 ? 1e-5 : 4e-3)

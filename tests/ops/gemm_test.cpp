@@ -127,7 +127,7 @@ TEST(Gemm, EveryOutputElementIsWritten) {
 TEST(Gemm, EmptyKGivesZeros) {
   Tensor a = Tensor::empty({3, 0}, DType::kBF16), b = Tensor::empty({4, 0}, DType::kBF16);
   Tensor d = make_output(3, 4, DType::kF32);
-  gemm_bf16(cpu_ctx(), {a, b, d, Accumulate::kOverwrite});
+  gemm_bf16(cpu_ctx(), {.a = a, .b = b, .d = d, .accumulate = Accumulate::kOverwrite});
   for (int64_t i = 0; i < d.numel(); ++i) EXPECT_EQ(d.data_as<float>()[i], 0.0f);
 }
 
@@ -142,19 +142,27 @@ TEST(Gemm, Bf16OperandLayoutsAreTransposes) {
     Tensor want = make_output(45, 77, DType::kF32);
     for (int64_t i = 0; i < want.numel(); ++i) want.data_as<float>()[i] = 0.25f * (i % 7);
     Tensor init = want.to(cpu, Device::kCpu);
-    gemm_bf16(cpu, {a, b, want, acc});
+    gemm_bf16(cpu, {.a = a, .b = b, .d = want, .accumulate = acc});
     for (auto [la, lb] : {std::pair{OperandLayout::kKMajor, OperandLayout::kMNMajor},
                           std::pair{OperandLayout::kMNMajor, OperandLayout::kKMajor},
                           std::pair{OperandLayout::kMNMajor, OperandLayout::kMNMajor}}) {
       Tensor got = init.to(cpu, Device::kCpu);
-      gemm_bf16(cpu, {la == OperandLayout::kKMajor ? a : at, lb == OperandLayout::kKMajor ? b : bt,
-                      got, acc, la, lb});
+      gemm_bf16(cpu, {.a = la == OperandLayout::kKMajor ? a : at,
+                      .b = lb == OperandLayout::kKMajor ? b : bt,
+                      .d = got,
+                      .accumulate = acc,
+                      .a_layout = la,
+                      .b_layout = lb});
       EXPECT_TRUE(bitwise_equal(want, got)) << "layouts " << int(la) << int(lb);
     }
   }
   Tensor d = make_output(45, 77, DType::kF32);
   try {
-    gemm_bf16(cpu, {a, b, d, Accumulate::kOverwrite, OperandLayout::kMNMajor});
+    gemm_bf16(cpu, {.a = a,
+                    .b = b,
+                    .d = d,
+                    .accumulate = Accumulate::kOverwrite,
+                    .a_layout = OperandLayout::kMNMajor});
     ADD_FAILURE() << "A (45, 300) read MN-major has K = 45, B has K = 300: must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("same K"), std::string::npos) << e.what();
@@ -165,7 +173,7 @@ TEST(Gemm, Bf16MatchesFp64) {
   const Tensor a = random_tensor({45, 300}, DType::kBF16, 11),
                b = random_tensor({77, 300}, DType::kBF16, 12);
   Tensor d = make_output(45, 77, DType::kF32);
-  gemm_bf16(cpu_ctx(), {a, b, d, Accumulate::kOverwrite});
+  gemm_bf16(cpu_ctx(), {.a = a, .b = b, .d = d, .accumulate = Accumulate::kOverwrite});
   auto widen = [](const Tensor& t) {
     Tensor f = Tensor::empty(t.shape(), DType::kF32);
     for (int64_t i = 0; i < t.numel(); ++i)

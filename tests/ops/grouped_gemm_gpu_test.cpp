@@ -69,11 +69,15 @@ TEST(GroupedGemmGpu, Fp8FpropMatchesCpu) {
       const StackedWeights sw = stack_experts(cpu(), w);
       for (DType out : {DType::kF32, DType::kBF16}) {
         Tensor dc = make_output(rows, n, out);
-        grouped_gemm_fp8(cpu(),
-                         {rowwise_operand(qx), sw.op, group_sizes_tensor(sizes, DType::kI32), dc});
+        grouped_gemm_fp8(cpu(), {.a = rowwise_operand(qx),
+                                 .b = sw.op,
+                                 .group_sizes = group_sizes_tensor(sizes, DType::kI32),
+                                 .d = dc});
         Tensor dg = dev(make_output(rows, n, out, 0xFF));
-        grouped_gemm_fp8(gpu(), {to_gpu(rowwise_operand(qx)), to_gpu(sw.op),
-                                 dev(group_sizes_tensor(sizes, DType::kI64)), dg});
+        grouped_gemm_fp8(gpu(), {.a = to_gpu(rowwise_operand(qx)),
+                                 .b = to_gpu(sw.op),
+                                 .group_sizes = dev(group_sizes_tensor(sizes, DType::kI64)),
+                                 .d = dg});
         expect_close(dc, dg, out == DType::kF32 ? kFp8Tol : 4e-3,
                      "fp8 fprop E=" + std::to_string(experts) + " N=" + std::to_string(n) +
                          " K=" + std::to_string(k) + " " + std::string(dtype_name(out)));
@@ -100,11 +104,15 @@ TEST(GroupedGemmGpu, Fp8FpropModelShapesAndPaddedTail) {
     for (int64_t e = 0; e < experts; ++e) w.push_back(random_tensor({n, k}, DType::kF32, 300 + e));
     const StackedWeights sw = stack_experts(cpu(), w);
     Tensor dc = make_output(rows, n, DType::kBF16);
-    grouped_gemm_fp8(cpu(),
-                     {rowwise_operand(qx), sw.op, group_sizes_tensor(sizes, DType::kI32), dc});
+    grouped_gemm_fp8(cpu(), {.a = rowwise_operand(qx),
+                             .b = sw.op,
+                             .group_sizes = group_sizes_tensor(sizes, DType::kI32),
+                             .d = dc});
     Tensor dg = dev(make_output(rows, n, DType::kBF16, 0xFF));
-    grouped_gemm_fp8(gpu(), {to_gpu(rowwise_operand(qx)), to_gpu(sw.op),
-                             dev(group_sizes_tensor(sizes, DType::kI32)), dg});
+    grouped_gemm_fp8(gpu(), {.a = to_gpu(rowwise_operand(qx)),
+                             .b = to_gpu(sw.op),
+                             .group_sizes = dev(group_sizes_tensor(sizes, DType::kI32)),
+                             .d = dg});
     const Tensor got = dg.to_host(gpu());
     for (int64_t i = used * n; i < rows * n; ++i)
       ASSERT_EQ(got.data_as<const uint16_t>()[i], 0) << "tail row " << i / n << " not zeroed";
@@ -112,8 +120,10 @@ TEST(GroupedGemmGpu, Fp8FpropModelShapesAndPaddedTail) {
                  "fp8 fprop model shape E=32 N=" + std::to_string(n) + " K=" + std::to_string(k));
     // Bitwise the same on a second run.
     Tensor dg2 = dev(make_output(rows, n, DType::kBF16, 0xFF));
-    grouped_gemm_fp8(gpu(), {to_gpu(rowwise_operand(qx)), to_gpu(sw.op),
-                             dev(group_sizes_tensor(sizes, DType::kI32)), dg2});
+    grouped_gemm_fp8(gpu(), {.a = to_gpu(rowwise_operand(qx)),
+                             .b = to_gpu(sw.op),
+                             .group_sizes = dev(group_sizes_tensor(sizes, DType::kI32)),
+                             .d = dg2});
     EXPECT_TRUE(bitwise_equal(got, dg2.to_host(gpu()))) << "two runs differ, N=" << n;
   }
 }
@@ -126,9 +136,13 @@ TEST(GroupedGemmGpu, Bf16FpropMatchesCpu) {
   const Tensor a = random_tensor({rows, k}, DType::kBF16, 1),
                b = random_tensor({experts, n, k}, DType::kBF16, 2);
   Tensor dc = make_output(rows, n, DType::kF32);
-  grouped_gemm_bf16(cpu(), {a, b, group_sizes_tensor(sizes, DType::kI32), dc});
+  grouped_gemm_bf16(
+      cpu(), {.a = a, .b = b, .group_sizes = group_sizes_tensor(sizes, DType::kI32), .d = dc});
   Tensor dg = dev(make_output(rows, n, DType::kF32, 0xFF));
-  grouped_gemm_bf16(gpu(), {dev(a), dev(b), dev(group_sizes_tensor(sizes, DType::kI32)), dg});
+  grouped_gemm_bf16(gpu(), {.a = dev(a),
+                            .b = dev(b),
+                            .group_sizes = dev(group_sizes_tensor(sizes, DType::kI32)),
+                            .d = dg});
   expect_close(dc, dg, 1e-5, "bf16 fprop");
 }
 
@@ -146,11 +160,11 @@ TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
                  b = random_tensor({experts, n, k}, DType::kBF16, 22);
     const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32);
     Tensor dc = make_output(rows, n, DType::kBF16);
-    grouped_gemm_bf16(cpu(), {a, b, sizes_t, dc});
+    grouped_gemm_bf16(cpu(), {.a = a, .b = b, .group_sizes = sizes_t, .d = dc});
     Tensor dg = dev(make_output(rows, n, DType::kBF16, 0xFF));
     const Tensor ga = dev(a), gb = dev(b), gs = dev(sizes_t);
     int64_t before = gpu().be().host_waits();
-    grouped_gemm_bf16(gpu(), {ga, gb, gs, dg});
+    grouped_gemm_bf16(gpu(), {.a = ga, .b = gb, .group_sizes = gs, .d = dg});
     EXPECT_EQ(gpu().be().host_waits(), before) << "the fprop read the counts on the host";
     expect_close(dc, dg, 5e-3, "bf16 fprop, bf16 out" + shape);
     const Tensor got = dg.to_host(gpu());
@@ -161,13 +175,23 @@ TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
     const Tensor dy = random_tensor({rows, n}, DType::kBF16, 23);
     const Tensor init = random_tensor({experts * n, k}, DType::kF32, 24);
     Tensor wc = init.to_host(cpu());
-    grouped_wgrad_bf16(cpu(), {dy, a, sizes_t, wc.reshape({experts, n, k}), Accumulate::kAdd,
-                               nullptr, OperandLayout::kMNMajor});
+    grouped_wgrad_bf16(cpu(), {.a = dy,
+                               .b = a,
+                               .group_sizes = sizes_t,
+                               .d = wc.reshape({experts, n, k}),
+                               .accumulate = Accumulate::kAdd,
+                               .host_sizes = nullptr,
+                               .layout = OperandLayout::kMNMajor});
     Tensor wg = dev(init);
     const Tensor gdy = dev(dy);
     before = gpu().be().host_waits();
-    grouped_wgrad_bf16(gpu(), {gdy, ga, gs, wg.reshape({experts, n, k}), Accumulate::kAdd, nullptr,
-                               OperandLayout::kMNMajor});
+    grouped_wgrad_bf16(gpu(), {.a = gdy,
+                               .b = ga,
+                               .group_sizes = gs,
+                               .d = wg.reshape({experts, n, k}),
+                               .accumulate = Accumulate::kAdd,
+                               .host_sizes = nullptr,
+                               .layout = OperandLayout::kMNMajor});
     EXPECT_EQ(gpu().be().host_waits(), before) << "the wgrad read the counts on the host";
     expect_close(wc, wg, 1e-5, "bf16 wgrad += from dY and X" + shape);
     const Tensor w = wg.to_host(gpu());
@@ -179,8 +203,13 @@ TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
             << "expert " << e << " has no tokens but its dW changed" << shape;
     // Deterministic: the same bits again.
     Tensor wg2 = dev(init);
-    grouped_wgrad_bf16(gpu(), {gdy, ga, gs, wg2.reshape({experts, n, k}), Accumulate::kAdd, nullptr,
-                               OperandLayout::kMNMajor});
+    grouped_wgrad_bf16(gpu(), {.a = gdy,
+                               .b = ga,
+                               .group_sizes = gs,
+                               .d = wg2.reshape({experts, n, k}),
+                               .accumulate = Accumulate::kAdd,
+                               .host_sizes = nullptr,
+                               .layout = OperandLayout::kMNMajor});
     EXPECT_TRUE(bitwise_equal(w, wg2.to_host(gpu()))) << "two runs differ" << shape;
   }
 }
@@ -208,10 +237,16 @@ TEST(GroupedGemmGpu, Fp8WgradFromScalingAwareTransposeModelShapes) {
     const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32);
     Tensor dc = random_tensor({experts * n, k}, DType::kF32, 15);
     Tensor dg = dev(dc);
-    grouped_wgrad_fp8(cpu(), {columnwise_operand(qdy), columnwise_operand(qx), sizes_t,
-                              dc.reshape({experts, n, k}), Accumulate::kAdd});
-    grouped_wgrad_fp8(gpu(), {to_gpu(columnwise_operand(qdy)), to_gpu(columnwise_operand(qx)),
-                              dev(sizes_t), dg.reshape({experts, n, k}), Accumulate::kAdd});
+    grouped_wgrad_fp8(cpu(), {.a = columnwise_operand(qdy),
+                              .b = columnwise_operand(qx),
+                              .group_sizes = sizes_t,
+                              .d = dc.reshape({experts, n, k}),
+                              .accumulate = Accumulate::kAdd});
+    grouped_wgrad_fp8(gpu(), {.a = to_gpu(columnwise_operand(qdy)),
+                              .b = to_gpu(columnwise_operand(qx)),
+                              .group_sizes = dev(sizes_t),
+                              .d = dg.reshape({experts, n, k}),
+                              .accumulate = Accumulate::kAdd});
     expect_close(
         dc, dg, kFp8Tol,
         "fp8 wgrad += (128x128 B) E=32 N=" + std::to_string(n) + " K=" + std::to_string(k));
@@ -241,10 +276,16 @@ TEST(GroupedGemmGpu, Fp8WgradMatchesCpuAndAccumulates) {
                                         : make_output(experts * n, k, DType::kF32);
     Tensor dg =
         acc == Accumulate::kAdd ? dev(dc) : dev(make_output(experts * n, k, DType::kF32, 0xFF));
-    grouped_wgrad_fp8(cpu(), {columnwise_operand(qdy), columnwise_operand(qx), sizes_t,
-                              dc.reshape({experts, n, k}), acc});
-    grouped_wgrad_fp8(gpu(), {to_gpu(columnwise_operand(qdy)), to_gpu(columnwise_operand(qx)),
-                              dev(sizes_t), dg.reshape({experts, n, k}), acc});
+    grouped_wgrad_fp8(cpu(), {.a = columnwise_operand(qdy),
+                              .b = columnwise_operand(qx),
+                              .group_sizes = sizes_t,
+                              .d = dc.reshape({experts, n, k}),
+                              .accumulate = acc});
+    grouped_wgrad_fp8(gpu(), {.a = to_gpu(columnwise_operand(qdy)),
+                              .b = to_gpu(columnwise_operand(qx)),
+                              .group_sizes = dev(sizes_t),
+                              .d = dg.reshape({experts, n, k}),
+                              .accumulate = acc});
     expect_close(dc, dg, kFp8Tol, acc == Accumulate::kAdd ? "fp8 wgrad +=" : "fp8 wgrad =");
   }
 }
@@ -256,11 +297,17 @@ TEST(GroupedGemmGpu, Bf16WgradMatchesCpu) {
   const Tensor a = random_tensor({n, t}, DType::kBF16, 1),
                b = random_tensor({k, t}, DType::kBF16, 2);
   Tensor dc = make_output(4 * n, k, DType::kF32);
-  grouped_wgrad_bf16(cpu(), {a, b, group_sizes_tensor(sizes, DType::kI64), dc.reshape({4, n, k}),
-                             Accumulate::kOverwrite});
+  grouped_wgrad_bf16(cpu(), {.a = a,
+                             .b = b,
+                             .group_sizes = group_sizes_tensor(sizes, DType::kI64),
+                             .d = dc.reshape({4, n, k}),
+                             .accumulate = Accumulate::kOverwrite});
   Tensor dg = dev(make_output(4 * n, k, DType::kF32, 0xFF));
-  grouped_wgrad_bf16(gpu(), {dev(a), dev(b), dev(group_sizes_tensor(sizes, DType::kI64)),
-                             dg.reshape({4, n, k}), Accumulate::kOverwrite});
+  grouped_wgrad_bf16(gpu(), {.a = dev(a),
+                             .b = dev(b),
+                             .group_sizes = dev(group_sizes_tensor(sizes, DType::kI64)),
+                             .d = dg.reshape({4, n, k}),
+                             .accumulate = Accumulate::kOverwrite});
   expect_close(dc, dg, 1e-5, "bf16 wgrad (unaligned token offsets)");
 }
 

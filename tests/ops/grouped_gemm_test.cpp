@@ -48,8 +48,10 @@ TEST(GroupedGemm, Fp8EqualsDenseGemmPerExpert) {
   const FpropSetup s = fprop_setup({0, 37, 0, 200, 19, 1}, 72, 200, 21);
   for (DType sizes_dt : {DType::kI32, DType::kI64}) {
     Tensor d = make_output(s.x.rows(), s.n, DType::kF32);
-    grouped_gemm_fp8(cpu_ctx(),
-                     {rowwise_operand(s.qx), s.w.op, group_sizes_tensor(s.sizes, sizes_dt), d});
+    grouped_gemm_fp8(cpu_ctx(), {.a = rowwise_operand(s.qx),
+                                 .b = s.w.op,
+                                 .group_sizes = group_sizes_tensor(s.sizes, sizes_dt),
+                                 .d = d});
     const std::vector<int64_t> off = offsets_of(s.sizes);
     const int64_t nb = ceil_div(s.n, kGroup);
     for (size_t e = 0; e < s.sizes.size(); ++e) {
@@ -78,13 +80,15 @@ TEST(GroupedGemm, Bf16EqualsDenseGemmPerExpert) {
   const Tensor a = random_tensor({rows, k}, DType::kBF16, 3),
                b = random_tensor({4, n, k}, DType::kBF16, 4);
   Tensor d = make_output(rows, n, DType::kBF16);
-  grouped_gemm_bf16(cpu_ctx(), {a, b, group_sizes_tensor(sizes, DType::kI64), d});
+  grouped_gemm_bf16(
+      cpu_ctx(), {.a = a, .b = b, .group_sizes = group_sizes_tensor(sizes, DType::kI64), .d = d});
   const std::vector<int64_t> off = offsets_of(sizes);
   for (size_t e = 0; e < sizes.size(); ++e) {
     if (sizes[e] == 0) continue;
     Tensor de = make_output(sizes[e], n, DType::kBF16);
-    gemm_bf16(cpu_ctx(),
-              {host_rows(a, off[e], sizes[e]), host_rows(b.reshape({4 * n, k}), e * n, n), de});
+    gemm_bf16(cpu_ctx(), {.a = host_rows(a, off[e], sizes[e]),
+                          .b = host_rows(b.reshape({4 * n, k}), e * n, n),
+                          .d = de});
     EXPECT_TRUE(bitwise_equal(de, host_rows(d, off[e], sizes[e]))) << "expert " << e;
   }
 }
@@ -113,8 +117,11 @@ TEST(GroupedGemm, Fp8WgradMatchesFp64AndAccumulates) {
   const int64_t experts = 4;
   Tensor dw = random_tensor({experts, n, k}, DType::kF32, 32);
   const std::vector<double> before = to_doubles(dw);
-  grouped_wgrad_fp8(cpu_ctx(), {columnwise_operand(s.qdy), columnwise_operand(s.qx),
-                                group_sizes_tensor(s.sizes, DType::kI32), dw, Accumulate::kAdd});
+  grouped_wgrad_fp8(cpu_ctx(), {.a = columnwise_operand(s.qdy),
+                                .b = columnwise_operand(s.qx),
+                                .group_sizes = group_sizes_tensor(s.sizes, DType::kI32),
+                                .d = dw,
+                                .accumulate = Accumulate::kAdd});
   const Tensor dyt = dequantize(cpu_ctx(), s.qdy, DType::kF32, Copy::kColumnwise);  // (N, T)
   const Tensor xt = dequantize(cpu_ctx(), s.qx, DType::kF32, Copy::kColumnwise);    // (K, T)
   const std::vector<int64_t> off = offsets_of(s.sizes);
@@ -143,9 +150,11 @@ TEST(GroupedGemm, Fp8WgradMatchesFp64AndAccumulates) {
   }
   // Overwrite: the empty expert's gradient is zero.
   Tensor dw2 = make_output(experts * n, k, DType::kF32);
-  grouped_wgrad_fp8(cpu_ctx(), {columnwise_operand(s.qdy), columnwise_operand(s.qx),
-                                group_sizes_tensor(s.sizes, DType::kI32),
-                                dw2.reshape({experts, n, k}), Accumulate::kOverwrite});
+  grouped_wgrad_fp8(cpu_ctx(), {.a = columnwise_operand(s.qdy),
+                                .b = columnwise_operand(s.qx),
+                                .group_sizes = group_sizes_tensor(s.sizes, DType::kI32),
+                                .d = dw2.reshape({experts, n, k}),
+                                .accumulate = Accumulate::kOverwrite});
   for (int64_t i = 0; i < n * k; ++i) ASSERT_EQ(dw2.data_as<float>()[n * k + i], 0.0f);
 }
 
@@ -154,11 +163,14 @@ TEST(GroupedGemm, Bf16WgradEmptyExpertIsZero) {
   const Tensor a = random_tensor({6, 14}, DType::kBF16, 1),
                b = random_tensor({8, 14}, DType::kBF16, 2);
   Tensor dw = make_output(3 * 6, 8, DType::kF32);
-  grouped_wgrad_bf16(cpu_ctx(), {a, b, group_sizes_tensor(sizes, DType::kI32),
-                                 dw.reshape({3, 6, 8}), Accumulate::kOverwrite});
+  grouped_wgrad_bf16(cpu_ctx(), {.a = a,
+                                 .b = b,
+                                 .group_sizes = group_sizes_tensor(sizes, DType::kI32),
+                                 .d = dw.reshape({3, 6, 8}),
+                                 .accumulate = Accumulate::kOverwrite});
   for (int64_t i = 0; i < 48; ++i) EXPECT_EQ(dw.data_as<float>()[48 + i], 0.0f);
   Tensor d0 = make_output(6, 8, DType::kF32);
-  gemm_bf16(cpu_ctx(), {host_cols(a, 0, 5), host_cols(b, 0, 5), d0});
+  gemm_bf16(cpu_ctx(), {.a = host_cols(a, 0, 5), .b = host_cols(b, 0, 5), .d = d0});
   EXPECT_TRUE(bitwise_equal(d0, host_rows(dw, 0, 6)));
 }
 
@@ -169,18 +181,27 @@ TEST(GroupedGemm, Bf16WgradFromDyAndXIsTheTransposedCall) {
                x = random_tensor({14, 8}, DType::kBF16, 4);
   const Tensor init = random_tensor({3 * 6, 8}, DType::kF32, 5);
   Tensor want = init.to_host(cpu_ctx()), got = init.to_host(cpu_ctx());
-  grouped_wgrad_bf16(cpu_ctx(), {transpose(cpu_ctx(), dy), transpose(cpu_ctx(), x),
-                                 group_sizes_tensor(sizes, DType::kI32), want.reshape({3, 6, 8})});
-  grouped_wgrad_bf16(cpu_ctx(),
-                     {dy, x, group_sizes_tensor(sizes, DType::kI32), got.reshape({3, 6, 8}),
-                      Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+  grouped_wgrad_bf16(cpu_ctx(), {.a = transpose(cpu_ctx(), dy),
+                                 .b = transpose(cpu_ctx(), x),
+                                 .group_sizes = group_sizes_tensor(sizes, DType::kI32),
+                                 .d = want.reshape({3, 6, 8})});
+  grouped_wgrad_bf16(cpu_ctx(), {.a = dy,
+                                 .b = x,
+                                 .group_sizes = group_sizes_tensor(sizes, DType::kI32),
+                                 .d = got.reshape({3, 6, 8}),
+                                 .accumulate = Accumulate::kAdd,
+                                 .host_sizes = nullptr,
+                                 .layout = OperandLayout::kMNMajor});
   EXPECT_TRUE(bitwise_equal(want, got));
   expect_error(
       [&] {
-        grouped_wgrad_bf16(
-            cpu_ctx(),
-            {dy, host_rows(x, 0, 13), group_sizes_tensor(sizes, DType::kI32),
-             got.reshape({3, 6, 8}), Accumulate::kAdd, nullptr, OperandLayout::kMNMajor});
+        grouped_wgrad_bf16(cpu_ctx(), {.a = dy,
+                                       .b = host_rows(x, 0, 13),
+                                       .group_sizes = group_sizes_tensor(sizes, DType::kI32),
+                                       .d = got.reshape({3, 6, 8}),
+                                       .accumulate = Accumulate::kAdd,
+                                       .host_sizes = nullptr,
+                                       .layout = OperandLayout::kMNMajor});
       },
       "A has 14 tokens and B has 13");
 }
@@ -190,41 +211,52 @@ TEST(GroupedGemmErrors, LayoutRules) {
   Tensor d = make_output(30, 64, DType::kF32);
   expect_error(
       [&] {
-        grouped_gemm_fp8(cpu_ctx(), {rowwise_operand(s.qx), s.w.op,
-                                     group_sizes_tensor({10, 21}, DType::kI32), d});
+        grouped_gemm_fp8(cpu_ctx(), {.a = rowwise_operand(s.qx),
+                                     .b = s.w.op,
+                                     .group_sizes = group_sizes_tensor({10, 21}, DType::kI32),
+                                     .d = d});
       },
       "sum to 31");
   // Fewer rows than A has: the tail of a padded permute, written as zeros.
-  grouped_gemm_fp8(cpu_ctx(),
-                   {rowwise_operand(s.qx), s.w.op, group_sizes_tensor({10, 19}, DType::kI32), d});
+  grouped_gemm_fp8(cpu_ctx(), {.a = rowwise_operand(s.qx),
+                               .b = s.w.op,
+                               .group_sizes = group_sizes_tensor({10, 19}, DType::kI32),
+                               .d = d});
   for (int64_t j = 0; j < 64; ++j) EXPECT_EQ(d.data_as<float>()[29 * 64 + j], 0.0f);
   expect_error(
       [&] {
-        grouped_gemm_fp8(cpu_ctx(), {rowwise_operand(s.qx), s.w.op,
-                                     group_sizes_tensor({-1, 31}, DType::kI32), d});
+        grouped_gemm_fp8(cpu_ctx(), {.a = rowwise_operand(s.qx),
+                                     .b = s.w.op,
+                                     .group_sizes = group_sizes_tensor({-1, 31}, DType::kI32),
+                                     .d = d});
       },
       "negative");
   expect_error(
       [&] {
-        grouped_gemm_fp8(cpu_ctx(), {rowwise_operand(s.qx), s.w.op,
-                                     group_sizes_tensor({10, 10, 10}, DType::kI32), d});
+        grouped_gemm_fp8(cpu_ctx(), {.a = rowwise_operand(s.qx),
+                                     .b = s.w.op,
+                                     .group_sizes = group_sizes_tensor({10, 10, 10}, DType::kI32),
+                                     .d = d});
       },
       "do not split");
   Fp8Operand flat = s.w.op;
   flat.scale_inv = flat.scale_inv.reshape({2, 1});
   expect_error(
       [&] {
-        grouped_gemm_fp8(
-            cpu_ctx(), {rowwise_operand(s.qx), flat, group_sizes_tensor({10, 20}, DType::kI32), d});
+        grouped_gemm_fp8(cpu_ctx(), {.a = rowwise_operand(s.qx),
+                                     .b = flat,
+                                     .group_sizes = group_sizes_tensor({10, 20}, DType::kI32),
+                                     .d = d});
       },
       "rank 3");
   const WgradSetup w = wgrad_setup({100, 28}, 16, 16, 6);
   Tensor dw = make_output(2 * 16, 16, DType::kF32);
   expect_error(
       [&] {
-        grouped_wgrad_fp8(cpu_ctx(),
-                          {columnwise_operand(w.qdy), columnwise_operand(w.qx),
-                           group_sizes_tensor(w.sizes, DType::kI32), dw.reshape({2, 16, 16})});
+        grouped_wgrad_fp8(cpu_ctx(), {.a = columnwise_operand(w.qdy),
+                                      .b = columnwise_operand(w.qx),
+                                      .group_sizes = group_sizes_tensor(w.sizes, DType::kI32),
+                                      .d = dw.reshape({2, 16, 16})});
       },
       "multiple of 128");
 }

@@ -36,10 +36,21 @@ TEST(LayoutGpu, CopyColumnsMatchesCpuBitwise) {
     const Tensor src = random_tensor({c.src_rows, c.src_cols}, c.src_dtype, 7);
     const Tensor init = random_tensor({dst_rows, c.dst_cols}, c.dst_dtype, 8);
     Tensor want = init.to_host(cpu);
-    copy_columns(cpu, {src, c.src_col, want, c.dst_col, c.width, c.repeat, c.mode});
+    copy_columns(cpu, {.src = src,
+                       .src_col = c.src_col,
+                       .dst = want,
+                       .dst_col = c.dst_col,
+                       .width = c.width,
+                       .repeat = c.repeat,
+                       .mode = c.mode});
     Tensor got = init.to(gpu, Device::kCuda);
-    copy_columns(
-        gpu, {src.to(gpu, Device::kCuda), c.src_col, got, c.dst_col, c.width, c.repeat, c.mode});
+    copy_columns(gpu, {.src = src.to(gpu, Device::kCuda),
+                       .src_col = c.src_col,
+                       .dst = got,
+                       .dst_col = c.dst_col,
+                       .width = c.width,
+                       .repeat = c.repeat,
+                       .mode = c.mode});
     EXPECT_TRUE(bitwise_equal(want, got.to_host(gpu)))
         << "src " << c.src_rows << "x" << c.src_cols << " col " << c.src_col << " width " << c.width
         << " repeat " << c.repeat;

@@ -78,7 +78,8 @@ Tensor random_routing(int64_t T, int64_t k, int64_t E, uint64_t seed, int64_t em
 
 // A map built on the GPU from the same routing, for ops whose inputs live there.
 PermuteMap gpu_map(const Tensor& idx, int64_t E, PermutePadding pad) {
-  return moe_permute_map(devices().gpu, {to_gpu(idx), E, pad});
+  return moe_permute_map(devices().gpu,
+                         {.topk_idx = to_gpu(idx), .num_experts = E, .padding = pad});
 }
 
 struct Case {
@@ -101,8 +102,10 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
   const Tensor idx = random_routing(c.T, c.k, c.E, 100 + c.T, c.empty_tail);
   const Tensor x = test::random_tensor({c.T, c.D}, DType::kBF16, 3, test::Dist::kOutliers);
   const Tensor x32 = test::random_tensor({c.T, c.D}, DType::kF32, 4);
-  const QuantTensor q =
-      quantize(cpu, {x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2});
+  const QuantTensor q = quantize(cpu, {.input = x,
+                                       .format = Fp8Format::kE4M3,
+                                       .granularity = Granularity::k1x128,
+                                       .rounding = ScaleRounding::kPow2});
   QuantTensor gq = q;
   gq.data = to_gpu(q.data);
   gq.scale_inv = to_gpu(q.scale_inv);
@@ -110,7 +113,8 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
   const Tensor gx = to_gpu(x), gx32 = to_gpu(x32);
   for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
     SCOPED_TRACE(describe(c, pad));
-    const PermuteMap want = moe_permute_map(cpu, {idx, c.E, pad});
+    const PermuteMap want =
+        moe_permute_map(cpu, {.topk_idx = idx, .num_experts = c.E, .padding = pad});
     poison_pool(gpu, 64 << 20);
     const PermuteMap got = gpu_map(idx, c.E, pad);
     ASSERT_TRUE(same_map(want, got));
@@ -137,7 +141,8 @@ TEST_P(MoePermuteGpu, CombineAndBackwardsMatchCpuBitwise) {
   const Tensor gw = to_gpu(w);
   for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
     SCOPED_TRACE(describe(c, pad));
-    const PermuteMap want = moe_permute_map(cpu, {idx, c.E, pad});
+    const PermuteMap want =
+        moe_permute_map(cpu, {.topk_idx = idx, .num_experts = c.E, .padding = pad});
     const PermuteMap got = gpu_map(idx, c.E, pad);
     for (DType in_dt : {DType::kBF16, DType::kF32}) {
       const Tensor y = test::random_tensor({want.num_rows, c.D}, in_dt, 6, test::Dist::kOutliers);
@@ -146,10 +151,14 @@ TEST_P(MoePermuteGpu, CombineAndBackwardsMatchCpuBitwise) {
         SCOPED_TRACE(std::string("in ") + std::string(dtype_name(in_dt)) + " out " +
                      std::string(dtype_name(out_dt)));
         poison_pool(gpu, 64 << 20);
-        const Tensor cw = moe_combine(cpu, want, {y, w, out_dt});
-        const Tensor cg = moe_combine(gpu, got, {gy, gw, out_dt});
+        const Tensor cw =
+            moe_combine(cpu, want, {.expert_out = y, .topk_weight = w, .out_dtype = out_dt});
+        const Tensor cg =
+            moe_combine(gpu, got, {.expert_out = gy, .topk_weight = gw, .out_dtype = out_dt});
         ASSERT_TRUE(bitwise_equal(cw, to_cpu(cg))) << "combine";
-        ASSERT_TRUE(bitwise_equal(to_cpu(cg), to_cpu(moe_combine(gpu, got, {gy, gw, out_dt}))))
+        ASSERT_TRUE(bitwise_equal(
+            to_cpu(cg), to_cpu(moe_combine(
+                            gpu, got, {.expert_out = gy, .topk_weight = gw, .out_dtype = out_dt}))))
             << "combine rerun";
         ASSERT_TRUE(bitwise_equal(moe_permute_backward(cpu, want, y, out_dt),
                                   to_cpu(moe_permute_backward(gpu, got, gy, out_dt))))
@@ -157,8 +166,14 @@ TEST_P(MoePermuteGpu, CombineAndBackwardsMatchCpuBitwise) {
 
         const Tensor dy = test::random_tensor({c.T, c.D}, out_dt, 7);
         poison_pool(gpu, 64 << 20);
-        const CombineGrads gw_cpu = moe_combine_backward(cpu, want, {dy, y, w, in_dt});
-        const CombineGrads gw_gpu = moe_combine_backward(gpu, got, {to_gpu(dy), gy, gw, in_dt});
+        const CombineGrads gw_cpu = moe_combine_backward(
+            cpu, want,
+            {.d_out = dy, .expert_out = y, .topk_weight = w, .d_expert_out_dtype = in_dt});
+        const CombineGrads gw_gpu = moe_combine_backward(gpu, got,
+                                                         {.d_out = to_gpu(dy),
+                                                          .expert_out = gy,
+                                                          .topk_weight = gw,
+                                                          .d_expert_out_dtype = in_dt});
         ASSERT_TRUE(bitwise_equal(gw_cpu.d_expert_out, to_cpu(gw_gpu.d_expert_out)))
             << "d_expert_out";
         ASSERT_TRUE(bitwise_equal(gw_cpu.d_topk_weight, to_cpu(gw_gpu.d_topk_weight)))
@@ -181,7 +196,8 @@ TEST(MoePermuteGpuMisc, InvalidIdsAreDroppedNotWritten) {
   Tensor idx = Tensor::empty({3, 2}, DType::kI32);
   const int32_t ids[] = {1, 9, -3, 0, 1, 2};  // 9 and -3 are outside [0, 4)
   std::copy(ids, ids + 6, idx.data_as<int32_t>());
-  const PermuteMap m = moe_permute_map(gpu, {to_gpu(idx), 4, PermutePadding::kNone});
+  const PermuteMap m = moe_permute_map(
+      gpu, {.topk_idx = to_gpu(idx), .num_experts = 4, .padding = PermutePadding::kNone});
   const Tensor counts = to_cpu(m.counts), row_of = to_cpu(m.row_of);
   EXPECT_EQ(counts.data_as<int32_t>()[0], 1);
   EXPECT_EQ(counts.data_as<int32_t>()[1], 2);

@@ -57,21 +57,25 @@ Tensor random_routing(int64_t T, int64_t k, int64_t E, uint64_t seed, int64_t em
 
 TEST(MoePermute, HandComputedMap) {
   const Tensor idx = i32({3, 2}, {2, 0, 0, 3, 2, 1});
-  PermuteMap m = moe_permute_map(cpu(), {idx, 4, PermutePadding::kNone});
+  PermuteMap m =
+      moe_permute_map(cpu(), {.topk_idx = idx, .num_experts = 4, .padding = PermutePadding::kNone});
   EXPECT_EQ(m.num_rows, 6);
   EXPECT_EQ(vec(m.counts), (std::vector<int32_t>{2, 1, 2, 1}));
   EXPECT_EQ(vec(m.offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
   EXPECT_EQ(vec(m.row_of), (std::vector<int32_t>{3, 0, 1, 5, 4, 2}));
   EXPECT_EQ(vec(m.token_of), (std::vector<int32_t>{0, 1, 2, 0, 2, 1}));
 
-  m = moe_permute_map(cpu(), {idx, 4, PermutePadding::kTo128});
+  m = moe_permute_map(cpu(),
+                      {.topk_idx = idx, .num_experts = 4, .padding = PermutePadding::kTo128});
   EXPECT_EQ(m.num_rows, 512);  // floor((6 + 127 * 4) / 128) * 128
   EXPECT_EQ(vec(m.group_sizes), (std::vector<int32_t>{128, 128, 128, 128}));
   EXPECT_EQ(vec(m.offsets), (std::vector<int32_t>{0, 128, 256, 384, 512}));
   EXPECT_EQ(vec(m.row_of), (std::vector<int32_t>{256, 0, 1, 384, 257, 128}));
 
   // Expert 1 gets no token: an empty group, and the tail after offsets[E] is padding.
-  m = moe_permute_map(cpu(), {i32({3, 2}, {2, 0, 0, 3, 2, 3}), 4, PermutePadding::kTo128});
+  m = moe_permute_map(cpu(), {.topk_idx = i32({3, 2}, {2, 0, 0, 3, 2, 3}),
+                              .num_experts = 4,
+                              .padding = PermutePadding::kTo128});
   EXPECT_EQ(vec(m.counts), (std::vector<int32_t>{2, 0, 2, 2}));
   EXPECT_EQ(vec(m.offsets), (std::vector<int32_t>{0, 128, 128, 256, 384}));
   for (int64_t r = 384; r < m.num_rows; ++r)
@@ -86,7 +90,8 @@ TEST(MoePermute, LayoutInvariantsOnRandomRoutings) {
        {Case{1, 1, 8, 0}, Case{127, 8, 32, 5}, Case{1481, 8, 256, 17}, Case{129, 3, 8, 2}}) {
     for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
       const Tensor idx = random_routing(c.T, c.k, c.E, 5 + c.T, c.empty_tail);
-      const PermuteMap m = moe_permute_map(cpu(), {idx, c.E, pad});
+      const PermuteMap m =
+          moe_permute_map(cpu(), {.topk_idx = idx, .num_experts = c.E, .padding = pad});
       const int32_t* off = m.offsets.data_as<int32_t>();
       const int32_t* tok = m.token_of.data_as<int32_t>();
       const int32_t* row = m.row_of.data_as<int32_t>();
@@ -123,14 +128,21 @@ TEST(MoePermute, LayoutInvariantsOnRandomRoutings) {
 }
 
 TEST(MoePermute, RejectsBadRoutings) {
-  EXPECT_THROW(moe_permute_map(cpu(), {i32({2, 2}, {0, 4, 1, 2}), 4, PermutePadding::kNone}),
+  EXPECT_THROW(moe_permute_map(cpu(), {.topk_idx = i32({2, 2}, {0, 4, 1, 2}),
+                                       .num_experts = 4,
+                                       .padding = PermutePadding::kNone}),
                Error);  // id 4
-  EXPECT_THROW(moe_permute_map(cpu(), {i32({2, 2}, {0, 1, 2, 2}), 4, PermutePadding::kNone}),
+  EXPECT_THROW(moe_permute_map(cpu(), {.topk_idx = i32({2, 2}, {0, 1, 2, 2}),
+                                       .num_experts = 4,
+                                       .padding = PermutePadding::kNone}),
                Error);  // twice
-  EXPECT_THROW(moe_permute_map(cpu(), {i32({2, 2}, {0, -1, 1, 2}), 4, PermutePadding::kNone}),
+  EXPECT_THROW(moe_permute_map(cpu(), {.topk_idx = i32({2, 2}, {0, -1, 1, 2}),
+                                       .num_experts = 4,
+                                       .padding = PermutePadding::kNone}),
                Error);
-  const PermuteMap m =
-      moe_permute_map(cpu(), {i32({2, 2}, {0, 1, 1, 2}), 4, PermutePadding::kNone});
+  const PermuteMap m = moe_permute_map(
+      cpu(),
+      {.topk_idx = i32({2, 2}, {0, 1, 1, 2}), .num_experts = 4, .padding = PermutePadding::kNone});
   try {
     moe_permute(cpu(), m, test::random_tensor({3, 8}, DType::kBF16, 1));
     FAIL() << "a 3-token payload was accepted for a 2-token map";
@@ -139,8 +151,8 @@ TEST(MoePermute, RejectsBadRoutings) {
     EXPECT_NE(std::string(e.what()).find("[3, 8]"), std::string::npos) << e.what();
   }
   EXPECT_THROW(moe_combine(cpu(), m,
-                           {test::random_tensor({4, 8}, DType::kBF16, 2),
-                            test::random_tensor({2, 3}, DType::kF32, 3)}),
+                           {.expert_out = test::random_tensor({4, 8}, DType::kBF16, 2),
+                            .topk_weight = test::random_tensor({2, 3}, DType::kF32, 3)}),
                Error);
 }
 
@@ -148,10 +160,13 @@ TEST(MoePermute, PayloadRowsMoveWithTheirScales) {
   const int64_t T = 129, k = 4, E = 16, D = 300;  // D: a partial last scale group
   const Tensor idx = random_routing(T, k, E, 9, 3);
   const Tensor x = test::random_tensor({T, D}, DType::kBF16, 10, test::Dist::kOutliers);
-  const QuantTensor q =
-      quantize(cpu(), {x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2});
+  const QuantTensor q = quantize(cpu(), {.input = x,
+                                         .format = Fp8Format::kE4M3,
+                                         .granularity = Granularity::k1x128,
+                                         .rounding = ScaleRounding::kPow2});
   for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
-    const PermuteMap m = moe_permute_map(cpu(), {idx, E, pad});
+    const PermuteMap m =
+        moe_permute_map(cpu(), {.topk_idx = idx, .num_experts = E, .padding = pad});
     const Tensor px = moe_permute(cpu(), m, x);
     const QuantTensor pq = moe_permute(cpu(), m, q);
     ASSERT_EQ(px.shape(), (Shape{m.num_rows, D}));
@@ -192,11 +207,13 @@ TEST(MoePermute, CombineAndGatherBackMatchFp64) {
   const int64_t T = 127, k = 8, E = 32, D = 136;
   const Tensor idx = random_routing(T, k, E, 31, 4);
   for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
-    const PermuteMap m = moe_permute_map(cpu(), {idx, E, pad});
+    const PermuteMap m =
+        moe_permute_map(cpu(), {.topk_idx = idx, .num_experts = E, .padding = pad});
     const Tensor y = test::random_tensor({m.num_rows, D}, DType::kBF16, 32);
     const Tensor w = test::random_tensor({T, k}, DType::kF32, 33);
     for (DType out_dt : {DType::kF32, DType::kBF16}) {
-      const Tensor out = moe_combine(cpu(), m, {y, w, out_dt});
+      const Tensor out =
+          moe_combine(cpu(), m, {.expert_out = y, .topk_weight = w, .out_dtype = out_dt});
       const Tensor back = moe_permute_backward(cpu(), m, y, out_dt);
       for (int64_t t = 0; t < T; ++t) {
         for (int64_t d = 0; d < D; ++d) {
@@ -222,8 +239,9 @@ TEST(MoePermute, CombineAndGatherBackMatchFp64) {
 TEST(MoePermute, PermuteBackwardIsTheAdjoint) {
   // <permute(x), y> == <x, permute_backward(y)> for any x, y (padding rows carry nothing).
   const int64_t T = 61, k = 4, E = 8, D = 24;
-  const PermuteMap m =
-      moe_permute_map(cpu(), {random_routing(T, k, E, 41, 1), E, PermutePadding::kTo128});
+  const PermuteMap m = moe_permute_map(cpu(), {.topk_idx = random_routing(T, k, E, 41, 1),
+                                               .num_experts = E,
+                                               .padding = PermutePadding::kTo128});
   const Tensor x = test::random_tensor({T, D}, DType::kF32, 42);
   const Tensor y = test::random_tensor({m.num_rows, D}, DType::kF32, 43);
   const Tensor px = moe_permute(cpu(), m, x);
@@ -238,19 +256,22 @@ TEST(MoePermute, PermuteBackwardIsTheAdjoint) {
 TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
   // L = sum_{t,d} r[t, d] * combine(x, w)[t, d], all in F32.
   const int64_t T = 9, k = 3, E = 6, D = 70;
-  const PermuteMap m =
-      moe_permute_map(cpu(), {random_routing(T, k, E, 51, 1), E, PermutePadding::kTo128});
+  const PermuteMap m = moe_permute_map(cpu(), {.topk_idx = random_routing(T, k, E, 51, 1),
+                                               .num_experts = E,
+                                               .padding = PermutePadding::kTo128});
   Tensor x = test::random_tensor({m.num_rows, D}, DType::kF32, 52);
   Tensor w = test::random_tensor({T, k}, DType::kF32, 53);
   const Tensor r = test::random_tensor({T, D}, DType::kF32, 54);
   auto loss = [&]() {
-    const Tensor out = moe_combine(cpu(), m, {x, w, DType::kF32});
+    const Tensor out =
+        moe_combine(cpu(), m, {.expert_out = x, .topk_weight = w, .out_dtype = DType::kF32});
     double L = 0.0;
     for (int64_t i = 0; i < T * D; ++i)
       L += double{r.data_as<float>()[i]} * out.data_as<float>()[i];
     return L;
   };
-  const CombineGrads g = moe_combine_backward(cpu(), m, {r, x, w, DType::kF32});
+  const CombineGrads g = moe_combine_backward(
+      cpu(), m, {.d_out = r, .expert_out = x, .topk_weight = w, .d_expert_out_dtype = DType::kF32});
   const float h = 1e-2f;
   for (int64_t i = 0; i < T * k; ++i) {
     const float w0 = w.data_as<float>()[i];

@@ -122,10 +122,12 @@ TEST_P(MoeRouterGpu, ForwardBackwardMatchCpuBitwise) {
     SCOPED_TRACE(describe(c) + " logits kind " + std::to_string(static_cast<int>(kind)));
     const Tensor logits = make_logits(c.T, c.E, kind, 1000 + c.T + c.E);
     const Tensor bias = make_bias(c.E, 7 + c.E);
-    const RouterOutput want = moe_router_forward(cpu, {logits, bias, cfg});
+    const RouterOutput want =
+        moe_router_forward(cpu, {.logits = logits, .bias = bias, .config = cfg});
     poison_pool(gpu, 8 * logits.nbytes() + (1 << 20));
     const Tensor glogits = to_gpu(logits);
-    const RouterOutput got = moe_router_forward(gpu, {glogits, to_gpu(bias), cfg});
+    const RouterOutput got =
+        moe_router_forward(gpu, {.logits = glogits, .bias = to_gpu(bias), .config = cfg});
     ASSERT_TRUE(bitwise_equal(want.topk_idx, to_cpu(got.topk_idx))) << "topk_idx";
     ASSERT_TRUE(same_bits(want.topk_weight, got.topk_weight)) << "topk_weight";
     ASSERT_TRUE(bitwise_equal(want.counts, to_cpu(got.counts))) << "counts";
@@ -133,14 +135,18 @@ TEST_P(MoeRouterGpu, ForwardBackwardMatchCpuBitwise) {
       EXPECT_EQ(want.counts.data_as<int32_t>()[3], 0) << "expert 3 should be empty";
 
     // Determinism: a second run gives the same bits.
-    const RouterOutput again = moe_router_forward(gpu, {glogits, to_gpu(bias), cfg});
+    const RouterOutput again =
+        moe_router_forward(gpu, {.logits = glogits, .bias = to_gpu(bias), .config = cfg});
     ASSERT_TRUE(same_bits(to_cpu(got.topk_weight), again.topk_weight)) << "second run";
     ASSERT_TRUE(bitwise_equal(to_cpu(got.topk_idx), to_cpu(again.topk_idx))) << "second run";
 
     const Tensor dw = test::random_tensor({c.T, c.k}, DType::kF32, 77);
-    const Tensor d_want = moe_router_backward(cpu, {logits, want.topk_idx, dw, cfg});
+    const Tensor d_want = moe_router_backward(
+        cpu, {.logits = logits, .topk_idx = want.topk_idx, .d_topk_weight = dw, .config = cfg});
     poison_pool(gpu, 8 * logits.nbytes() + (1 << 20));
-    const Tensor d_got = moe_router_backward(gpu, {glogits, got.topk_idx, to_gpu(dw), cfg});
+    const Tensor d_got = moe_router_backward(
+        gpu,
+        {.logits = glogits, .topk_idx = got.topk_idx, .d_topk_weight = to_gpu(dw), .config = cfg});
     ASSERT_TRUE(same_bits(d_want, d_got)) << "d_logits";
   }
 }
@@ -165,8 +171,10 @@ TEST(MoeRouterGpuMisc, ZeroTokens) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
   RouterConfig cfg = config_of({0, 16, 4, 2, 4, GroupMaskFill::kZero, TopkNorm::kSumToOne});
-  const RouterOutput got = moe_router_forward(
-      gpu, {Tensor::empty(gpu, {0, 16}, DType::kF32), to_gpu(make_bias(16, 1)), cfg});
+  const RouterOutput got =
+      moe_router_forward(gpu, {.logits = Tensor::empty(gpu, {0, 16}, DType::kF32),
+                               .bias = to_gpu(make_bias(16, 1)),
+                               .config = cfg});
   EXPECT_EQ(got.topk_idx.shape(), (Shape{0, 4}));
   const Tensor counts = to_cpu(got.counts);
   for (int e = 0; e < 16; ++e) EXPECT_EQ(counts.data_as<int32_t>()[e], 0) << "expert " << e;
@@ -182,8 +190,8 @@ TEST(MoeRouterGpuMisc, BiasUpdateMatchesCpu) {
     for (int64_t e = 0; e < E; ++e) counts.data_as<int32_t>()[e] = static_cast<int32_t>(rng() % 9);
     if (E >= 8) counts.data_as<int32_t>()[5] = 0;
     Tensor gbias = to_gpu(bias);
-    moe_router_bias_update(cpu, {bias, counts, 1e-3f});
-    moe_router_bias_update(gpu, {gbias, to_gpu(counts), 1e-3f});
+    moe_router_bias_update(cpu, {.bias = bias, .counts = counts, .rate = 1e-3f});
+    moe_router_bias_update(gpu, {.bias = gbias, .counts = to_gpu(counts), .rate = 1e-3f});
     ASSERT_TRUE(bitwise_equal(bias, to_cpu(gbias))) << "E = " << E;
   }
 }
@@ -201,9 +209,14 @@ TEST(MoeRouterGpuMisc, SeqBalanceLossMatchesCpuBitwise) {
     const RouterConfig cfg = config_of(
         {c.B * c.T, c.E, c.n_group, c.topk_group, c.k, GroupMaskFill::kZero, TopkNorm::kSumToOne});
     const Tensor logits = make_logits(c.B * c.T, c.E, Logits::kGaussian, 55 + c.T);
-    const RouterOutput r = moe_router_forward(cpu, {logits, make_bias(c.E, 56), cfg});
-    const SeqBalanceLossArgs a{logits, r.topk_idx, c.B, 1e-3f};
-    const SeqBalanceLossArgs ga{to_gpu(logits), to_gpu(r.topk_idx), c.B, 1e-3f};
+    const RouterOutput r =
+        moe_router_forward(cpu, {.logits = logits, .bias = make_bias(c.E, 56), .config = cfg});
+    const SeqBalanceLossArgs a{
+        .logits = logits, .topk_idx = r.topk_idx, .num_sequences = c.B, .alpha = 1e-3f};
+    const SeqBalanceLossArgs ga{.logits = to_gpu(logits),
+                                .topk_idx = to_gpu(r.topk_idx),
+                                .num_sequences = c.B,
+                                .alpha = 1e-3f};
     ASSERT_TRUE(bitwise_equal(moe_seq_balance_loss_forward(cpu, a),
                               to_cpu(moe_seq_balance_loss_forward(gpu, ga))))
         << "loss";

@@ -110,7 +110,9 @@ TEST(MoeRouter, HandComputedGroupLimitedTopk) {
   // groups 1 and 2; among experts 2..5 the best are 5 (.9) then 2 (.8).
   // Token 1 uses a zero bias: all equal, ties go to groups 0, 1 and experts 0, 1.
   const std::vector<float> bias = {0.1f, 0.0f, 0.3f, 0.2f, -0.1f, 0.4f, 0.0f, 0.05f};
-  RouterForwardArgs a{f32({1, 8}, std::vector<float>(8, 0.0f)), f32({8}, bias), config(8, 2, 4, 2)};
+  RouterForwardArgs a{.logits = f32({1, 8}, std::vector<float>(8, 0.0f)),
+                      .bias = f32({8}, bias),
+                      .config = config(8, 2, 4, 2)};
   RouterOutput out = moe_router_forward(cpu(), a);
   EXPECT_EQ(out.topk_idx.data_as<int32_t>()[0], 5);
   EXPECT_EQ(out.topk_idx.data_as<int32_t>()[1], 2);
@@ -131,8 +133,9 @@ TEST(MoeRouter, MaskFillZeroVersusExclude) {
   // third choice is expert 2 (-0.3) when dropped groups are excluded, but expert 0 with the
   // transformers library's zero fill (0.0 > -0.3).
   const std::vector<float> bias = {-0.9f, -0.9f, -0.8f, -0.8f, -0.3f, -0.3f, -0.95f, -0.95f};
-  RouterForwardArgs a{f32({1, 8}, std::vector<float>(8, 0.0f)), f32({8}, bias),
-                      config(8, 3, 4, 2, TopkNorm::kNone, 1.0f, GroupMaskFill::kZero)};
+  RouterForwardArgs a{.logits = f32({1, 8}, std::vector<float>(8, 0.0f)),
+                      .bias = f32({8}, bias),
+                      .config = config(8, 3, 4, 2, TopkNorm::kNone, 1.0f, GroupMaskFill::kZero)};
   RouterOutput z = moe_router_forward(cpu(), a);
   EXPECT_EQ(z.topk_idx.data_as<int32_t>()[0], 4);
   EXPECT_EQ(z.topk_idx.data_as<int32_t>()[1], 5);
@@ -219,7 +222,8 @@ TEST(MoeRouter, MatchesBruteForce) {
           const Tensor logits = random_logits(sh.T, sh.E, 100 + sh.E + sh.T, ties);
           const Tensor bias =
               ties ? f32({sh.E}, std::vector<float>(sh.E, 0.0f)) : random_bias(sh.E, 3, 0.7f);
-          const RouterOutput out = moe_router_forward(cpu(), {logits, bias, c});
+          const RouterOutput out =
+              moe_router_forward(cpu(), {.logits = logits, .bias = bias, .config = c});
           const Routed want = brute_force(logits, bias, c);
           std::vector<int32_t> hist(sh.E, 0);
           for (int64_t i = 0; i < sh.T * sh.k; ++i) {
@@ -241,17 +245,23 @@ TEST(MoeRouter, MatchesBruteForce) {
 TEST(MoeRouter, RejectsBadConfigAndShapes) {
   const Tensor logits = random_logits(4, 8, 1, false);
   const Tensor bias = random_bias(8, 1, 0.1f);
-  EXPECT_THROW(moe_router_forward(cpu(), {logits, bias, config(8, 2, 3, 1)}),
-               Error);  // 3 does not divide 8
-  EXPECT_THROW(moe_router_forward(cpu(), {logits, bias, config(8, 2, 8, 1)}),
-               Error);  // groups of one
-  EXPECT_THROW(moe_router_forward(cpu(), {logits, bias, config(8, 9, 1, 1)}), Error);  // k > E
-  EXPECT_THROW(moe_router_forward(
-                   cpu(), {logits, bias,
-                           config(8, 5, 4, 2, TopkNorm::kNone, 1.0f, GroupMaskFill::kExclude)}),
+  EXPECT_THROW(
+      moe_router_forward(cpu(), {.logits = logits, .bias = bias, .config = config(8, 2, 3, 1)}),
+      Error);  // 3 does not divide 8
+  EXPECT_THROW(
+      moe_router_forward(cpu(), {.logits = logits, .bias = bias, .config = config(8, 2, 8, 1)}),
+      Error);  // groups of one
+  EXPECT_THROW(
+      moe_router_forward(cpu(), {.logits = logits, .bias = bias, .config = config(8, 9, 1, 1)}),
+      Error);  // k > E
+  EXPECT_THROW(moe_router_forward(cpu(), {.logits = logits,
+                                          .bias = bias,
+                                          .config = config(8, 5, 4, 2, TopkNorm::kNone, 1.0f,
+                                                           GroupMaskFill::kExclude)}),
                Error);  // 5 > 4 experts in the kept groups
   try {
-    moe_router_forward(cpu(), {logits, random_bias(7, 1, 0.1f), config(8, 2, 4, 2)});
+    moe_router_forward(
+        cpu(), {.logits = logits, .bias = random_bias(7, 1, 0.1f), .config = config(8, 2, 4, 2)});
     FAIL() << "a bias of 7 elements was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("e_score_correction_bias"), std::string::npos) << e.what();
@@ -283,9 +293,11 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
     const int64_t T = 5, E = 16, k = 4;
     Tensor logits = random_logits(T, E, 11, false);
     const Tensor bias = random_bias(E, 12, 0.2f);
-    const RouterOutput out = moe_router_forward(cpu(), {logits, bias, c});
+    const RouterOutput out =
+        moe_router_forward(cpu(), {.logits = logits, .bias = bias, .config = c});
     const Tensor r = test::random_tensor({T, k}, DType::kF32, 13);
-    const Tensor d = moe_router_backward(cpu(), {logits, out.topk_idx, r, c});
+    const Tensor d = moe_router_backward(
+        cpu(), {.logits = logits, .topk_idx = out.topk_idx, .d_topk_weight = r, .config = c});
     const float* rr = r.data_as<float>();
     for (int64_t t = 0; t < T; ++t) {
       const int32_t* idx = out.topk_idx.data_as<int32_t>() + t * k;
@@ -309,7 +321,8 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
         bool same = true;
         for (int sgn = 0; sgn < 2; ++sgn) {
           logits.data_as<float>()[t * E + e] = x0 + (sgn ? -hf : hf);
-          const RouterOutput o = moe_router_forward(cpu(), {logits, bias, c});
+          const RouterOutput o =
+              moe_router_forward(cpu(), {.logits = logits, .bias = bias, .config = c});
           lpm[sgn] = 0.0;
           for (int64_t j = 0; j < k; ++j) {
             same &= o.topk_idx.data_as<int32_t>()[t * k + j] == idx[j];
@@ -334,13 +347,15 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
 TEST(MoeRouter, BiasUpdateSignRule) {
   // counts [5 3 4 0]: total 12, mean 3. sign(12 - 4 c) = [-1 0 -1 +1].
   Tensor bias = f32({4}, {0.25f, -0.5f, 0.0f, 1.0f});
-  moe_router_bias_update(cpu(), {bias, i32({4}, {5, 3, 4, 0}), 0.125f});
+  moe_router_bias_update(cpu(), {.bias = bias, .counts = i32({4}, {5, 3, 4, 0}), .rate = 0.125f});
   const std::vector<float> want = {0.125f, -0.5f, -0.125f, 1.125f};
   for (int e = 0; e < 4; ++e) EXPECT_EQ(bias.data_as<float>()[e], want[e]) << "expert " << e;
   // Balanced load: nothing moves.
-  moe_router_bias_update(cpu(), {bias, i32({4}, {2, 2, 2, 2}), 0.125f});
+  moe_router_bias_update(cpu(), {.bias = bias, .counts = i32({4}, {2, 2, 2, 2}), .rate = 0.125f});
   for (int e = 0; e < 4; ++e) EXPECT_EQ(bias.data_as<float>()[e], want[e]) << "expert " << e;
-  EXPECT_THROW(moe_router_bias_update(cpu(), {bias, i32({3}, {1, 2, 3}), 0.1f}), Error);
+  EXPECT_THROW(
+      moe_router_bias_update(cpu(), {.bias = bias, .counts = i32({3}, {1, 2, 3}), .rate = 0.1f}),
+      Error);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -373,8 +388,10 @@ TEST(MoeRouter, SeqBalanceLossForwardAndGradient) {
   const int64_t B = 3, T = 7, E = 16, k = 4;
   const RouterConfig c = config(E, k, 4, 2);
   const Tensor logits = random_logits(B * T, E, 21, false);
-  const RouterOutput out = moe_router_forward(cpu(), {logits, random_bias(E, 22, 0.3f), c});
-  const SeqBalanceLossArgs a{logits, out.topk_idx, B, 0.5f};
+  const RouterOutput out =
+      moe_router_forward(cpu(), {.logits = logits, .bias = random_bias(E, 22, 0.3f), .config = c});
+  const SeqBalanceLossArgs a{
+      .logits = logits, .topk_idx = out.topk_idx, .num_sequences = B, .alpha = 0.5f};
   const Tensor loss = moe_seq_balance_loss_forward(cpu(), a);
   const double want = balance_loss_double(logits, out.topk_idx, B, 0.5, -1, 0.0);
   EXPECT_NEAR(loss.data_as<float>()[0], want, 1e-6 * want) << "loss";
@@ -382,7 +399,8 @@ TEST(MoeRouter, SeqBalanceLossForwardAndGradient) {
   {
     const Tensor flat = f32({2, 4}, std::vector<float>(8, 0.3f));
     const Tensor idx = i32({2, 2}, {0, 1, 2, 3});
-    const Tensor l = moe_seq_balance_loss_forward(cpu(), {flat, idx, 1, 0.25f});
+    const Tensor l = moe_seq_balance_loss_forward(
+        cpu(), {.logits = flat, .topk_idx = idx, .num_sequences = 1, .alpha = 0.25f});
     EXPECT_FLOAT_EQ(l.data_as<float>()[0], 0.25f);
   }
   // Gradient (+=): start from a non-zero d_logits and subtract it afterwards.
@@ -411,7 +429,9 @@ TEST(MoeRouter, SeqBalanceLossForwardAndGradient) {
 TEST(MoeRouter, SeqBalanceLossRejectsBadSequenceCount) {
   const Tensor logits = random_logits(10, 8, 1, false);
   const Tensor idx = i32({10, 1}, std::vector<int32_t>(10, 0));
-  EXPECT_THROW(moe_seq_balance_loss_forward(cpu(), {logits, idx, 3, 0.1f}), Error);
+  EXPECT_THROW(moe_seq_balance_loss_forward(
+                   cpu(), {.logits = logits, .topk_idx = idx, .num_sequences = 3, .alpha = 0.1f}),
+               Error);
 }
 
 }  // namespace

@@ -62,7 +62,12 @@ TEST_P(QuantizeGpu, MatchesCpuBitwise) {
   const auto& [shape, g, fmt, rnd, out, dt] = GetParam();
   for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
     Tensor x = random_tensor(shape, dt, 1234 + static_cast<int>(dist), dist);
-    QuantizeArgs a{x, fmt, g, rnd, 0.0f, out, {}};
+    QuantizeArgs a{.input = x,
+                   .format = fmt,
+                   .granularity = g,
+                   .rounding = rnd,
+                   .epsilon = 0.0f,
+                   .output = out};
     const QuantTensor want = quantize(cpu, a);
     poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
     a.input = x.to(gpu, Device::kCuda);
@@ -107,7 +112,12 @@ TEST_P(QuantizeGpuBf16Tile, MatchesCpuBitwise) {
   const auto& [shape, fmt, rnd, out] = GetParam();
   for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
     Tensor x = random_tensor(shape, DType::kBF16, 4321 + static_cast<int>(dist), dist);
-    QuantizeArgs a{x, fmt, Granularity::k1x128, rnd, 0.0f, out, {}};
+    QuantizeArgs a{.input = x,
+                   .format = fmt,
+                   .granularity = Granularity::k1x128,
+                   .rounding = rnd,
+                   .epsilon = 0.0f,
+                   .output = out};
     const QuantTensor want = quantize(cpu, a);
     poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
     a.input = x.to(gpu, Device::kCuda);
@@ -144,7 +154,12 @@ TEST(QuantizeGpuSpecial, Bf16TileNonFiniteZeroAndEpsilon) {
   for (float eps : {0.0f, 1e-4f})
     for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
       for (QuantizeOutput o : {QuantizeOutput::kColumnwise, QuantizeOutput::kBoth}) {
-        QuantizeArgs a{x, f, Granularity::k1x128, ScaleRounding::kPow2, eps, o, {}};
+        QuantizeArgs a{.input = x,
+                       .format = f,
+                       .granularity = Granularity::k1x128,
+                       .rounding = ScaleRounding::kPow2,
+                       .epsilon = eps,
+                       .output = o};
         const QuantTensor want = quantize(cpu, a);
         poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
         a.input = x.to(gpu, Device::kCuda);
@@ -162,22 +177,24 @@ TEST(QuantizeGpuSpecial, Bf16TileFallbacks) {
   for (int64_t shift : {1, 4}) {  // 2 and 8 bytes off a 16-byte boundary
     Tensor xs = Tensor::wrap(static_cast<uint16_t*>(big.data()) + shift, {144, 256}, DType::kBF16,
                              Device::kCpu);
-    QuantizeArgs a{xs,
-                   Fp8Format::kE4M3,
-                   Granularity::k1x128,
-                   ScaleRounding::kExact,
-                   0.0f,
-                   QuantizeOutput::kBoth,
-                   {}};
+    QuantizeArgs a{.input = xs,
+                   .format = Fp8Format::kE4M3,
+                   .granularity = Granularity::k1x128,
+                   .rounding = ScaleRounding::kExact,
+                   .epsilon = 0.0f,
+                   .output = QuantizeOutput::kBoth};
     const QuantTensor want = quantize(cpu, a);
     a.input = Tensor::wrap(static_cast<uint16_t*>(dev_big.data()) + shift, {144, 256}, DType::kBF16,
                            Device::kCuda);
     ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a))) << "shift " << shift;
   }
   Tensor odd = random_tensor({136, 256}, DType::kBF16, 23, Dist::kGaussian);  // rows % 16 == 8
-  QuantizeArgs a{
-      odd, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kBoth,
-      {}};
+  QuantizeArgs a{.input = odd,
+                 .format = Fp8Format::kE4M3,
+                 .granularity = Granularity::k1x128,
+                 .rounding = ScaleRounding::kPow2,
+                 .epsilon = 0.0f,
+                 .output = QuantizeOutput::kBoth};
   const QuantTensor want = quantize(cpu, a);
   a.input = odd.to(gpu, Device::kCuda);
   ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)));
@@ -197,7 +214,12 @@ TEST(QuantizeGpuSpecial, NonFiniteAndZeroGroups) {
   for (Granularity g : {Granularity::kTensor, Granularity::kRow, Granularity::k1x128,
                         Granularity::k128x1, Granularity::k128x128})
     for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
-      QuantizeArgs a{x, f, g, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kBoth, {}};
+      QuantizeArgs a{.input = x,
+                     .format = f,
+                     .granularity = g,
+                     .rounding = ScaleRounding::kPow2,
+                     .epsilon = 0.0f,
+                     .output = QuantizeOutput::kBoth};
       const QuantTensor want = quantize(cpu, a);
       a.input = x.to(gpu, Device::kCuda);
       ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)))
@@ -214,13 +236,12 @@ TEST(QuantizeGpuSpecial, MisalignedInputTakesTheScalarPath) {
   Tensor dev_big = big.to(gpu, Device::kCuda);
   Tensor dev_x = Tensor::wrap(static_cast<uint16_t*>(dev_big.data()) + 1, {129, 256}, DType::kBF16,
                               Device::kCuda);
-  QuantizeArgs a{x,
-                 Fp8Format::kE4M3,
-                 Granularity::k1x128,
-                 ScaleRounding::kExact,
-                 0.0f,
-                 QuantizeOutput::kRowwise,
-                 {}};
+  QuantizeArgs a{.input = x,
+                 .format = Fp8Format::kE4M3,
+                 .granularity = Granularity::k1x128,
+                 .rounding = ScaleRounding::kExact,
+                 .epsilon = 0.0f,
+                 .output = QuantizeOutput::kRowwise};
   const QuantTensor want = quantize(cpu, a);
   a.input = dev_x;
   ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)));
@@ -231,7 +252,12 @@ TEST(QuantizeGpuSpecial, LargeTensorAndEpsilon) {
   auto& [cpu, gpu] = devices();
   Tensor x = random_tensor({2053, 7168}, DType::kBF16, 11, Dist::kOutliers);
   for (QuantizeOutput o : {QuantizeOutput::kRowwise, QuantizeOutput::kBoth}) {
-    QuantizeArgs a{x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2, 1e-4f, o, {}};
+    QuantizeArgs a{.input = x,
+                   .format = Fp8Format::kE4M3,
+                   .granularity = Granularity::k1x128,
+                   .rounding = ScaleRounding::kPow2,
+                   .epsilon = 1e-4f,
+                   .output = o};
     const QuantTensor want = quantize(cpu, a);
     a.input = x.to(gpu, Device::kCuda);
     ASSERT_TRUE(same_quant(gpu, want, quantize(gpu, a)));
@@ -244,13 +270,13 @@ TEST(QuantizeGpuSpecial, GivenDelayedScale) {
   Tensor x = random_tensor({257, 129}, DType::kF32, 13, Dist::kOutliers);
   Tensor scale = Tensor::empty({1}, DType::kF32);
   scale.data_as<float>()[0] = 3.75f;
-  QuantizeArgs a{x,
-                 Fp8Format::kE5M2,
-                 Granularity::kTensor,
-                 ScaleRounding::kExact,
-                 0.0f,
-                 QuantizeOutput::kBoth,
-                 scale};
+  QuantizeArgs a{.input = x,
+                 .format = Fp8Format::kE5M2,
+                 .granularity = Granularity::kTensor,
+                 .rounding = ScaleRounding::kExact,
+                 .epsilon = 0.0f,
+                 .output = QuantizeOutput::kBoth,
+                 .scale = scale};
   const QuantTensor want = quantize(cpu, a);
   a.input = x.to(gpu, Device::kCuda);
   a.scale = scale.to(gpu, Device::kCuda);
@@ -265,8 +291,12 @@ TEST_P(TransposeGpu, MatchesCpuBitwise) {
   const auto& [shape, fmt] = GetParam();
   for (Dist dist : {Dist::kOutliers, Dist::kWide, Dist::kGaussian}) {
     Tensor x = random_tensor(shape, DType::kBF16, 77 + static_cast<int>(dist), dist);
-    QuantizeArgs a{
-        x, fmt, Granularity::k1x128, ScaleRounding::kPow2, 0.0f, QuantizeOutput::kRowwise, {}};
+    QuantizeArgs a{.input = x,
+                   .format = fmt,
+                   .granularity = Granularity::k1x128,
+                   .rounding = ScaleRounding::kPow2,
+                   .epsilon = 0.0f,
+                   .output = QuantizeOutput::kRowwise};
     QuantTensor want = quantize(cpu, a);
     scaling_aware_transpose(cpu, want);
     a.input = x.to(gpu, Device::kCuda);
@@ -303,7 +333,10 @@ TEST(DelayedScalingGpu, MatchesCpuOverASequence) {
   auto& [cpu, gpu] = devices();
   for (AmaxReduction reduce : {AmaxReduction::kMax, AmaxReduction::kMostRecent}) {
     DelayedScaling sc = make_delayed_scaling(cpu, 5), sg = make_delayed_scaling(gpu, 5);
-    const ScaleRule rule{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 1};
+    const ScaleRule rule{.format = Fp8Format::kE4M3,
+                         .rounding = ScaleRounding::kExact,
+                         .epsilon = 0.0f,
+                         .margin = 1};
     const float amaxes[] = {3.0f,  0.0f,   7.5f, std::numeric_limits<float>::quiet_NaN(),
                             0.25f, 1e-30f, 2.0f, 0.5f};
     for (int step = 0; step < 8; ++step) {

@@ -657,7 +657,8 @@ float scale_of(const DelayedScaling& s) {
 
 TEST(DelayedScaling, HistoryReductionAndMargin) {
   Context ctx = make_context(Device::kCpu);
-  const ScaleRule e4{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 0};
+  const ScaleRule e4{
+      .format = Fp8Format::kE4M3, .rounding = ScaleRounding::kExact, .epsilon = 0.0f, .margin = 0};
   DelayedScaling s = make_delayed_scaling(ctx, 4);
   ASSERT_EQ(s.amax_history.shape(), (Shape{4}));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(hist(s, i), 0.0f);
@@ -682,22 +683,26 @@ TEST(DelayedScaling, HistoryReductionAndMargin) {
   delayed_scaling_update(ctx, s, scalar(1.0f), 5, AmaxReduction::kMax, e4);
   EXPECT_EQ(scale_of(s), 448.0f / 4.0f);
 
-  const ScaleRule margin{Fp8Format::kE5M2, ScaleRounding::kExact, 0.0f, 3};
+  const ScaleRule margin{
+      .format = Fp8Format::kE5M2, .rounding = ScaleRounding::kExact, .epsilon = 0.0f, .margin = 3};
   delayed_scaling_update(ctx, s, scalar(7.0f), 6, AmaxReduction::kMostRecent, margin);
   EXPECT_EQ(scale_of(s), (57344.0f / 7.0f) / 8.0f);
-  const ScaleRule pow2{Fp8Format::kE4M3, ScaleRounding::kPow2, 0.0f, 1};
+  const ScaleRule pow2{
+      .format = Fp8Format::kE4M3, .rounding = ScaleRounding::kPow2, .epsilon = 0.0f, .margin = 1};
   delayed_scaling_update(ctx, s, scalar(3.0f), 7, AmaxReduction::kMostRecent, pow2);
   EXPECT_EQ(scale_of(s), 64.0f);  // 448 / 3 / 2 = 74.7, rounded down
   EXPECT_EQ(s.scale_inv.data_as<float>()[0], 1.0f / 64.0f);
   // quantize.h: delayed scaling has no amax floor, whatever the rule's epsilon.
-  const ScaleRule eps{Fp8Format::kE4M3, ScaleRounding::kExact, 1.0f, 0};
+  const ScaleRule eps{
+      .format = Fp8Format::kE4M3, .rounding = ScaleRounding::kExact, .epsilon = 1.0f, .margin = 0};
   delayed_scaling_update(ctx, s, scalar(0.5f), 8, AmaxReduction::kMostRecent, eps);
   EXPECT_EQ(scale_of(s), 896.0f);
 }
 
 TEST(DelayedScaling, ZeroAndNonFiniteAmaxKeepThePreviousScale) {
   Context ctx = make_context(Device::kCpu);
-  const ScaleRule e4{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 0};
+  const ScaleRule e4{
+      .format = Fp8Format::kE4M3, .rounding = ScaleRounding::kExact, .epsilon = 0.0f, .margin = 0};
   DelayedScaling s = make_delayed_scaling(ctx, 2);
   delayed_scaling_update(ctx, s, scalar(2.0f), 0, AmaxReduction::kMostRecent, e4);
   ASSERT_EQ(scale_of(s), 224.0f);
@@ -722,7 +727,8 @@ TEST(DelayedScaling, ZeroAndNonFiniteAmaxKeepThePreviousScale) {
 // A training step: quantize with the state's scale, record the amax, update for the next step.
 TEST(DelayedScaling, QuantizeUsesTheGivenScale) {
   Context ctx = make_context(Device::kCpu);
-  const ScaleRule e4{Fp8Format::kE4M3, ScaleRounding::kExact, 0.0f, 0};
+  const ScaleRule e4{
+      .format = Fp8Format::kE4M3, .rounding = ScaleRounding::kExact, .epsilon = 0.0f, .margin = 0};
   DelayedScaling s = make_delayed_scaling(ctx, 16);
   for (int64_t step = 0; step < 3; ++step) {
     const Tensor x = test::random_tensor({17, 300}, DType::kBF16, 40 + static_cast<uint64_t>(step),

@@ -50,8 +50,9 @@ Result run(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& dy, con
   Tensor y = out(x.shape(), ydt), rstd = out({x.rows()}, DType::kF32),
          dx = out(x.shape(), dy.dtype());
   Tensor dw = put(dw0);
-  rmsnorm_forward(ctx, {dx_, dw_, 1e-6f, y, rstd});
-  rmsnorm_backward(ctx, {ddy, dx_, dw_, rstd, dx, dw});
+  rmsnorm_forward(ctx, {.x = dx_, .weight = dw_, .epsilon = 1e-6f, .y = y, .rstd = rstd});
+  rmsnorm_backward(ctx,
+                   {.dy = ddy, .x = dx_, .weight = dw_, .rstd = rstd, .dx = dx, .dweight = dw});
   return {y.to_host(ctx), rstd.to_host(ctx), dx.to_host(ctx), dw.to_host(ctx)};
 }
 

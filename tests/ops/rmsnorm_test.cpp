@@ -23,7 +23,7 @@ Fwd forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, DType ydt
   Fwd f{Tensor::empty(x.shape(), ydt), Tensor::empty({x.rows()}, DType::kF32)};
   test::poison(f.y, 0xFF);
   test::poison(f.rstd, 0xFF);
-  rmsnorm_forward(ctx, {x, w, eps, f.y, f.rstd});
+  rmsnorm_forward(ctx, {.x = x, .weight = w, .epsilon = eps, .y = f.y, .rstd = f.rstd});
   return f;
 }
 
@@ -85,7 +85,7 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   test::poison(dx, 0xFF);
   const Tensor dw0 = random_tensor({d}, DType::kF32, 8);
   Tensor dw = dw0.to_host(cpu);
-  rmsnorm_backward(cpu, {r, x, w, f.rstd, dx, dw});
+  rmsnorm_backward(cpu, {.dy = r, .x = x, .weight = w, .rstd = f.rstd, .dx = dx, .dweight = dw});
   for (int64_t i = 0; i < rows * d; ++i) {
     const double fd = test::central_difference(x.data_as<float>() + i, 1e-2, loss);
     EXPECT_NEAR(dx.data_as<float>()[i], fd, 2e-3 * std::max(1.0, std::fabs(fd)))
@@ -107,9 +107,11 @@ TEST(RmsNorm, DweightAccumulates) {
   Tensor dx = Tensor::empty({9, 11}, DType::kBF16);
   auto zeros = [] { return test::host_tensor({11}, DType::kF32, [](int64_t) { return 0.0; }); };
   Tensor once = zeros(), twice = zeros();
-  rmsnorm_backward(cpu, {dy, x, w, f.rstd, dx, once});
-  rmsnorm_backward(cpu, {dy, x, w, f.rstd, dx, twice});
-  rmsnorm_backward(cpu, {dy, x, w, f.rstd, dx, twice});
+  rmsnorm_backward(cpu, {.dy = dy, .x = x, .weight = w, .rstd = f.rstd, .dx = dx, .dweight = once});
+  rmsnorm_backward(cpu,
+                   {.dy = dy, .x = x, .weight = w, .rstd = f.rstd, .dx = dx, .dweight = twice});
+  rmsnorm_backward(cpu,
+                   {.dy = dy, .x = x, .weight = w, .rstd = f.rstd, .dx = dx, .dweight = twice});
   for (int64_t j = 0; j < 11; ++j)
     EXPECT_FLOAT_EQ(twice.data_as<float>()[j], 2.0f * once.data_as<float>()[j]) << "column " << j;
 }
@@ -119,9 +121,9 @@ TEST(RmsNorm, ZeroRowsIsANoOp) {
   const Tensor x = Tensor::empty({0, 8}, DType::kBF16);
   const Tensor w = random_tensor({8}, DType::kF32, 12);
   Tensor y = Tensor::empty({0, 8}, DType::kBF16), rstd = Tensor::empty({0}, DType::kF32);
-  rmsnorm_forward(cpu, {x, w, 1e-6f, y, rstd});
+  rmsnorm_forward(cpu, {.x = x, .weight = w, .epsilon = 1e-6f, .y = y, .rstd = rstd});
   Tensor dw = w.to_host(cpu);
-  rmsnorm_backward(cpu, {x, x, w, rstd, y, dw});
+  rmsnorm_backward(cpu, {.dy = x, .x = x, .weight = w, .rstd = rstd, .dx = y, .dweight = dw});
   EXPECT_TRUE(test::bitwise_equal(w, dw));
 }
 
@@ -132,34 +134,62 @@ TEST(RmsNorm, RejectsBadArguments) {
   Tensor y = Tensor::empty({4, 8}, DType::kBF16), rstd = Tensor::empty({4}, DType::kF32);
   test::expect_error(
       [&] {
-        rmsnorm_forward(cpu, {x, random_tensor({7}, DType::kF32, 1), 1e-6f, y, rstd});
+        rmsnorm_forward(cpu, {.x = x,
+                              .weight = random_tensor({7}, DType::kF32, 1),
+                              .epsilon = 1e-6f,
+                              .y = y,
+                              .rstd = rstd});
       },
       {"rmsnorm weight", "expected shape [8]", "got [7]"});
   test::expect_error(
       [&] {
-        rmsnorm_forward(cpu, {x, random_tensor({8}, DType::kBF16, 1), 1e-6f, y, rstd});
+        rmsnorm_forward(cpu, {.x = x,
+                              .weight = random_tensor({8}, DType::kBF16, 1),
+                              .epsilon = 1e-6f,
+                              .y = y,
+                              .rstd = rstd});
       },
       {"rmsnorm weight", "F32", "BF16"});
   test::expect_error(
       [&] {
-        rmsnorm_forward(cpu, {x, w, 1e-6f, Tensor::empty({4, 9}, DType::kBF16), rstd});
+        rmsnorm_forward(cpu, {.x = x,
+                              .weight = w,
+                              .epsilon = 1e-6f,
+                              .y = Tensor::empty({4, 9}, DType::kBF16),
+                              .rstd = rstd});
       },
       {"rmsnorm y", "[4, 8]", "[4, 9]"});
   test::expect_error(
       [&] {
-        rmsnorm_forward(cpu, {x, w, 1e-6f, y, Tensor::empty({5}, DType::kF32)});
+        rmsnorm_forward(cpu, {.x = x,
+                              .weight = w,
+                              .epsilon = 1e-6f,
+                              .y = y,
+                              .rstd = Tensor::empty({5}, DType::kF32)});
       },
       {"rmsnorm rstd", "[4]", "[5]"});
-  test::expect_error([&] { rmsnorm_forward(cpu, {x, w, 0.0f, y, rstd}); }, {"epsilon"});
+  test::expect_error(
+      [&] { rmsnorm_forward(cpu, {.x = x, .weight = w, .epsilon = 0.0f, .y = y, .rstd = rstd}); },
+      {"epsilon"});
   Tensor dw = Tensor::empty({8}, DType::kF32);
   test::expect_error(
       [&] {
-        rmsnorm_backward(cpu, {x, x, w, rstd, Tensor::empty({4, 8}, DType::kF32), dw});
+        rmsnorm_backward(cpu, {.dy = x,
+                               .x = x,
+                               .weight = w,
+                               .rstd = rstd,
+                               .dx = Tensor::empty({4, 8}, DType::kF32),
+                               .dweight = dw});
       },
       {"rmsnorm dx", "BF16", "F32"});
   test::expect_error(
       [&] {
-        rmsnorm_backward(cpu, {x, x, w, rstd, y, Tensor::empty({8}, DType::kBF16)});
+        rmsnorm_backward(cpu, {.dy = x,
+                               .x = x,
+                               .weight = w,
+                               .rstd = rstd,
+                               .dx = y,
+                               .dweight = Tensor::empty({8}, DType::kBF16)});
       },
       {"rmsnorm dweight", "F32"});
 }

@@ -47,11 +47,16 @@ TEST_P(RopeGpu, MatchesCpuBitwise) {
   const Tensor x = random_tensor(c.shape, dt, 77);
   const Tensor xg = x.to(gpu, Device::kCuda);
   for (bool forward : {true, false}) {
-    const Tensor want = forward ? rope_forward(cpu, {x, tc, pairing, c.offset})
-                                : rope_backward(cpu, {x, tc, pairing, c.offset});
+    const Tensor want =
+        forward
+            ? rope_forward(cpu, {.input = x, .table = tc, .pairing = pairing, .offset = c.offset})
+            : rope_backward(cpu, {.input = x, .table = tc, .pairing = pairing, .offset = c.offset});
     poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
-    const Tensor got = forward ? rope_forward(gpu, {xg, tg, pairing, c.offset})
-                               : rope_backward(gpu, {xg, tg, pairing, c.offset});
+    const Tensor got =
+        forward
+            ? rope_forward(gpu, {.input = xg, .table = tg, .pairing = pairing, .offset = c.offset})
+            : rope_backward(gpu,
+                            {.input = xg, .table = tg, .pairing = pairing, .offset = c.offset});
     ASSERT_TRUE(bitwise_equal(want, got.to_host(gpu)))
         << (forward ? "forward" : "backward") << " shape " << shape_str(c.shape) << " offset "
         << c.offset << " dim " << c.dim;

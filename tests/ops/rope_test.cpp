@@ -54,7 +54,8 @@ TEST_P(RopeCpu, MatchesTransformersFormula) {
   const int64_t T = c.shape[1], H = c.shape.size() == 4 ? c.shape[2] : 1, W = c.shape.back();
   RopeTable tb = make_rope_table(cpu, T + 3, c.dim, theta);
   Tensor x = random_tensor(c.shape, DType::kF32, 11);
-  const Tensor y = rope_forward(cpu, {x, tb, c.pairing, c.offset});
+  const Tensor y =
+      rope_forward(cpu, {.input = x, .table = tb, .pairing = c.pairing, .offset = c.offset});
   double max_err = 0;
   for (int64_t r = 0; r < x.numel() / W; ++r) {
     const int64_t t = (r / H) % T;
@@ -81,9 +82,12 @@ TEST_P(RopeCpu, BackwardIsTransposeAndInverse) {
   RopeTable tb = make_rope_table(cpu, c.shape[1], c.dim, 10000.0);
   const Tensor x = random_tensor(c.shape, DType::kF32, 21);
   const Tensor w = random_tensor(c.shape, DType::kF32, 22);
-  const Tensor y = rope_forward(cpu, {x, tb, c.pairing, c.offset});
-  const Tensor gx = rope_backward(cpu, {w, tb, c.pairing, c.offset});
-  const Tensor back = rope_backward(cpu, {y, tb, c.pairing, c.offset});
+  const Tensor y =
+      rope_forward(cpu, {.input = x, .table = tb, .pairing = c.pairing, .offset = c.offset});
+  const Tensor gx =
+      rope_backward(cpu, {.input = w, .table = tb, .pairing = c.pairing, .offset = c.offset});
+  const Tensor back =
+      rope_backward(cpu, {.input = y, .table = tb, .pairing = c.pairing, .offset = c.offset});
   // <R x, w> == <x, R^T w>, and R^T R x == x (rotations are orthogonal).
   double lhs = 0, rhs = 0, inv_err = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
@@ -102,12 +106,14 @@ TEST_P(RopeCpu, FiniteDifferenceGradient) {
   Tensor x = random_tensor(c.shape, DType::kF32, 31);
   const Tensor w = random_tensor(c.shape, DType::kF32, 32);
   auto loss = [&](const Tensor& in) {
-    const Tensor y = rope_forward(cpu, {in, tb, c.pairing, c.offset});
+    const Tensor y =
+        rope_forward(cpu, {.input = in, .table = tb, .pairing = c.pairing, .offset = c.offset});
     double s = 0;
     for (int64_t i = 0; i < y.numel(); ++i) s += double{get(y, i)} * get(w, i);
     return s;
   };
-  const Tensor g = rope_backward(cpu, {w, tb, c.pairing, c.offset});
+  const Tensor g =
+      rope_backward(cpu, {.input = w, .table = tb, .pairing = c.pairing, .offset = c.offset});
   const float eps = 1e-2f;
   for (int64_t i = 0; i < x.numel(); i += 7) {
     float* p = x.data_as<float>() + i;
@@ -135,8 +141,10 @@ TEST(RopeCpuSpecial, PositionZeroIsIdentityUpToTheDeinterleave) {
   Context cpu = make_context(Device::kCpu);
   RopeTable tb = make_rope_table(cpu, 1, 8, 10000.0);
   const Tensor x = random_tensor({1, 1, 1, 8}, DType::kF32, 3);
-  const Tensor yh = rope_forward(cpu, {x, tb, RopePairing::kHalf, 0});
-  const Tensor yi = rope_forward(cpu, {x, tb, RopePairing::kInterleave, 0});
+  const Tensor yh =
+      rope_forward(cpu, {.input = x, .table = tb, .pairing = RopePairing::kHalf, .offset = 0});
+  const Tensor yi = rope_forward(
+      cpu, {.input = x, .table = tb, .pairing = RopePairing::kInterleave, .offset = 0});
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(get(yh, i), get(x, i));
     EXPECT_EQ(get(yi, i), get(x, i < 4 ? 2 * i : 2 * (i - 4) + 1)) << "interleave output " << i;
@@ -157,7 +165,8 @@ TEST(RopeCpuSpecial, ScoresDependOnRelativePosition) {
     std::memcpy(ks.data_as<float>() + t * d, k.data(), d * 4);
   }
   for (RopePairing pr : {RopePairing::kHalf, RopePairing::kInterleave}) {
-    const Tensor rq = rope_forward(cpu, {qs, tb, pr, 0}), rk = rope_forward(cpu, {ks, tb, pr, 0});
+    const Tensor rq = rope_forward(cpu, {.input = qs, .table = tb, .pairing = pr, .offset = 0}),
+                 rk = rope_forward(cpu, {.input = ks, .table = tb, .pairing = pr, .offset = 0});
     auto dotp = [&](int64_t m, int64_t n) {
       double s = 0;
       for (int64_t i = 0; i < d; ++i) s += double{get(rq, m * d + i)} * get(rk, n * d + i);
@@ -175,7 +184,8 @@ TEST(RopeCpuSpecial, Bf16RoundsTheF32Result) {
   Tensor xf = Tensor::empty(xb.shape(), DType::kF32);
   for (int64_t i = 0; i < xb.numel(); ++i) xf.data_as<float>()[i] = get(xb, i);
   for (RopePairing pr : {RopePairing::kHalf, RopePairing::kInterleave}) {
-    const Tensor yb = rope_forward(cpu, {xb, tb, pr, 16}), yf = rope_forward(cpu, {xf, tb, pr, 16});
+    const Tensor yb = rope_forward(cpu, {.input = xb, .table = tb, .pairing = pr, .offset = 16}),
+                 yf = rope_forward(cpu, {.input = xf, .table = tb, .pairing = pr, .offset = 16});
     for (int64_t i = 0; i < yb.numel(); ++i)
       ASSERT_EQ(yb.data_as<uint16_t>()[i], float_to_bf16(yf.data_as<float>()[i]))
           << "element " << i;
@@ -189,17 +199,24 @@ TEST(RopeCpuSpecial, RejectsBadArguments) {
   EXPECT_THROW(make_rope_table(cpu, 8, 8, 0.5), Error);
   RopeTable tb = make_rope_table(cpu, 4, 8, 10000.0);
   const Tensor x = random_tensor({1, 5, 2, 8}, DType::kF32, 1);  // T = 5 > 4 positions
-  EXPECT_THROW(rope_forward(cpu, {x, tb, RopePairing::kHalf, 0}), Error);
+  EXPECT_THROW(
+      rope_forward(cpu, {.input = x, .table = tb, .pairing = RopePairing::kHalf, .offset = 0}),
+      Error);
   const Tensor x2 = random_tensor({1, 4, 2, 12}, DType::kF32, 1);
-  EXPECT_THROW(rope_forward(cpu, {x2, tb, RopePairing::kHalf, 5}), Error);  // 5 + 8 > 12
-  EXPECT_NO_THROW(rope_forward(cpu, {x2, tb, RopePairing::kHalf, 4}));
+  EXPECT_THROW(
+      rope_forward(cpu, {.input = x2, .table = tb, .pairing = RopePairing::kHalf, .offset = 5}),
+      Error);  // 5 + 8 > 12
+  EXPECT_NO_THROW(
+      rope_forward(cpu, {.input = x2, .table = tb, .pairing = RopePairing::kHalf, .offset = 4}));
   try {
-    rope_forward(cpu, {x2, tb, RopePairing::kHalf, 5});
+    rope_forward(cpu, {.input = x2, .table = tb, .pairing = RopePairing::kHalf, .offset = 5});
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
   }
   Tensor bad = Tensor::empty({1, 4, 8}, DType::kI32);
-  EXPECT_THROW(rope_forward(cpu, {bad, tb, RopePairing::kHalf, 0}), Error);
+  EXPECT_THROW(
+      rope_forward(cpu, {.input = bad, .table = tb, .pairing = RopePairing::kHalf, .offset = 0}),
+      Error);
 }
 
 }  // namespace

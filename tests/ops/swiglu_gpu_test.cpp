@@ -32,14 +32,14 @@ Devices& devices() {
 Tensor forward(Context& ctx, const Tensor& gu, DType out) {
   Tensor h = ctx.device == Device::kCuda ? test::poisoned(ctx, {gu.rows(), gu.cols() / 2}, out)
                                          : Tensor::empty({gu.rows(), gu.cols() / 2}, out);
-  swiglu_forward(ctx, {gu, h});
+  swiglu_forward(ctx, {.gate_up = gu, .h = h});
   return h.to_host(ctx);
 }
 
 Tensor backward(Context& ctx, const Tensor& dh, const Tensor& gu) {
   Tensor d = ctx.device == Device::kCuda ? test::poisoned(ctx, gu.shape(), dh.dtype())
                                          : Tensor::empty(gu.shape(), dh.dtype());
-  swiglu_backward(ctx, {dh, gu, d});
+  swiglu_backward(ctx, {.dh = dh, .gate_up = gu, .d_gate_up = d});
   return d.to_host(ctx);
 }
 
@@ -76,17 +76,25 @@ void check_all(const Tensor& gu, DType out_dt, const std::string& where) {
     for (ScaleRounding rnd : {ScaleRounding::kPow2, ScaleRounding::kExact}) {
       const std::string w =
           where + " " + format_name(fmt) + (rnd == ScaleRounding::kPow2 ? " pow2" : " exact");
-      const QuantTensor want = swiglu_quantize(cpu, {gu, fmt, rnd, 0.0f});
-      const QuantTensor got = swiglu_quantize(gpu, {gu_d, fmt, rnd, 0.0f});
+      const QuantTensor want =
+          swiglu_quantize(cpu, {.gate_up = gu, .format = fmt, .rounding = rnd, .epsilon = 0.0f});
+      const QuantTensor got =
+          swiglu_quantize(gpu, {.gate_up = gu_d, .format = fmt, .rounding = rnd, .epsilon = 0.0f});
       ASSERT_TRUE(same_quant(want, got, gpu)) << w << " swiglu_quantize cuda vs cpu";
-      const QuantizeArgs qa{h32, fmt, Granularity::k1x128, rnd, 0.0f, QuantizeOutput::kRowwise, {}};
+      const QuantizeArgs qa{.input = h32,
+                            .format = fmt,
+                            .granularity = Granularity::k1x128,
+                            .rounding = rnd,
+                            .epsilon = 0.0f,
+                            .output = QuantizeOutput::kRowwise};
       ASSERT_TRUE(same_quant(quantize(cpu, qa), got, gpu))
           << w << " swiglu_quantize vs quantize(cpu swiglu f32)";
       QuantizeArgs qg = qa;
       qg.input = h32.to(gpu, Device::kCuda);
       ASSERT_TRUE(same_quant(host_copy(quantize(gpu, qg), gpu), got, gpu))
           << w << " vs quantize(cuda swiglu f32)";
-      const QuantTensor again = swiglu_quantize(gpu, {gu_d, fmt, rnd, 0.0f});
+      const QuantTensor again =
+          swiglu_quantize(gpu, {.gate_up = gu_d, .format = fmt, .rounding = rnd, .epsilon = 0.0f});
       ASSERT_TRUE(same_quant(host_copy(got, gpu), again, gpu)) << w << " not deterministic";
     }
 }
@@ -137,7 +145,8 @@ TEST(SwigluGpuSpecial, NonFiniteZerosAndExtremes) {
 TEST(SwigluGpuSpecial, ZeroRowsAndExpertSizedInput) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
-  const QuantTensor q = swiglu_quantize(gpu, {Tensor::empty(gpu, {0, 512}, DType::kBF16)});
+  const QuantTensor q =
+      swiglu_quantize(gpu, {.gate_up = Tensor::empty(gpu, {0, 512}, DType::kBF16)});
   EXPECT_EQ(q.amax.to_host(gpu).data_as<float>()[0], 0.0f);
   // DeepSeek-V3's moe_intermediate_size (2048) over a few thousand routed tokens.
   check_all(random_tensor({3001, 2 * 2048}, DType::kBF16, 1200, Dist::kOutliers), DType::kBF16,

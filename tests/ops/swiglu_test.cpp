@@ -23,7 +23,7 @@ using test::random_tensor;
 Tensor run_forward(Context& ctx, const Tensor& gu, DType out) {
   Tensor h = Tensor::empty({gu.rows(), gu.cols() / 2}, out);
   test::poison(h, 0xFF);
-  swiglu_forward(ctx, {gu, h});
+  swiglu_forward(ctx, {.gate_up = gu, .h = h});
   return h;
 }
 
@@ -104,7 +104,7 @@ TEST(Swiglu, BackwardMatchesFiniteDifferences) {
   auto loss = [&] { return test::weighted_sum(run_forward(cpu, gu, DType::kF32), r); };
   Tensor dgu = Tensor::empty({rows, 2 * f}, DType::kF32);
   test::poison(dgu, 0xFF);
-  swiglu_backward(cpu, {r, gu, dgu});
+  swiglu_backward(cpu, {.dh = r, .gate_up = gu, .d_gate_up = dgu});
   for (int64_t i = 0; i < gu.numel(); ++i) {
     const double fd = test::central_difference(gu.data_as<float>() + i, 1e-2, loss);
     EXPECT_NEAR(dgu.data_as<float>()[i], fd, 1e-3 * std::max(1.0, std::fabs(fd)))
@@ -122,8 +122,8 @@ TEST(Swiglu, BackwardBf16IsTheF32GradientRounded) {
     dh32.data_as<float>()[i] = bf16_to_float(dh16.data_as<uint16_t>()[i]);
   }
   Tensor d32 = Tensor::empty({7, 18}, DType::kF32), d16 = Tensor::empty({7, 18}, DType::kBF16);
-  swiglu_backward(cpu, {dh32, gu, d32});
-  swiglu_backward(cpu, {dh16, gu, d16});
+  swiglu_backward(cpu, {.dh = dh32, .gate_up = gu, .d_gate_up = d32});
+  swiglu_backward(cpu, {.dh = dh16, .gate_up = gu, .d_gate_up = d16});
   for (int64_t i = 0; i < d32.numel(); ++i)
     ASSERT_EQ(float_to_bf16(d32.data_as<float>()[i]), d16.data_as<uint16_t>()[i])
         << "element " << i;
@@ -138,9 +138,14 @@ TEST(Swiglu, QuantizeEqualsQuantizeOfF32Output) {
           for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
             const Tensor gu = random_tensor(shape, dt, 26 + static_cast<int>(dist), dist);
             const float eps = rnd == ScaleRounding::kPow2 ? 0.0f : 1e-4f;
-            const QuantTensor got = swiglu_quantize(cpu, {gu, fmt, rnd, eps});
-            QuantizeArgs qa{run_forward(cpu, gu, DType::kF32), fmt, Granularity::k1x128, rnd, eps,
-                            QuantizeOutput::kRowwise,          {}};
+            const QuantTensor got = swiglu_quantize(
+                cpu, {.gate_up = gu, .format = fmt, .rounding = rnd, .epsilon = eps});
+            QuantizeArgs qa{.input = run_forward(cpu, gu, DType::kF32),
+                            .format = fmt,
+                            .granularity = Granularity::k1x128,
+                            .rounding = rnd,
+                            .epsilon = eps,
+                            .output = QuantizeOutput::kRowwise};
             const QuantTensor want = quantize(cpu, qa);
             const std::string where =
                 shape_str(shape) + " " + std::string(dtype_name(dt)) + " " + format_name(fmt);
@@ -158,8 +163,8 @@ TEST(Swiglu, ZeroRows) {
   Context cpu = make_context(Device::kCpu);
   const Tensor gu = Tensor::empty({0, 256}, DType::kBF16);
   Tensor h = Tensor::empty({0, 128}, DType::kBF16);
-  swiglu_forward(cpu, {gu, h});
-  const QuantTensor q = swiglu_quantize(cpu, {gu});
+  swiglu_forward(cpu, {.gate_up = gu, .h = h});
+  const QuantTensor q = swiglu_quantize(cpu, {.gate_up = gu});
   EXPECT_EQ(q.data.shape(), (Shape{0, 128}));
   EXPECT_EQ(q.scale_inv.shape(), (Shape{0, 1}));
   EXPECT_EQ(q.amax.data_as<float>()[0], 0.0f);
@@ -170,29 +175,33 @@ TEST(Swiglu, RejectsBadArguments) {
   const Tensor gu = random_tensor({4, 10}, DType::kBF16, 27);
   test::expect_error(
       [&] {
-        swiglu_forward(
-            cpu, {random_tensor({4, 9}, DType::kBF16, 1), Tensor::empty({4, 4}, DType::kBF16)});
+        swiglu_forward(cpu, {.gate_up = random_tensor({4, 9}, DType::kBF16, 1),
+                             .h = Tensor::empty({4, 4}, DType::kBF16)});
       },
       {"swiglu gate_up", "2F", "[4, 9]"});
   test::expect_error(
       [&] {
-        swiglu_forward(cpu, {gu, Tensor::empty({4, 10}, DType::kBF16)});
+        swiglu_forward(cpu, {.gate_up = gu, .h = Tensor::empty({4, 10}, DType::kBF16)});
       },
       {"swiglu h", "expected shape [4, 5]", "got [4, 10]"});
   test::expect_error(
       [&] {
-        swiglu_forward(cpu, {gu, Tensor::empty({4, 5}, DType::kE4M3)});
+        swiglu_forward(cpu, {.gate_up = gu, .h = Tensor::empty({4, 5}, DType::kE4M3)});
       },
       {"swiglu h", "BF16|F32", "F8_E4M3"});
   const Tensor dh = random_tensor({4, 5}, DType::kF32, 28);
   test::expect_error(
       [&] {
-        swiglu_backward(cpu, {dh, gu, Tensor::empty({4, 10}, DType::kBF16)});
+        swiglu_backward(
+            cpu, {.dh = dh, .gate_up = gu, .d_gate_up = Tensor::empty({4, 10}, DType::kBF16)});
       },
       {"swiglu d_gate_up", "F32", "BF16"});
   test::expect_error(
       [&] {
-        swiglu_quantize(cpu, {gu, Fp8Format::kE4M3, ScaleRounding::kPow2, -1.0f});
+        swiglu_quantize(cpu, {.gate_up = gu,
+                              .format = Fp8Format::kE4M3,
+                              .rounding = ScaleRounding::kPow2,
+                              .epsilon = -1.0f});
       },
       {"epsilon"});
 }

@@ -35,19 +35,19 @@ void fill_from(Tensor& dst, const Tensor& src) {
 
 // Owns parameters for a test: stable addresses, as the optimizer keeps pointers.
 struct Model {
-  std::vector<std::unique_ptr<Param>> params;
+  std::vector<std::unique_ptr<Parameter>> params;
 
-  Param& add(const std::string& name, const Shape& shape, uint64_t seed, bool decay = true) {
-    auto p = std::make_unique<Param>();
+  Parameter& add(const std::string& name, const Shape& shape, uint64_t seed, bool decay = true) {
+    auto p = std::make_unique<Parameter>();
     p->name = name;
-    p->master = random_tensor(shape, DType::kF32, seed);
+    p->value = random_tensor(shape, DType::kF32, seed);
     p->grad = random_tensor(shape, DType::kF32, seed + 1000);
     p->weight_decay = decay;
     params.push_back(std::move(p));
     return *params.back();
   }
-  std::vector<Param*> ptrs() {
-    std::vector<Param*> out;
+  std::vector<Parameter*> ptrs() {
+    std::vector<Parameter*> out;
     for (auto& p : params) out.push_back(p.get());
     return out;
   }
@@ -58,7 +58,7 @@ Model small_model(uint64_t seed) {
   Model m;
   m.add("model.layers.0.mlp.gate_proj.weight", {37, 5}, seed);
   m.add("model.norm.weight", {131}, seed + 1, /*decay=*/false);
-  Param& bias = m.add("model.layers.1.mlp.gate.e_score_correction_bias", {8}, seed + 2, false);
+  Parameter& bias = m.add("model.layers.1.mlp.gate.e_score_correction_bias", {8}, seed + 2, false);
   bias.trainable = false;
   bias.grad = Tensor();
   return m;
@@ -86,11 +86,11 @@ TEST(Optimizer, QuadraticToyProblemConverges) {
   auto loss_and_grad = [&]() {
     double loss = 0;
     for (int i = 0; i < 2; ++i) {
-      Param& p = *m.params[static_cast<size_t>(i)];
-      const float* x = p.master.data_as<float>();
+      Parameter& p = *m.params[static_cast<size_t>(i)];
+      const float* x = p.value.data_as<float>();
       const float* t = targets[i].data_as<float>();
       float* g = p.grad.data_as<float>();
-      for (int64_t j = 0; j < p.master.numel(); ++j) {
+      for (int64_t j = 0; j < p.value.numel(); ++j) {
         g[j] = x[j] - t[j];
         loss += 0.5 * double(g[j]) * g[j];
       }
@@ -112,13 +112,13 @@ TEST(Optimizer, QuadraticToyProblemConverges) {
 TEST(Optimizer, ClippingScalesTheGradientsAsComputedByHand) {
   Context ctx = make_context(Device::kCpu);
   Model m;
-  Param& p = m.add("w", {64, 3}, 5);
+  Parameter& p = m.add("w", {64, 3}, 5);
   AdamWConfig cfg;
   cfg.grad_clip = 0.5f;
   cfg.eps = 0.05f;  // comparable to the clipped gradients, so the update depends on their scale
   cfg.weight_decay = 0.1f;
   const float lr = 0.01f;
-  const Tensor p0 = copy(p.master);
+  const Tensor p0 = copy(p.value);
   AdamWOptimizer opt(ctx, m.ptrs(), cfg);
   opt.step(ctx, lr);
   const StepStats st = opt.finish_step(ctx);
@@ -138,29 +138,29 @@ TEST(Optimizer, ClippingScalesTheGradientsAsComputedByHand) {
   ASSERT_EQ(state[0].first, "w.exp_avg");
   const uint16_t* m_bf16 = state[0].second.data_as<uint16_t>();
   const double b1 = cfg.beta1, b2 = cfg.beta2;
-  for (int64_t i = 0; i < p.master.numel(); ++i) {
+  for (int64_t i = 0; i < p.value.numel(); ++i) {
     const double gc = g[i] * coef;
     const double mi = (1 - b1) * gc;
     const double vi = (1 - b2) * gc * gc;
     // Step 1: step_size = lr / (1 - beta1), the second-moment correction sqrt(1 - beta2).
     const double expect = double(p0.data_as<float>()[i]) * (1 - double(lr) * cfg.weight_decay) -
                           lr / (1 - b1) * mi / (std::sqrt(vi) / std::sqrt(1 - b2) + cfg.eps);
-    ASSERT_NEAR(p.master.data_as<float>()[i], expect, 1e-6) << "element " << i;
+    ASSERT_NEAR(p.value.data_as<float>()[i], expect, 1e-6) << "element " << i;
     ASSERT_NEAR(bf16_to_float(m_bf16[i]), mi, std::abs(mi) / 128) << "element " << i;
   }
 
   // Without clipping the same step moves the weights further.
   Model m2;
-  Param& q = m2.add("w", {64, 3}, 5);
+  Parameter& q = m2.add("w", {64, 3}, 5);
   cfg.grad_clip = 0.0f;
   AdamWOptimizer unclipped(ctx, m2.ptrs(), cfg);
   unclipped.step(ctx, lr);
   const StepStats st2 = unclipped.finish_step(ctx);
   EXPECT_EQ(st2.clip_coef, 1.0f);
   double moved_clipped = 0, moved_unclipped = 0;
-  for (int64_t i = 0; i < p.master.numel(); ++i) {
-    moved_clipped += std::abs(p.master.data_as<float>()[i] - p0.data_as<float>()[i]);
-    moved_unclipped += std::abs(q.master.data_as<float>()[i] - p0.data_as<float>()[i]);
+  for (int64_t i = 0; i < p.value.numel(); ++i) {
+    moved_clipped += std::abs(p.value.data_as<float>()[i] - p0.data_as<float>()[i]);
+    moved_unclipped += std::abs(q.value.data_as<float>()[i] - p0.data_as<float>()[i]);
   }
   EXPECT_GT(moved_unclipped, 1.5 * moved_clipped);
 }
@@ -174,7 +174,7 @@ TEST(Optimizer, NonFiniteGradientSkipsTheStepAndChangesNothing) {
     opt.step(ctx, 1e-2f);  // one real step, so the moments are not zero
     EXPECT_EQ(opt.finish_step(ctx).step, 1);
     const io::NamedTensors before = opt.state_dict(ctx);
-    const Tensor w0 = copy(m.params[0]->master), n0 = copy(m.params[1]->master);
+    const Tensor w0 = copy(m.params[0]->value), n0 = copy(m.params[1]->value);
 
     // -1e30 is finite, but its square overflows FP32: the norm is inf and the step is skipped too.
     m.params[1]->grad.data_as<float>()[77] = bad;
@@ -184,8 +184,8 @@ TEST(Optimizer, NonFiniteGradientSkipsTheStepAndChangesNothing) {
     EXPECT_TRUE(st.skipped) << bad;
     EXPECT_FALSE(std::isfinite(st.grad_norm));
     EXPECT_EQ(opt.steps_taken(), 1);
-    EXPECT_TRUE(bitwise_equal(w0, m.params[0]->master));
-    EXPECT_TRUE(bitwise_equal(n0, m.params[1]->master));
+    EXPECT_TRUE(bitwise_equal(w0, m.params[0]->value));
+    EXPECT_TRUE(bitwise_equal(n0, m.params[1]->value));
     const io::NamedTensors after = opt.state_dict(ctx);
     ASSERT_EQ(after.size(), before.size());
     for (size_t i = 0; i < after.size(); ++i)
@@ -202,12 +202,12 @@ TEST(Optimizer, NonFiniteGradientSkipsTheStepAndChangesNothing) {
 TEST(Optimizer, ZeroGradAndFrozenParameters) {
   Context ctx = make_context(Device::kCpu);
   Model m = small_model(31);
-  Param& frozen = *m.params[2];
+  Parameter& frozen = *m.params[2];
   frozen.grad = random_tensor({8}, DType::kF32, 77);
-  const Tensor frozen0 = copy(frozen.master);
+  const Tensor frozen0 = copy(frozen.value);
   AdamWOptimizer opt(ctx, m.ptrs(), AdamWConfig{});
   opt.step(ctx, 1e-2f);
-  EXPECT_TRUE(bitwise_equal(frozen0, frozen.master));
+  EXPECT_TRUE(bitwise_equal(frozen0, frozen.value));
   opt.zero_grad(ctx);
   for (const auto& p : m.params)
     for (int64_t i = 0; i < p->grad.numel(); ++i) ASSERT_EQ(p->grad.data_as<float>()[i], 0.0f);
@@ -252,7 +252,7 @@ TEST(Optimizer, StateRoundTripContinuesBitIdentically) {
   std::filesystem::remove(path);
 
   Model c = small_model(999);  // different initial values: everything must come from the save
-  for (size_t i = 0; i < 3; ++i) fill_from(c.params[i]->master, b.params[i]->master);
+  for (size_t i = 0; i < 3; ++i) fill_from(c.params[i]->value, b.params[i]->value);
   AdamWOptimizer opt_c(ctx, c.ptrs(), cfg);
   opt_c.load_state_dict(ctx, file.tensors);
   EXPECT_EQ(opt_c.steps_taken(), 1);
@@ -261,7 +261,7 @@ TEST(Optimizer, StateRoundTripContinuesBitIdentically) {
   EXPECT_EQ(opt_c.step(ctx, 2e-3f).step, 2);
 
   for (size_t i = 0; i < 3; ++i)
-    EXPECT_TRUE(bitwise_equal(a.params[i]->master, c.params[i]->master)) << a.params[i]->name;
+    EXPECT_TRUE(bitwise_equal(a.params[i]->value, c.params[i]->value)) << a.params[i]->name;
   const io::NamedTensors sa = opt_a.state_dict(ctx), sc = opt_c.state_dict(ctx);
   ASSERT_EQ(sa.size(), sc.size());
   for (size_t i = 0; i < sa.size(); ++i) {
@@ -295,6 +295,32 @@ TEST(Optimizer, LoadStateRejectsMismatchesNamingTheTensor) {
                      Tensor::empty({8}, DType::kBF16));
   EXPECT_NE(message(extra).find("unexpected tensor model.layers.1"), std::string::npos)
       << message(extra);
+}
+
+// With a BF16 weight output, the update also writes the updated weights in BF16 (round to nearest
+// even of the new master); outputs naming a parameter the optimizer does not hold, or a copy of
+// the wrong size, are refused naming the parameter.
+TEST(Optimizer, WeightOutputsReceiveTheUpdatedWeights) {
+  Context ctx = make_context(Device::kCpu);
+  Model m = small_model(81);
+  AdamWOptimizer opt(ctx, m.ptrs(), AdamWConfig{});
+  Parameter& w = *m.params[0];
+  WeightOutput out{.param = &w, .bf16 = Tensor::empty(w.value.shape(), DType::kBF16)};
+  opt.set_weight_outputs(ctx, {out});
+  opt.step(ctx, 1e-2f);
+  ASSERT_FALSE(opt.finish_step(ctx).skipped);
+  const uint16_t* b = out.bf16.data_as<const uint16_t>();
+  for (int64_t i = 0; i < w.value.numel(); ++i)
+    ASSERT_EQ(b[i], float_to_bf16(w.value.data_as<const float>()[i])) << "element " << i;
+
+  Model other = small_model(82);
+  EXPECT_THROW(opt.set_weight_outputs(ctx, {{.param = other.params[0].get()}}), Error);
+  try {
+    opt.set_weight_outputs(ctx, {{.param = &w, .bf16 = Tensor::empty({3}, DType::kBF16)}});
+    FAIL() << "expected a throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(w.name + ": bf16 copy"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Optimizer, ConstructorChecksParameters) {

@@ -86,9 +86,14 @@ void refuse_output_over_input(const std::string& in, const std::string& out) {
               "; writing it would destroy the input: choose another output path");
 }
 
-void refuse_existing_output(const std::string& out, bool force) {
+ExistingOutput existing_output(const Args& args) {
+  return args.has("force") ? ExistingOutput::kReplace : ExistingOutput::kRefuse;
+}
+
+void refuse_existing_output(const std::string& out, ExistingOutput policy) {
   std::error_code ec;
-  OCTET_CHECK(force || !std::filesystem::exists(std::filesystem::symlink_status(out, ec)),
+  OCTET_CHECK(policy == ExistingOutput::kReplace ||
+                  !std::filesystem::exists(std::filesystem::symlink_status(out, ec)),
               "output ", out,
               " already exists; pass --force to replace it, or choose another path");
 }

@@ -4,6 +4,7 @@
 // lives in its own cmd_<name>.cpp and registers itself in commands.cpp.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -41,9 +42,12 @@ class Args {
 // that writes OUT must never replace its own input, which it is still reading.
 void refuse_output_over_input(const std::string& in, const std::string& out);
 
-// Throws when `out` exists and `force` is not set: a command replaces an existing output only when
-// asked to (--force).
-void refuse_existing_output(const std::string& out, bool force);
+// Whether a command may replace an output that already exists: only when asked to (--force).
+enum class ExistingOutput : uint8_t { kRefuse, kReplace };
+ExistingOutput existing_output(const Args& args);  // kReplace when --force was given
+
+// Throws when `out` exists and `policy` is kRefuse.
+void refuse_existing_output(const std::string& out, ExistingOutput policy);
 
 // `text` (a tensor name, a path: anything read from a file) made safe to print on a terminal: every
 // byte a terminal would act on (C0 controls such as ESC, DEL, the C1 controls U+0080..U+009F) and

@@ -210,7 +210,7 @@ int run_compare(const std::vector<std::string>& argv) {
       refuse_output_over_input((fs::path(dir) / "metrics.jsonl").string(), *out);
       refuse_output_over_input((fs::path(dir) / "config.toml").string(), *out);
     }
-    refuse_existing_output(*out, args.has("force"));
+    refuse_existing_output(*out, existing_output(args));
     script = find_plot_script();
   }
   std::vector<Run> runs;

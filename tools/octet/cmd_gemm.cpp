@@ -75,8 +75,9 @@ Tensor run(Context& ctx, const io::SafetensorsFile& in, const std::string& recip
   const int64_t m = in.at("a").rows(), n = in.at("b").rows();
   Tensor d = Tensor::empty(ctx, {m, n}, out_dtype);
   if (recipe == "bf16") {
-    gemm_bf16(ctx, {to_bf16(in.at("a"), "a").to(ctx, ctx.device),
-                    to_bf16(in.at("b"), "b").to(ctx, ctx.device), d});
+    gemm_bf16(ctx, {.a = to_bf16(in.at("a"), "a").to(ctx, ctx.device),
+                    .b = to_bf16(in.at("b"), "b").to(ctx, ctx.device),
+                    .d = d});
     return d.to_host(ctx);
   }
   const Granularity ga = recipe == "tensor" ? Granularity::kTensor
@@ -101,7 +102,7 @@ int run_gemm(const std::vector<std::string>& argv) {
   const Device device =
       args.choice("device", {"cpu", "cuda"}, "cpu") == "cuda" ? Device::kCuda : Device::kCpu;
   refuse_output_over_input(args.positional()[0], args.positional()[1]);
-  refuse_existing_output(args.positional()[1], args.has("force"));
+  refuse_existing_output(args.positional()[1], existing_output(args));
   const io::SafetensorsFile in = io::read_safetensors(args.positional()[0]);
   Context ctx = make_context(device);
   const Tensor d = run(ctx, in, recipe, out_dtype);

@@ -62,7 +62,8 @@ fs::path normalized(const std::string& dir) {
 // Fails before the initialisation, which takes minutes for a large model, rather than after it.
 // write_checkpoint stages the new directory next to OUT_DIR and renames it into place, so the
 // nearest existing ancestor must be a writable directory.
-void check_out_dir(const fs::path& out, bool force) {
+void check_out_dir(const fs::path& out, ExistingOutput policy) {
+  const bool force = policy == ExistingOutput::kReplace;
   std::error_code ec;
   if (fs::exists(out, ec)) {
     OCTET_CHECK(fs::is_directory(out, ec), out.string(), ": exists and is not a directory");
@@ -110,7 +111,7 @@ int run_init(const std::vector<std::string>& argv) {
 
   const ModelConfig config = read_model_config(args.positional()[0]);
   const fs::path out = normalized(args.positional()[1]);
-  check_out_dir(out, args.has("force"));
+  check_out_dir(out, existing_output(args));
   check_host_memory(config);
 
   // F32 values in every format: kBf16 and kFp8 round them once, as init_parameters(.., kBF16)

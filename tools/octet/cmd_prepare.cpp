@@ -93,7 +93,7 @@ void spawn(Child& c, std::vector<std::string> args) {
 }
 
 // An earlier preparation in `out` is replaced only with --force, and then only its own files.
-void clear_output(const fs::path& out, bool force) {
+void clear_output(const fs::path& out, ExistingOutput policy) {
   std::error_code ec;
   if (!fs::exists(out, ec)) return;
   OCTET_CHECK(fs::is_directory(out, ec), out.string(), ": exists and is not a directory");
@@ -104,8 +104,8 @@ void clear_output(const fs::path& out, bool force) {
     if (shard || n == "manifest.json" || n == "tokenizer.json") ours.push_back(e.path());
   }
   if (ours.empty()) return;
-  OCTET_CHECK(force, out.string(), " holds a preparation (", ours[0].filename().string(),
-              ", ...); pass --force to replace it");
+  OCTET_CHECK(policy == ExistingOutput::kReplace, out.string(), " holds a preparation (",
+              ours[0].filename().string(), ", ...); pass --force to replace it");
   for (const fs::path& p : ours) fs::remove(p, ec);
 }
 
@@ -141,7 +141,7 @@ int run_prepare(const std::vector<std::string>& argv) {
   if (const auto t = args.get("tokenizer"))
     OCTET_CHECK(fs::is_regular_file(*t), *t, ": tokenizer file not found");
   const fs::path out = *args.get("out");
-  clear_output(out, args.has("force"));
+  clear_output(out, existing_output(args));
   std::error_code ec;
   fs::create_directories(out, ec);
   OCTET_CHECK(!ec, out.string(), ": cannot create the output directory: ", ec.message());

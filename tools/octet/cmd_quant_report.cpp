@@ -70,7 +70,7 @@ std::vector<float> group_scales(const std::vector<float>& x, int64_t rows, int64
       uint32_t& a = amax[static_cast<size_t>(map(i, j))];
       a = std::max(a, abs_bits(x[static_cast<size_t>(i * cols + j)]));
     }
-  const ScaleRule rule{r.format, r.rounding, 0.0f, 0};
+  const ScaleRule rule{.format = r.format, .rounding = r.rounding, .epsilon = 0.0f, .margin = 0};
   std::vector<float> scales(amax.size());
   for (size_t k = 0; k < amax.size(); ++k) scales[k] = compute_scale(bits_float(amax[k]), rule);
   return scales;

@@ -150,7 +150,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   const std::string& in_path = args.positional()[0];
   const std::string& out_path = args.positional()[1];
   refuse_output_over_input(in_path, out_path);
-  refuse_existing_output(out_path, args.has("force"));
+  refuse_existing_output(out_path, existing_output(args));
 
   const io::SafetensorsFile in = io::read_safetensors(in_path);
   std::map<std::string, DType> dtypes;
@@ -244,7 +244,7 @@ int run_dequantize(const std::vector<std::string>& argv) {
   Context ctx = make_context(parse_device(args));
   const std::string& out_path = args.positional()[1];
   refuse_output_over_input(args.positional()[0], out_path);
-  refuse_existing_output(out_path, args.has("force"));
+  refuse_existing_output(out_path, existing_output(args));
   const io::SafetensorsFile in = io::read_safetensors(args.positional()[0]);
 
   std::map<std::string, const Tensor*> index;

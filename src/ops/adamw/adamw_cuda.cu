@@ -150,7 +150,7 @@ void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWCons
   qk::TileParams p;
   p.rows = o.rows;
   p.cols = o.cols;
-  p.rule = ScaleRule{o.format, o.rounding, 0.0f, 0};
+  p.rule = ScaleRule{.format = o.format, .rounding = o.rounding, .epsilon = 0.0f, .margin = 0};
   p.rowwise = qk::TileOutput{o.data.data_as<uint8_t>(), o.scale_inv.data_as<float>(),
                              qk::ScaleSource::kTile, Granularity::k128x128};
   p.columnwise =

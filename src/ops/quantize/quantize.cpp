@@ -144,7 +144,8 @@ void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& a
   OCTET_CHECK(amax.numel() == 1, "delayed scaling amax: expected 1 element, got ", amax.numel());
   // quantize.h: delayed scaling has no amax floor (TransformerEngine's DelayedScaling has none), so
   // a recipe's epsilon for current scaling does not leak into it. Done here so both backends agree.
-  const ScaleRule no_floor{rule.format, rule.rounding, 0.0f, rule.margin};
+  const ScaleRule no_floor{
+      .format = rule.format, .rounding = rule.rounding, .epsilon = 0.0f, .margin = rule.margin};
   OCTET_DISPATCH(ctx, delayed_scaling_update, ctx, state, amax, step, reduce, no_floor);
 }
 

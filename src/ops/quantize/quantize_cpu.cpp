@@ -66,7 +66,8 @@ void quantize_matrix(At at, int64_t rows, int64_t cols, Granularity g, const Sca
 void quantize(Context&, const QuantizeArgs& args, QuantTensor& out) {
   const std::vector<float> x = to_float(args.input);
   const int64_t rows = args.input.rows(), cols = args.input.cols();
-  const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
+  const ScaleRule rule{
+      .format = args.format, .rounding = args.rounding, .epsilon = args.epsilon, .margin = 0};
   const float fixed = args.scale.defined() ? args.scale.data_as<const float>()[0] : 0.0f;
 
   uint32_t amax_all = 0;

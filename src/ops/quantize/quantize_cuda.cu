@@ -106,7 +106,8 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
   const InT* in = args.input.data_as<const InT>();
   const int64_t rows = args.input.rows(), cols = args.input.cols();
   const cudaStream_t st = stream_of(ctx);
-  const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
+  const ScaleRule rule{
+      .format = args.format, .rounding = args.rounding, .epsilon = args.epsilon, .margin = 0};
   auto* amax_bits = out.amax.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
 

@@ -32,7 +32,8 @@ void swiglu_backward(Context&, const SwigluBackwardArgs& a) {
 
 void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
   const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2, groups = ceil_div(f, kGroup);
-  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
+  const ScaleRule rule{
+      .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   uint8_t* data = out.data.data_as<uint8_t>();
   float* scale_inv = out.scale_inv.data_as<float>();
   std::vector<float> h(static_cast<size_t>(f));

@@ -62,7 +62,8 @@ void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out)
   const int64_t groups = rows * ceil_div(f, kGroup);
   const int64_t blocks = std::clamp<int64_t>(ceil_div(groups, kQuantThreads / 32), 1,
                                              int64_t{sms} * std::max(per_sm, 1));
-  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
+  const ScaleRule rule{
+      .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   kernel<<<static_cast<unsigned>(blocks), kQuantThreads, 0, st>>>(
       a.gate_up.data_as<const InT>(), rows, f,
       a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rule,
