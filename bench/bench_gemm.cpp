@@ -212,7 +212,6 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
                                  .group_sizes = sizes_d,
                                  .d = dw3,
                                  .accumulate = Accumulate::kAdd,
-                                 .host_sizes = nullptr,
                                  .layout = OperandLayout::kMNMajor});
       });
   const auto [mn, mx] = std::minmax_element(sizes.begin(), sizes.end());

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -74,6 +75,20 @@ struct CastCounter {
 inline void count_casts(Context& ctx, CastKind k, int64_t n) {
   if (ctx.casts) ctx.casts->add(k, n);
 }
+
+// Stops counting while it lives: for a CPU reference that composes counted ops into what is one
+// cast of the op it implements (the fused FP8 dispatch's quantize + permute).
+class CastCountPause {
+ public:
+  explicit CastCountPause(Context& ctx) : ctx_(ctx), counter_(std::move(ctx.casts)) {}
+  ~CastCountPause() { ctx_.casts = std::move(counter_); }
+  CastCountPause(const CastCountPause&) = delete;
+  CastCountPause& operator=(const CastCountPause&) = delete;
+
+ private:
+  Context& ctx_;
+  std::shared_ptr<CastCounter> counter_;
+};
 
 // Names the region of the casts counted while it lives; restores the previous one.
 class CastScope {

@@ -8,6 +8,7 @@
 #include "ops/grouped_gemm/grouped_gemm.h"
 #include "ops/layout/layout.h"
 #include "ops/quantize/quantize.h"
+#include "ops/quantize/quantize_grouped.h"
 
 namespace octet {
 namespace {
@@ -28,9 +29,24 @@ void copy_into(Context& ctx, const Tensor& dst, int64_t offset_elems, const Tens
   ctx.be().copy(d, src.data(), src.nbytes(), same_device(ctx));
 }
 
-// The row counts on the host when the caller read them (one read per MoE layer, not per GEMM).
-const std::vector<int64_t>* hs(const GroupLayoutRef& l) {
-  return l.host_sizes.empty() ? nullptr : &l.host_sizes;
+// The CPU's row counts (the CPU path only: on CUDA they stay on the device).
+int64_t cpu_rows(const GroupLayoutRef& l, int64_t e) {
+  return l.sizes.dtype() == DType::kI32 ? l.sizes.data_as<const int32_t>()[e]
+                                        : l.sizes.data_as<const int64_t>()[e];
+}
+
+// Element e of a (E) f32 tensor as a (1) tensor sharing its storage.
+Tensor element(const Tensor& t, int64_t e) {
+  return Tensor::wrap(t.data_as<float>() + e, {1}, DType::kF32, t.device());
+}
+
+// This pass's amax of one operand into a per-expert delayed-scaling history (model/linear.cpp's
+// order: after the GEMM that consumed the quantization).
+void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds, int64_t& steps,
+                 const Tensor& amax, const GemmRecipe& r, GemmOperand operand) {
+  const GemmRecipe::Quantization q = r.quantization(operand);
+  delayed_scaling_update(ctx, ds, amax, steps, st.reduce, {q.format, q.rounding, 0.0f, st.margin});
+  ++steps;
 }
 
 // The column-wise copy of a row-wise 1x128 power-of-2 FP8 tensor that already exists, as the
@@ -114,6 +130,7 @@ void GroupedLinearLayer::prepare(Context& ctx, const Precision& p, PrepareScope 
     OCTET_CHECK(static_cast<int64_t>(per_expert_.size()) == E, "grouped linear ",
                 gemm_site_name(site), ": init_state was not called for the fp8-tensor recipe");
     for (auto& l : per_expert_) l.prepare(ctx, p);
+    if (ctx.device == Device::kCuda) stack_tensorwise_weights(ctx, r);
     return;
   }
   if (r.precision == GemmPrecision::kBf16) {
@@ -183,20 +200,26 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
                             .b = w_,
                             .group_sizes = layout.sizes,
                             .d = y,
-                            .accumulate = Accumulate::kOverwrite,
-                            .host_sizes = hs(layout)});
+                            .accumulate = Accumulate::kOverwrite});
     s.x = in_.x;
     return y;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
+    OCTET_CHECK(in_.x.defined(), "grouped linear ", gemm_site_name(site),
+                ": the fp8-tensor recipe quantizes its input itself (no FP8 dispatch)");
+    if (ctx.device != Device::kCpu) return forward_tensorwise(ctx, r, in_.x, layout, s);
     Tensor y = zeros(ctx, {R, out()}, DType::kBF16);  // a padded layout's tail stays zero
     s.per_expert.resize(per_expert_.size());
     int64_t row = 0;
     for (size_t e = 0; e < per_expert_.size(); ++e) {
-      const int64_t m = layout.host_sizes.at(e);
+      const int64_t m = cpu_rows(layout, static_cast<int64_t>(e));
       if (m > 0) {
         const Tensor ye = per_expert_[e].forward(ctx, p, row_slice(in_.x, row, m), s.per_expert[e]);
         copy_into(ctx, y, row * out(), ye);
+      } else if (r.is_delayed()) {  // an empty expert records amax 0, as on CUDA
+        LinearScalingState& st = per_expert_[e].state;
+        record_amax(ctx, st, st.x, st.x_steps, zeros(ctx, {1}, DType::kF32), r,
+                    GemmOperand::kActivation);
       }
       row += m;
     }
@@ -216,8 +239,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
                          .b = fp8_,
                          .group_sizes = layout.sizes,
                          .d = y,
-                         .accumulate = Accumulate::kOverwrite,
-                         .host_sizes = hs(layout)});
+                         .accumulate = Accumulate::kOverwrite});
   // Wgrad reads only the column-wise copy.
   qx.data = Tensor::wrap(nullptr, {R, in()}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();
@@ -239,27 +261,30 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
                             .b = w_t_,
                             .group_sizes = layout.sizes,
                             .d = dx,
-                            .accumulate = Accumulate::kOverwrite,
-                            .host_sizes = hs(layout)});
+                            .accumulate = Accumulate::kOverwrite});
     // dW += dY^T X
     grouped_wgrad_bf16(ctx, {.a = dy,
                              .b = s.x,
                              .group_sizes = layout.sizes,
                              .d = grad3,
                              .accumulate = Accumulate::kAdd,
-                             .host_sizes = hs(layout),
                              .layout = OperandLayout::kMNMajor});
     return dx;
   }
   if (r.precision == GemmPrecision::kFp8Tensor) {
+    if (ctx.device != Device::kCpu) return backward_tensorwise(ctx, r, dy, layout, s);
     Tensor dx = zeros(ctx, {R, in()}, DType::kBF16);
     int64_t row = 0;
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t m = layout.host_sizes.at(e);
+      const int64_t m = cpu_rows(layout, e);
       if (m > 0) {
         const Tensor dxe =
             per_expert_[e].backward(ctx, p, row_slice(dy, row, m), s.per_expert[e]);  // grad +=
         copy_into(ctx, dx, row * in(), dxe);
+      } else if (r.is_delayed()) {  // an empty expert records amax 0, as on CUDA
+        LinearScalingState& st = per_expert_[e].state;
+        record_amax(ctx, st, st.dy, st.dy_steps, zeros(ctx, {1}, DType::kF32), r,
+                    GemmOperand::kGradient);
       }
       row += m;
     }
@@ -293,15 +318,116 @@ Tensor GroupedLinearLayer::fp8_block_backward(Context& ctx, const QuantTensor& q
                          .b = fp8_t_,
                          .group_sizes = layout.sizes,
                          .d = dx,
-                         .accumulate = Accumulate::kOverwrite,
-                         .host_sizes = hs(layout)});
+                         .accumulate = Accumulate::kOverwrite});
   // dW += dY^T X
   grouped_wgrad_fp8(ctx, {.a = columnwise_operand(qdy),
                           .b = columnwise_operand(s.qx),
                           .group_sizes = layout.sizes,
                           .d = grad3,
-                          .accumulate = Accumulate::kAdd,
-                          .host_sizes = hs(layout)});
+                          .accumulate = Accumulate::kAdd});
+  return dx;
+}
+
+// fp8-tensor on CUDA. The per-expert preparations (their W histories) made each expert's FP8 copies
+// and scale: stacked here as the blockwise grouped GEMMs read them (the per-expert copies are then
+// released), each expert's scale repeated over its 128x128 blocks. W and W^T have the same
+// per-tensor scale, so one expanded tensor serves both.
+void GroupedLinearLayer::stack_tensorwise_weights(Context& ctx, const GemmRecipe& r) {
+  const int64_t E = experts(), O = out(), I = in();
+  const int64_t blocks = ceil_div(O, kGroup) * ceil_div(I, kGroup);
+  const DType d8 = fp8_dtype(r.forward_format);
+  fp8_ = {Tensor::empty(ctx, {E * O, I}, d8), Tensor(), Granularity::k128x128, r.forward_format};
+  fp8_t_ = {Tensor::empty(ctx, {E * I, O}, d8), Tensor(), Granularity::k128x128, r.forward_format};
+  Tensor per_expert = Tensor::empty(ctx, {E, 1}, DType::kF32);
+  for (int64_t e = 0; e < E; ++e) {
+    const QuantTensor& w = per_expert_[e].prepared.fp8;
+    copy_into(ctx, fp8_.data, e * O * I, w.data);
+    copy_into(ctx, fp8_t_.data, e * I * O, w.columnwise_data);
+    copy_into(ctx, per_expert, e, w.scale_inv);
+    // Only the stacked copies are read on CUDA: the per-expert ones go back to the stream-ordered
+    // pool once the copies above have run (their W histories were recorded by the preparation).
+    per_expert_[e].prepared.fp8 = QuantTensor{};
+  }
+  Tensor expanded = Tensor::empty(ctx, {E * blocks, 1}, DType::kF32);
+  copy_columns(ctx, {.src = per_expert,
+                     .src_col = 0,
+                     .dst = expanded,
+                     .dst_col = 0,
+                     .width = 1,
+                     .repeat = blocks,
+                     .mode = CopyMode::kBroadcast});
+  fp8_.scale_inv = expanded.reshape({E, ceil_div(O, kGroup), ceil_div(I, kGroup)});
+  fp8_t_.scale_inv = expanded.reshape({E, ceil_div(I, kGroup), ceil_div(O, kGroup)});
+}
+
+Tensor GroupedLinearLayer::forward_tensorwise(Context& ctx, const GemmRecipe& r, const Tensor& x,
+                                              const GroupLayoutRef& layout, Saved& s) {
+  const int64_t E = experts(), R = x.rows();
+  OCTET_CHECK(fp8_.data.defined() && fp8_.data.numel() == E * out() * in(), "grouped linear ",
+              gemm_site_name(site), ": prepare was not called for the fp8-tensor recipe");
+  const GemmRecipe::Quantization q = r.quantization(GemmOperand::kActivation);
+  GroupedQuantizeArgs qa{.input = x,
+                         .group_sizes = layout.sizes,
+                         .format = q.format,
+                         .rounding = q.rounding,
+                         .output = QuantizeOutput::kBoth,
+                         .columnwise_granularity = Granularity::k128x128};
+  if (r.is_delayed()) {  // each expert's current scale
+    qa.scale = Tensor::empty(ctx, {E}, DType::kF32);
+    for (int64_t e = 0; e < E; ++e) copy_into(ctx, qa.scale, e, per_expert_[e].state.x.scale);
+  }
+  GroupedQuantTensor gx = quantize_grouped_tensorwise(ctx, qa);
+  Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
+  grouped_gemm_fp8(ctx, {.a = rowwise_operand(gx.q),
+                         .b = fp8_,
+                         .group_sizes = layout.sizes,
+                         .d = y,
+                         .accumulate = Accumulate::kOverwrite});
+  if (r.is_delayed())
+    for (int64_t e = 0; e < E; ++e) {
+      LinearScalingState& st = per_expert_[e].state;
+      record_amax(ctx, st, st.x, st.x_steps, element(gx.amax, e), r, GemmOperand::kActivation);
+    }
+  // Wgrad reads only the column-wise copy.
+  s.qx = gx.q;
+  s.qx.data = Tensor::wrap(nullptr, {R, in()}, gx.q.data.dtype(), ctx.device);
+  s.qx.scale_inv = Tensor();
+  return y;
+}
+
+Tensor GroupedLinearLayer::backward_tensorwise(Context& ctx, const GemmRecipe& r, const Tensor& dy,
+                                               const GroupLayoutRef& layout, const Saved& s) {
+  const int64_t E = experts(), R = dy.rows();
+  const GemmRecipe::Quantization q = r.quantization(GemmOperand::kGradient);
+  GroupedQuantizeArgs qa{.input = dy,
+                         .group_sizes = layout.sizes,
+                         .format = q.format,
+                         .rounding = q.rounding,
+                         .output = QuantizeOutput::kBoth,
+                         .columnwise_granularity = Granularity::k1x128};
+  if (r.is_delayed()) {
+    qa.scale = Tensor::empty(ctx, {E}, DType::kF32);
+    for (int64_t e = 0; e < E; ++e) copy_into(ctx, qa.scale, e, per_expert_[e].state.dy.scale);
+  }
+  GroupedQuantTensor gdy = quantize_grouped_tensorwise(ctx, qa);
+  Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
+  // dX = dY W
+  grouped_gemm_fp8(ctx, {.a = rowwise_operand(gdy.q),
+                         .b = fp8_t_,
+                         .group_sizes = layout.sizes,
+                         .d = dx,
+                         .accumulate = Accumulate::kOverwrite});
+  // dW += dY^T X
+  grouped_wgrad_fp8(ctx, {.a = columnwise_operand(gdy.q),
+                          .b = columnwise_operand(s.qx),
+                          .group_sizes = layout.sizes,
+                          .d = param->grad,
+                          .accumulate = Accumulate::kAdd});
+  if (r.is_delayed())
+    for (int64_t e = 0; e < E; ++e) {
+      LinearScalingState& st = per_expert_[e].state;
+      record_amax(ctx, st, st.dy, st.dy_steps, element(gdy.amax, e), r, GemmOperand::kGradient);
+    }
   return dx;
 }
 

@@ -15,9 +15,18 @@
 //               fp8_transpose (the scaling-aware transpose, or dequantize + requantize to measure
 //               the double quantization it avoids). Wgrad needs every expert to start at a multiple of 128 rows
 //               (PermutePadding::kTo128).
-//   fp8-tensor  one model/linear.h Linear per expert on its rows, each with its own per-tensor
-//               scales and delayed-scaling state, as TransformerEngine's GroupedLinear quantizes
-//               each GEMM's inputs separately. Needs the row counts on the host.
+//   fp8-tensor  each expert with its own per-tensor scales and delayed-scaling state (one
+//               model/linear.h LinearLayer per expert holds them), as TransformerEngine's
+//               GroupedLinear quantizes each GEMM's inputs separately: x in forward_format, dy in
+//               backward_format (E5M2), W per expert. CPU: one Linear per expert on its rows (the
+//               reference). CUDA: the same numbers without reading the counts on the host: X and
+//               dY quantized per expert in one pass (ops/quantize/quantize_grouped.h, counts on the
+//               device), W stacked, and the per-tensor scales handed to the blockwise grouped GEMMs
+//               as constant 1x128 / 128x128 blocks (the GEMMs differ from the per-expert ones only
+//               in FP32 rounding: the scale is applied every 128 of K instead of once). Every
+//               expert records an amax each pass, 0 when it has no rows (as TransformerEngine's
+//               GroupedLinear does for an empty split), on both devices. Wgrad needs the experts'
+//               rows padded to 128 (PermutePadding::kTo128).
 #pragma once
 
 #include <vector>
@@ -32,10 +41,10 @@ struct GroupedInput {
   QuantTensor qx;  // (R, In) FP8 1x128 row-wise (fp8-block only)
 };
 
+// The contiguous layout of the permuted rows. Only on the device: no recipe reads the counts on the
+// host on CUDA (the MoE layer never synchronises).
 struct GroupLayoutRef {
-  Tensor sizes;                     // (E) int32 on the device: rows per expert, padding included
-  std::vector<int64_t> host_sizes;  // the same on the host (required by fp8-tensor; when given,
-                                    // the grouped GEMMs skip their own device reads)
+  Tensor sizes;  // (E) int32 on the context's device: rows per expert, padding included
 };
 
 struct GroupedLinearLayer {
@@ -44,8 +53,8 @@ struct GroupedLinearLayer {
 
   struct Saved {
     Tensor x;                             // bf16 path
-    QuantTensor qx;                       // fp8-block: column-wise copy (In, R)
-    std::vector<LinearSaved> per_expert;  // fp8-tensor
+    QuantTensor qx;                       // FP8 on CUDA: column-wise copy (In, R), 128x128
+    std::vector<LinearSaved> per_expert;  // fp8-tensor on the CPU
   };
 
   void init_state(Context& ctx, const Recipe& recipe);
@@ -77,11 +86,19 @@ struct GroupedLinearLayer {
   int64_t experts() const { return param->value.size(0); }
   int64_t out() const { return param->value.size(1); }
   int64_t in() const { return param->value.size(2); }
-  Tensor w_, w_t_;          // bf16: (E, Out, In), (E, In, Out)
-  Fp8Operand fp8_, fp8_t_;  // fp8-block: (E Out, In), (E In, Out), rank-3 scales
+  Tensor w_, w_t_;  // bf16: (E, Out, In), (E, In, Out)
+  // fp8-block, and fp8-tensor on CUDA (constant 128x128 scales per expert): (E Out, In),
+  // (E In, Out), rank-3 scales.
+  Fp8Operand fp8_, fp8_t_;
   GemmPrecision prepared_ = GemmPrecision::kBf16;  // the precision of the last preparation
   std::vector<Parameter> views_;                   // fp8-tensor: expert slices of param
   std::vector<LinearLayer> per_expert_;            // fp8-tensor
+
+  void stack_tensorwise_weights(Context& ctx, const GemmRecipe& r);
+  Tensor forward_tensorwise(Context& ctx, const GemmRecipe& r, const Tensor& x,
+                            const GroupLayoutRef& layout, Saved& s);
+  Tensor backward_tensorwise(Context& ctx, const GemmRecipe& r, const Tensor& dy,
+                             const GroupLayoutRef& layout, const Saved& s);
 };
 
 }  // namespace octet

@@ -16,13 +16,6 @@ bool fp8_experts(const Recipe& r) {
   return r.at(GemmSite::kExpertGateUp).is_fp8() || r.at(GemmSite::kExpertDown).is_fp8();
 }
 
-std::vector<int64_t> host_sizes(Context& ctx, const Tensor& sizes) {
-  const Tensor h = sizes.device() == Device::kCpu ? sizes : sizes.to_host(ctx);
-  std::vector<int64_t> out(static_cast<size_t>(h.numel()));
-  for (size_t e = 0; e < out.size(); ++e) out[e] = h.data_as<const int32_t>()[e];
-  return out;
-}
-
 // The shared experts, their casts counted apart from the routed path's.
 Tensor shared_forward(Context& ctx, const Precision& p, SwigluMlp& mlp, const Tensor& x,
                       SwigluMlp::Saved& s) {
@@ -78,19 +71,9 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
       ctx, {.topk_idx = s.route.topk_idx,
             .num_experts = E,
             .padding = fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
+  // The counts stay on the device in every recipe: the grouped GEMMs (and the per-tensor recipes'
+  // grouped quantization) read them there, so the layer never synchronises.
   s.layout.sizes = s.map.group_sizes;
-  // DeepSeek-V3's dataflow (FP8 dispatch, blockwise expert GEMMs, SwiGLU quantized for the down
-  // projection, Wgrad operands from the scaling-aware transpose) and the BF16 experts run their six
-  // grouped GEMMs with the row counts read on the device where the build allows: the layer then
-  // never synchronises. Other recipes (per-tensor FP8) read the counts to the host once per layer,
-  // shared by the six per-expert GEMM loops.
-  const bool fp8_block =
-      r.moe_dispatch == Storage::kFp8 && up_r.precision == GemmPrecision::kFp8Block &&
-      down_r.precision == GemmPrecision::kFp8Block && grouped_fp8_blockwise_counts_on_device(ctx);
-  const bool bf16 = up_r.precision == GemmPrecision::kBf16 &&
-                    down_r.precision == GemmPrecision::kBf16 && grouped_bf16_counts_on_device(ctx);
-  const bool device_counts = fp8_block || bf16;
-  if (!device_counts) s.layout.host_sizes = host_sizes(ctx, s.map.group_sizes);
   if (r.fp8_flow) {  // moe_flow.cpp
     Tensor y = flow_forward(ctx, p, x.reshape({T, D}), s);
     if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
@@ -99,10 +82,11 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
     // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
-    // power-of-2 scales: Recipe::validate).
-    xp.qx = moe_permute(ctx, s.map,
-                        quantize(ctx, quantize_args(up_r, GemmOperand::kActivation,
-                                                    x.reshape({T, D}), QuantizeOutput::kRowwise)));
+    // power-of-2 scales: Recipe::validate), fused with the permute: each token's row is read and
+    // quantized once and written to its k rows.
+    xp.qx = moe_permute_quantize(
+        ctx, s.map,
+        quantize_args(up_r, GemmOperand::kActivation, x.reshape({T, D}), QuantizeOutput::kRowwise));
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }

@@ -12,13 +12,12 @@ namespace octet {
 Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
-  // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate), then dispatched
-  // in FP8.
+  // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate) and dispatched in
+  // FP8, fused (each token's row read once, written to its k rows).
   const GroupedInput xp{
       .x = Tensor(),
-      .qx = moe_permute(ctx, s.map,
-                        quantize(ctx, quantize_args(up_r, GemmOperand::kActivation, x2,
-                                                    QuantizeOutput::kRowwise)))};
+      .qx = moe_permute_quantize(
+          ctx, s.map, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise))};
   s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F) bf16
   // h = w_row * SwiGLU(gu), quantized in the same kernel for the down projection.
   s.w_rows = moe_permute_weights(ctx, s.map, s.route.topk_weight);
@@ -39,14 +38,13 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
                                                   const Tensor& dy2, const Saved& s) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
-  // Cast 2 of 2: dy quantized once before the backward dispatch. The combine's backward is a copy
-  // of dy to each of the token's rows (no weight to apply), so the dispatch moves FP8 rows and
-  // their scales unchanged.
-  const GroupedInput dyp{
-      .x = Tensor(),
-      .qx = moe_permute(ctx, s.map,
-                        quantize(ctx, quantize_args(down_r, GemmOperand::kGradient, dy2,
-                                                    QuantizeOutput::kRowwise)))};
+  // Cast 2 of 2: dy quantized once and dispatched in FP8, fused as in the forward. The combine's
+  // backward is a copy of dy to each of the token's rows (no weight to apply), so the dispatch moves
+  // FP8 rows and their scales unchanged.
+  const GroupedInput dyp{.x = Tensor(),
+                         .qx = moe_permute_quantize(ctx, s.map,
+                                                    quantize_args(down_r, GemmOperand::kGradient,
+                                                                  dy2, QuantizeOutput::kRowwise))};
   const Tensor dh = down.backward(ctx, p, dyp, s.layout, s.down);  // (R, F) bf16; grad +=
   // dSwiGLU through the weighted output, fused with the quantization of d_gate_up.
   const GemmRecipe::Quantization gq = up_r.quantization(GemmOperand::kGradient);

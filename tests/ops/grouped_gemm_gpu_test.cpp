@@ -180,7 +180,6 @@ TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
                                .group_sizes = sizes_t,
                                .d = wc.reshape({experts, n, k}),
                                .accumulate = Accumulate::kAdd,
-                               .host_sizes = nullptr,
                                .layout = OperandLayout::kMNMajor});
     Tensor wg = dev(init);
     const Tensor gdy = dev(dy);
@@ -190,7 +189,6 @@ TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
                                .group_sizes = gs,
                                .d = wg.reshape({experts, n, k}),
                                .accumulate = Accumulate::kAdd,
-                               .host_sizes = nullptr,
                                .layout = OperandLayout::kMNMajor});
     EXPECT_EQ(gpu().be().host_waits(), before) << "the wgrad read the counts on the host";
     expect_close(wc, wg, 1e-5, "bf16 wgrad += from dY and X" + shape);
@@ -208,7 +206,6 @@ TEST(GroupedGemmGpu, Bf16OnTheDeviceModelShapes) {
                                .group_sizes = gs,
                                .d = wg2.reshape({experts, n, k}),
                                .accumulate = Accumulate::kAdd,
-                               .host_sizes = nullptr,
                                .layout = OperandLayout::kMNMajor});
     EXPECT_TRUE(bitwise_equal(w, wg2.to_host(gpu()))) << "two runs differ" << shape;
   }
@@ -258,6 +255,54 @@ TEST(GroupedGemmGpu, Fp8WgradFromScalingAwareTransposeModelShapes) {
                   0)
             << "expert " << e << " has no tokens but its dW changed";
   }
+}
+
+// The per-tensor recipes' backward on Hopper: E5M2 gradients x E4M3 weights / X (the E5M2
+// instantiations), Dgrad into BF16 and Wgrad += into F32, 128-padded experts (some empty) and a
+// padded tail, K = 704; one grouped launch each, no host wait.
+TEST(GroupedGemmGpu, Fp8E5m2GradientsDgradAndWgrad) {
+  OCTET_REQUIRE_GPU();
+  std::vector<int64_t> sizes(32);
+  for (size_t e = 0; e < sizes.size(); ++e) sizes[e] = 128 * ((e * 7) % 3);
+  const int64_t used = static_cast<int64_t>(total(sizes)), t = used + 128, experts = 32;
+  const int64_t n = 1024, k = 704;  // dY (t, n); W_e (n, k); X (t, k)
+  const Tensor dy = random_tensor({t, n}, DType::kF32, 31),
+               x = random_tensor({t, k}, DType::kF32, 32);
+  const QuantTensor qdy =
+      quant(cpu(), dy, Granularity::k1x128, Fp8Format::kE5M2, QuantizeOutput::kBoth);
+  std::vector<Tensor> wt;  // W_e^T (k, n), as Dgrad reads it
+  for (int64_t e = 0; e < experts; ++e) wt.push_back(random_tensor({k, n}, DType::kF32, 400 + e));
+  const StackedWeights sw = stack_experts(cpu(), wt);
+  const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32), gs = dev(sizes_t);
+  Tensor dc = make_output(t, k, DType::kBF16);
+  grouped_gemm_fp8(cpu(), {rowwise_operand(qdy), sw.op, sizes_t, dc});
+  Tensor dg = dev(make_output(t, k, DType::kBF16, 0xFF));
+  const Fp8Operand ga = to_gpu(rowwise_operand(qdy)), gb = to_gpu(sw.op);
+  gpu().synchronize();
+  int64_t before = gpu().be().host_waits();
+  grouped_gemm_fp8(gpu(), {ga, gb, gs, dg});
+  EXPECT_EQ(gpu().be().host_waits(), before) << "the E5M2 dgrad read the counts on the host";
+  expect_close(dc, dg, 4e-3, "fp8 dgrad E5M2 x E4M3 E=32 N=704 K=1024");
+  const Tensor got = dg.to_host(gpu());
+  for (int64_t i = used * k; i < t * k; ++i)
+    ASSERT_EQ(got.data_as<const uint16_t>()[i], 0) << "tail row " << i / k << " not zeroed";
+
+  QuantizeArgs qa;
+  qa.input = x;
+  qa.granularity = Granularity::k1x128;
+  qa.rounding = ScaleRounding::kPow2;
+  QuantTensor qx = quantize(cpu(), qa);
+  scaling_aware_transpose(cpu(), qx);
+  Tensor wc = random_tensor({experts * n, k}, DType::kF32, 33);
+  Tensor wg = dev(wc);
+  grouped_wgrad_fp8(cpu(), {columnwise_operand(qdy), columnwise_operand(qx), sizes_t,
+                            wc.reshape({experts, n, k}), Accumulate::kAdd});
+  const Fp8Operand wa = to_gpu(columnwise_operand(qdy)), wb = to_gpu(columnwise_operand(qx));
+  gpu().synchronize();
+  before = gpu().be().host_waits();
+  grouped_wgrad_fp8(gpu(), {wa, wb, gs, wg.reshape({experts, n, k}), Accumulate::kAdd});
+  EXPECT_EQ(gpu().be().host_waits(), before) << "the E5M2 wgrad read the counts on the host";
+  expect_close(wc, wg, kFp8Tol, "fp8 wgrad += E5M2 x E4M3 (128x128 B) E=32 N=1024 K=704");
 }
 
 TEST(GroupedGemmGpu, Fp8WgradMatchesCpuAndAccumulates) {

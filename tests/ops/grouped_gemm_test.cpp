@@ -190,7 +190,6 @@ TEST(GroupedGemm, Bf16WgradFromDyAndXIsTheTransposedCall) {
                                  .group_sizes = group_sizes_tensor(sizes, DType::kI32),
                                  .d = got.reshape({3, 6, 8}),
                                  .accumulate = Accumulate::kAdd,
-                                 .host_sizes = nullptr,
                                  .layout = OperandLayout::kMNMajor});
   EXPECT_TRUE(bitwise_equal(want, got));
   expect_error(
@@ -200,7 +199,6 @@ TEST(GroupedGemm, Bf16WgradFromDyAndXIsTheTransposedCall) {
                                        .group_sizes = group_sizes_tensor(sizes, DType::kI32),
                                        .d = got.reshape({3, 6, 8}),
                                        .accumulate = Accumulate::kAdd,
-                                       .host_sizes = nullptr,
                                        .layout = OperandLayout::kMNMajor});
       },
       "A has 14 tokens and B has 13");

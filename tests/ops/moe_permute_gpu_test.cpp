@@ -129,6 +129,29 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
     const QuantTensor pg = moe_permute(gpu, got, gq);
     ASSERT_TRUE(bitwise_equal(pw.data, to_cpu(pg.data))) << "fp8 data";
     ASSERT_TRUE(bitwise_equal(pw.scale_inv, to_cpu(pg.scale_inv))) << "fp8 scale_inv";
+
+    // The fused dispatch (quantize + permute in one pass) against the CPU's quantize-then-permute,
+    // BF16 and F32 inputs, E4M3 with power-of-2 scales and E5M2 exact.
+    for (const bool f32 : {false, true}) {
+      QuantizeArgs qa{f32 ? x32 : x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2};
+      if (f32) {
+        qa.format = Fp8Format::kE5M2;
+        qa.rounding = ScaleRounding::kExact;
+      }
+      const QuantTensor fw = moe_permute_quantize(cpu, want, qa);
+      const QuantTensor ref = moe_permute(cpu, want, quantize(cpu, qa));
+      ASSERT_TRUE(bitwise_equal(ref.data, fw.data)) << "fused cpu data, f32=" << f32;
+      QuantizeArgs ga = qa;
+      ga.input = f32 ? gx32 : gx;
+      poison_pool(gpu, 64 << 20);
+      const int64_t before = gpu.be().host_waits();
+      const QuantTensor fg = moe_permute_quantize(gpu, got, ga);
+      EXPECT_EQ(gpu.be().host_waits(), before) << "the fused dispatch waited";
+      ASSERT_TRUE(bitwise_equal(fw.data, to_cpu(fg.data))) << "fused data, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(fw.scale_inv, to_cpu(fg.scale_inv)))
+          << "fused scale_inv, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(fw.amax, to_cpu(fg.amax))) << "fused amax, f32=" << f32;
+    }
   }
 }
 
@@ -184,8 +207,9 @@ TEST_P(MoePermuteGpu, CombineAndBackwardsMatchCpuBitwise) {
 }
 
 const Case kCases[] = {
-    {1, 1, 8, 0, 1},        {1, 8, 256, 0, 7168}, {127, 2, 8, 1, 129},      {127, 8, 32, 5, 300},
-    {1481, 8, 256, 20, 64}, {1481, 8, 256, 0, 7}, {129, 8, 256, 200, 1024}, {64, 4, 16, 12, 136},
+    {1, 1, 8, 0, 1},          {1, 8, 256, 0, 7168},   {127, 2, 8, 1, 129},
+    {127, 8, 32, 5, 300},     {1481, 8, 256, 20, 64}, {1481, 8, 256, 0, 7},
+    {129, 8, 256, 200, 1024}, {64, 4, 16, 12, 136},   {300, 1, 8, 7, 200},  // all to one expert
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePermuteGpu, ::testing::ValuesIn(kCases));

@@ -306,5 +306,25 @@ TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
         ASSERT_EQ(g.d_expert_out.data_as<float>()[row * D + d], 0.0f) << "row " << row;
 }
 
+// The fused FP8 dispatch equals quantize-then-permute (its definition), padding rows included, and
+// takes only the dispatch's quantization.
+TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
+  const Tensor idx = random_routing(37, 3, 8, 5, 2);
+  const Tensor x = test::random_tensor({37, 200}, DType::kBF16, 6, test::Dist::kOutliers);
+  const PermuteMap m = moe_permute_map(cpu(), {idx, 8, PermutePadding::kTo128});
+  QuantizeArgs qa{x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2};
+  const QuantTensor fused = moe_permute_quantize(cpu(), m, qa);
+  const QuantTensor ref = moe_permute(cpu(), m, quantize(cpu(), qa));
+  EXPECT_TRUE(test::bitwise_equal(ref.data, fused.data));
+  EXPECT_TRUE(test::bitwise_equal(ref.scale_inv, fused.scale_inv));
+  EXPECT_TRUE(test::bitwise_equal(ref.amax, fused.amax));
+  EXPECT_EQ(fused.rows(), m.num_rows);
+  qa.output = QuantizeOutput::kBoth;
+  EXPECT_THROW(moe_permute_quantize(cpu(), m, qa), Error);
+  qa.output = QuantizeOutput::kRowwise;
+  qa.granularity = Granularity::kTensor;
+  EXPECT_THROW(moe_permute_quantize(cpu(), m, qa), Error);
+}
+
 }  // namespace
 }  // namespace octet

@@ -1,5 +1,5 @@
-// Dispatcher for grouped_gemm.h: validates once, reads the row counts to the host, routes to cpu::
-// or cuda::.
+// Dispatcher for grouped_gemm.h: validates once, routes to the CUTLASS kernels that read the row
+// counts on the device, or reads them to the host and routes to cpu:: or cuda::'s per-expert loop.
 #include "ops/grouped_gemm/grouped_gemm.h"
 
 #include "backend/backend.h"
@@ -24,21 +24,16 @@ void check_group_sizes(const Context& ctx, const Tensor& sizes) {
               shape_str(sizes.shape()));
 }
 
-// The one device-to-host read of a call: the row counts, then their prefix sums.
-GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, const char* what,
-                        const std::vector<int64_t>* host_sizes) {
+// The row counts and their prefix sums on the host: free on the CPU; on CUDA a device-to-host read
+// that synchronises the stream (only the per-expert fallback takes it).
+GroupLayout read_layout(Context& ctx, const Tensor& sizes, int64_t total_rows, const char* what) {
   check_group_sizes(ctx, sizes);
-  OCTET_CHECK(host_sizes == nullptr || static_cast<int64_t>(host_sizes->size()) == sizes.numel(),
-              "grouped gemm host_sizes: ", host_sizes ? host_sizes->size() : 0, " counts for ",
-              sizes.numel(), " experts");
-  const Tensor host =
-      host_sizes != nullptr || sizes.device() == Device::kCpu ? sizes : sizes.to_host(ctx);
+  const Tensor host = sizes.device() == Device::kCpu ? sizes : sizes.to_host(ctx);
   GroupLayout l;
   int64_t sum = 0;
   for (int64_t e = 0; e < sizes.numel(); ++e) {
-    const int64_t m = host_sizes != nullptr          ? (*host_sizes)[static_cast<size_t>(e)]
-                      : sizes.dtype() == DType::kI32 ? host.data_as<const int32_t>()[e]
-                                                     : host.data_as<const int64_t>()[e];
+    const int64_t m = sizes.dtype() == DType::kI32 ? host.data_as<const int32_t>()[e]
+                                                   : host.data_as<const int64_t>()[e];
     OCTET_CHECK(m >= 0, "grouped gemm group_sizes: expert ", e, " has a negative row count ", m);
     l.offset.push_back(sum);
     l.size.push_back(m);
@@ -115,7 +110,7 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   if (ctx.device == Device::kCuda && args.a.cols() > 0) check_cuda_fp8_k(args.a.cols());
   if (ctx.device == Device::kCuda) check_cuda_block_output(n, args.d.dtype());
 #if OCTET_WITH_CUTLASS
-  // DeepSeek-V3's pairing on Hopper: one CUTLASS launch that reads the row counts on the device.
+  // The blockwise pairing on Hopper: one CUTLASS launch that reads the row counts on the device.
   if (ctx.device == Device::kCuda && args.a.rows() > 0 && args.a.cols() > 0 &&
       cuda::grouped_gemm_fp8_sm90_supports(args)) {
     check_group_sizes(ctx, args.group_sizes);
@@ -123,7 +118,7 @@ void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
     return;
   }
 #endif
-  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A", args.host_sizes);
+  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A");
   OCTET_DISPATCH(ctx, grouped_gemm_fp8, ctx, args, l);
   zero_tail(ctx, args.d, l, args.accumulate);
 }
@@ -142,7 +137,7 @@ void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
     return;
   }
 #endif
-  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A", args.host_sizes);
+  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.rows(), "A");
   OCTET_DISPATCH(ctx, grouped_gemm_bf16, ctx, args, l);
   zero_tail(ctx, args.d, l, args.accumulate);
 }
@@ -162,19 +157,15 @@ void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
               shape_str(args.d.shape()));
   check_gemm_output(args.d, experts * n, k, args.accumulate, ctx.device);
 #if OCTET_WITH_CUTLASS
-  // DeepSeek-V3's Wgrad pairing on Hopper: one CUTLASS launch that reads the counts on the device.
-  // The counts' 128-token alignment is checked here when the caller has them on the host.
+  // The blockwise Wgrad pairing on Hopper: one CUTLASS launch that reads the counts on the device
+  // (their 128-token alignment is the caller's promise: grouped_gemm.h).
   if (ctx.device == Device::kCuda && cuda::grouped_wgrad_fp8_sm90_supports(args)) {
     check_group_sizes(ctx, args.group_sizes);
-    if (args.host_sizes != nullptr)
-      check_wgrad_offsets(read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A",
-                                      args.host_sizes));
     cuda::grouped_wgrad_fp8_sm90(ctx, args);
     return;
   }
 #endif
-  const GroupLayout l =
-      read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A", args.host_sizes);
+  const GroupLayout l = read_layout(ctx, args.group_sizes, args.a.cols(), "the token axis of A");
   check_wgrad_offsets(l);
   if (ctx.device == Device::kCuda) {
     check_cuda_block_output(k, args.d.dtype());
@@ -219,8 +210,7 @@ void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args) {
     return;
   }
 #endif
-  const GroupLayout l =
-      read_layout(ctx, args.group_sizes, tokens_a, "the token axis of A", args.host_sizes);
+  const GroupLayout l = read_layout(ctx, args.group_sizes, tokens_a, "the token axis of A");
   if (!mn) {
     OCTET_DISPATCH(ctx, grouped_wgrad_bf16, ctx, args, l);
     return;

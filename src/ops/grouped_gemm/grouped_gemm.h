@@ -30,14 +30,13 @@
 // are a tail no expert owns. Fprop and Dgrad then write zeros there (kOverwrite) or leave it
 // (kAdd); Wgrad reads tokens [0, sum M_e) only.
 //
-// CUDA: DeepSeek-V3's pairings (see grouped_fp8_blockwise_counts_on_device) and the BF16 GEMMs
+// CUDA: the blockwise pairings (see grouped_fp8_blockwise_counts_on_device) and the BF16 GEMMs
 // (grouped_bf16_counts_on_device) run as one CUTLASS grouped launch per call that reads the row
-// counts on the device. Everything else runs one cuBLASLt GEMM per non-empty expert (plans cached
-// per shape) from a host copy of the counts: the caller's host_sizes, or a read of group_sizes,
-// which synchronises the stream.
+// counts on the device; nothing is read on the host. Every other call (a pairing no CUTLASS kernel
+// is built for, or a build without CUTLASS) runs one cuBLASLt GEMM per non-empty expert (plans
+// cached per shape) from a host read of group_sizes, which synchronises the stream: the model's
+// MoE layer never makes such a call (model/grouped_linear.h).
 #pragma once
-
-#include <vector>
 
 #include "ops/gemm/gemm.h"
 
@@ -50,9 +49,6 @@ struct GroupedGemmFp8Args {
                        // (see above)
   Tensor d;            // (sum M_e, N) bf16 | f32; kAdd: f32
   Accumulate accumulate = Accumulate::kOverwrite;
-  // Optional: group_sizes already on the host (the caller read them once for several GEMMs);
-  // skips this call's device read, which synchronises the stream.
-  const std::vector<int64_t>* host_sizes = nullptr;
 };
 
 // For each expert e: D[o_e : o_e + M_e] (=|+=) A[o_e : o_e + M_e] · B_e^T. Fprop and Dgrad.
@@ -64,9 +60,6 @@ struct GroupedGemmBf16Args {
   Tensor group_sizes;  // (E) int32 | int64
   Tensor d;            // (sum M_e, N) bf16 | f32
   Accumulate accumulate = Accumulate::kOverwrite;
-  // Optional: group_sizes already on the host (the caller read them once for several GEMMs);
-  // skips this call's device read, which synchronises the stream.
-  const std::vector<int64_t>* host_sizes = nullptr;
 };
 void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args);
 
@@ -76,7 +69,6 @@ struct GroupedWgradFp8Args {
   Tensor group_sizes;  // (E) int32 | int64; non-empty experts start at multiples of 128 tokens
   Tensor d;            // (E, N, K): f32 for kAdd, bf16 | f32 for kOverwrite
   Accumulate accumulate = Accumulate::kAdd;
-  const std::vector<int64_t>* host_sizes = nullptr;  // as in GroupedGemmFp8Args
 };
 
 // For each expert e: dW_e (=|+=) A[:, o_e : o_e + M_e] · B[:, o_e : o_e + M_e]^T. An expert with no
@@ -89,18 +81,17 @@ struct GroupedWgradBf16Args {
   Tensor group_sizes;  // (E) int32 | int64
   Tensor d;            // (E, N, K)
   Accumulate accumulate = Accumulate::kAdd;
-  const std::vector<int64_t>* host_sizes = nullptr;  // as in GroupedGemmFp8Args
   // kMNMajor: a and b are the forward's dY and X (no transposed copies); the CUDA grouped kernel
   // reads them as they are, every other path transposes them first.
   OperandLayout layout = OperandLayout::kKMajor;
 };
 void grouped_wgrad_bf16(Context& ctx, const GroupedWgradBf16Args& args);
 
-// True when this build runs DeepSeek-V3's grouped FP8 GEMMs on the context's device with the row
+// True when this build runs the blockwise grouped FP8 GEMMs on the context's device with the row
 // counts read on the device: Fprop / Dgrad (1x128 x 128x128, BF16 out) and Wgrad (1x128 x the
-// 128x128 copy of the scaling-aware transpose, F32 +=), E4M3, through CUTLASS on Hopper. A caller
-// that passes only such calls need not read the counts to the host (host_sizes may stay null); any
-// other call reads them itself when host_sizes is null, which synchronises the stream.
+// 128x128 copy of the scaling-aware transpose, F32 +=), B E4M3 and A E4M3 (DeepSeek-V3) or E5M2
+// (the per-tensor recipes' gradients, their scales as constant blocks), through CUTLASS on
+// Hopper. Any other call reads the counts on the host, which synchronises the stream.
 bool grouped_fp8_blockwise_counts_on_device(const Context& ctx);
 
 // The same for the BF16 grouped GEMMs: Fprop / Dgrad with BF16 D overwritten, and Wgrad from the

@@ -23,7 +23,8 @@
 namespace octet::cuda::sm90 {
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-using ElementA = cutlass::float_e4m3_t;
+// A is E4M3 (DeepSeek-V3) or E5M2 (the gradients of the per-tensor recipes, whose per-expert scales
+// run as constant 1x128 / 128x128 blocks); B, the weights or X's column-wise copy, is always E4M3.
 using ElementB = cutlass::float_e4m3_t;
 using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
 using LayoutB = cutlass::layout::ColumnMajor;  // K x N column-major == octet's (N, K) row-major
@@ -40,8 +41,8 @@ using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
 // D = alpha A B^T + beta C per expert, D of ElementD; ElementC void (no C read) or ElementD (C =
-// D).
-template <typename ElementD, typename ElementC>
+// D); A of ElementA (E4M3 or E5M2).
+template <typename ElementD, typename ElementC, typename ElementA>
 struct Sm90GroupedFp8 {
   static constexpr int kAlignD = 16 / sizeof(ElementD);
 
@@ -72,7 +73,7 @@ using StrideD = cute::Stride<int64_t, cute::Int<1>, cute::Int<0>>;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
 // The per-expert argument arrays, one device buffer laid out as this struct of arrays.
-template <typename ElementD>
+template <typename ElementD, typename ElementA>
 struct DeviceArrays {
   Shape3* shapes;
   const ElementA** a;
@@ -98,15 +99,15 @@ inline size_t arrays_bytes(int64_t e) {
          aligned_bytes<LayoutSFB>(e);
 }
 
-template <typename ElementD>
-DeviceArrays<ElementD> carve(void* base, int64_t e) {
+template <typename ElementD, typename ElementA>
+DeviceArrays<ElementD, ElementA> carve(void* base, int64_t e) {
   auto* p = static_cast<char*>(base);
   auto take = [&](size_t bytes) {
     char* r = p;
     p += bytes;
     return r;
   };
-  DeviceArrays<ElementD> a;
+  DeviceArrays<ElementD, ElementA> a;
   a.shapes = reinterpret_cast<Shape3*>(take(aligned_bytes<Shape3>(e)));
   a.a = reinterpret_cast<const ElementA**>(take(aligned_bytes<void*>(e)));
   a.b = reinterpret_cast<const ElementB**>(take(aligned_bytes<void*>(e)));

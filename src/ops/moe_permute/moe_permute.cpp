@@ -2,6 +2,7 @@
 #include "ops/moe_permute/moe_permute.h"
 
 #include "backend/dispatch.h"
+#include "core/cast_counter.h"
 #include "numerics/scale.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 
@@ -94,6 +95,34 @@ QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& 
   q.scale_inv = Tensor::empty(ctx, {map.num_rows, groups}, DType::kF32);
   OCTET_DISPATCH(ctx, moe_gather_rows, ctx, map, x.data, cols, 0u, q.data);
   OCTET_DISPATCH(ctx, moe_gather_rows, ctx, map, x.scale_inv, groups * 4, kScaleOne, q.scale_inv);
+  return q;
+}
+
+QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args) {
+  check_map(ctx, map);
+  const Tensor& x = args.input;
+  check_dtype(x, "permute quantize input", {DType::kBF16, DType::kF32});
+  check_rows(x, "permute quantize input", map.num_tokens, ctx.device);
+  OCTET_CHECK(args.granularity == Granularity::k1x128 && args.output == QuantizeOutput::kRowwise &&
+                  !args.scale.defined(),
+              "permute quantize: the FP8 dispatch quantizes in 1x128 groups, row-wise, with "
+              "current scales; got ",
+              granularity_name(args.granularity), args.scale.defined() ? " with a given scale" : "",
+              args.output != QuantizeOutput::kRowwise ? " and a column-wise copy" : "");
+  OCTET_CHECK(args.epsilon >= 0.0f && args.epsilon < 3.4e38f,
+              "permute quantize: epsilon must be finite and >= 0, got ", args.epsilon);
+  const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
+  QuantTensor q;
+  q.format = args.format;
+  q.granularity = Granularity::k1x128;
+  q.rounding = args.rounding;
+  q.data = Tensor::empty(ctx, {map.num_rows, cols}, fp8_dtype(args.format));
+  q.scale_inv = Tensor::empty(ctx, {map.num_rows, groups}, DType::kF32);
+  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  QuantizeArgs a = args;
+  a.input = x.reshape({map.num_tokens, cols});
+  count_casts(ctx, CastKind::kQuantize, 1);  // the BF16 -> FP8 cast before the dispatch
+  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q);
   return q;
 }
 

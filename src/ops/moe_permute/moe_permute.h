@@ -17,6 +17,7 @@
 
 #include "core/context.h"
 #include "core/quant_tensor.h"
+#include "ops/quantize/quantize.h"
 
 namespace octet {
 
@@ -58,6 +59,14 @@ Tensor moe_permute(Context& ctx, const PermuteMap& map, const Tensor& x);
 // ceil(D/128)) -> (R, D), (R, ceil(D/128)); format, rounding and amax (shared, unchanged) carried
 // over; no column-wise copy.
 QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& x);
+
+// The fused FP8 dispatch: quantize x (T, D) bf16 | f32 in 1x128 groups (args: format, rounding,
+// epsilon; granularity k1x128, output kRowwise, no given scale) and permute the payload and its
+// scales in one pass: each token's row is read once and quantized once, and written to each of its
+// k destination rows (no (T, D) FP8 intermediate, no BF16 permuted copy). Bit for bit
+// moe_permute(map, quantize(args)), which is the CPU's reference: (R, D) fp8 with 1x128 scale_inv
+// (R, ceil(D/128)), padding rows as above, amax (1) over the whole of x.
+QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args);
 
 // Backward of moe_permute (gather back): d_x[t] = sum_{j = 0..k-1} d_permuted[row_of[t, j]],
 // accumulated in FP32 in slot order j (from 0.0), rounded once to out_dtype (nearest even for

@@ -15,7 +15,10 @@ namespace octet {
   void moe_weighted_gather(Context& ctx, const PermuteMap& map, const Tensor& src,                \
                            const Tensor& weight, Tensor& out);                                    \
   void moe_combine_backward(Context& ctx, const PermuteMap& map, const CombineBackwardArgs& args, \
-                            CombineGrads& grads);
+                            CombineGrads& grads);                                                 \
+  /* moe_permute_quantize: out's data, scale_inv and amax allocated, written here */              \
+  void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,        \
+                            QuantTensor& out);
 
 namespace cpu {
 OCTET_MOE_PERMUTE_BACKEND_DECLS

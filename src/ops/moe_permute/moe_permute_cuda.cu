@@ -180,4 +180,36 @@ void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwa
     go(uint16_t{}, uint16_t{});
 }
 
+void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs& args,
+                          QuantTensor& out) {
+  const int64_t cols = args.input.cols();
+  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());
+  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
+  const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
+  auto* q = out.data.data_as<uint8_t>();
+  auto* s = out.scale_inv.data_as<float>();
+  if (m.num_tokens > 0 && cols > 0) {
+    constexpr int kThreads = 128;  // 4 warps: 4 groups of 128 columns at a time
+    const int32_t* row_of = m.row_of.data_as<const int32_t>();
+    const int k = static_cast<int>(m.top_k);
+    if (args.input.dtype() == DType::kF32)
+      kernels::permute_quantize_kernel<float>
+          <<<row_blocks(m.num_tokens), kThreads, 0, stream_of(ctx)>>>(
+              args.input.data_as<const float>(), row_of, m.num_tokens, k, cols, rule, q, s,
+              amax_bits);
+    else
+      kernels::permute_quantize_kernel<uint16_t>
+          <<<row_blocks(m.num_tokens), kThreads, 0, stream_of(ctx)>>>(
+              args.input.data_as<const uint16_t>(), row_of, m.num_tokens, k, cols, rule, q, s,
+              amax_bits);
+    OCTET_CUDA_CHECK_LAUNCH();
+  }
+  if (m.num_rows > 0) {
+    kernels::permute_quantize_padding_kernel<<<row_blocks(m.num_rows), kernels::kRowThreads, 0,
+                                               stream_of(ctx)>>>(
+        m.token_of.data_as<const int32_t>(), m.num_rows, cols, q, s);
+    OCTET_CUDA_CHECK_LAUNCH();
+  }
+}
+
 }  // namespace octet::cuda

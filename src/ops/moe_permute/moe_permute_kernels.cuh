@@ -6,6 +6,8 @@
 #include <cstdint>
 
 #include "numerics/fp32_rn.h"
+#include "numerics/fp8.h"
+#include "numerics/scale.h"
 
 namespace octet::cuda::kernels {
 
@@ -166,6 +168,67 @@ __global__ void combine_backward_weight_kernel(const DyT* __restrict__ d_out,
   for (int h = 16; h > 0; h >>= 1)
     partial = rn::add(partial, __shfl_xor_sync(0xFFFFFFFFu, partial, h));
   if (lane == 0) d_weight[a] = partial;
+}
+
+// The fused FP8 dispatch (moe_permute_quantize): one block per token (grid-stride), one warp per
+// group of 128 columns (4 per lane). The token's group is read once, its amax, scale and FP8 codes
+// computed once (numerics/scale.h, as the quantize kernels do), and written to each of the token's
+// k rows. Every thread keeps the max |x| bits it saw; one atomicMax per warp gives the amax.
+__device__ inline float load_element(const float* x, int64_t i) {
+  return x[i];
+}
+__device__ inline float load_element(const uint16_t* x, int64_t i) {
+  return bf16_to_float(x[i]);
+}
+
+template <typename InT>
+__global__ void permute_quantize_kernel(const InT* __restrict__ x,
+                                        const int32_t* __restrict__ row_of, int64_t tokens, int k,
+                                        int64_t cols, ScaleRule rule, uint8_t* __restrict__ q,
+                                        float* __restrict__ scale_inv, uint32_t* amax_bits) {
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int64_t groups = (cols + 127) / 128;
+  uint32_t seen = 0;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    for (int64_t g = warp; g < groups; g += warps) {
+      float v[4];
+      uint32_t m = 0;
+      for (int i = 0; i < 4; ++i) {
+        const int64_t c = g * 128 + lane + 32 * i;
+        v[i] = c < cols ? load_element(x, t * cols + c) : 0.0f;
+        m = max(m, abs_bits(v[i]));
+      }
+      for (int s = 16; s > 0; s /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
+      seen = max(seen, m);
+      const float scale = compute_scale(bits_float(m), rule);
+      uint8_t code[4];
+      for (int i = 0; i < 4; ++i) code[i] = quantize_value(v[i], scale, rule.format);
+      for (int j = 0; j < k; ++j) {
+        const int32_t row = row_of[t * k + j];
+        if (row < 0) continue;  // a dropped (invalid) choice
+        for (int i = 0; i < 4; ++i) {
+          const int64_t c = g * 128 + lane + 32 * i;
+          if (c < cols) q[row * cols + c] = code[i];
+        }
+        if (lane == 0) scale_inv[row * groups + g] = scale_inverse(scale);
+      }
+    }
+  }
+  for (int s = 16; s > 0; s /= 2) seen = max(seen, __shfl_xor_sync(0xFFFFFFFFu, seen, s));
+  if (lane == 0) atomicMax(amax_bits, seen);
+}
+
+// The padding rows of the fused dispatch (token_of -1): payload 0, scale_inv 1.0.
+__global__ void permute_quantize_padding_kernel(const int32_t* __restrict__ token_of, int64_t rows,
+                                                int64_t cols, uint8_t* __restrict__ q,
+                                                float* __restrict__ scale_inv) {
+  const int64_t groups = (cols + 127) / 128;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (token_of[r] >= 0) continue;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) q[r * cols + c] = 0;
+    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) scale_inv[r * groups + g] = 1.0f;
+  }
 }
 
 }  // namespace octet::cuda::kernels
