@@ -275,12 +275,12 @@ TEST(GroupedGemmGpu, Fp8E5m2GradientsDgradAndWgrad) {
   const StackedWeights sw = stack_experts(cpu(), wt);
   const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32), gs = dev(sizes_t);
   Tensor dc = make_output(t, k, DType::kBF16);
-  grouped_gemm_fp8(cpu(), {rowwise_operand(qdy), sw.op, sizes_t, dc});
+  grouped_gemm_fp8(cpu(), {.a = rowwise_operand(qdy), .b = sw.op, .group_sizes = sizes_t, .d = dc});
   Tensor dg = dev(make_output(t, k, DType::kBF16, 0xFF));
   const Fp8Operand ga = to_gpu(rowwise_operand(qdy)), gb = to_gpu(sw.op);
   gpu().synchronize();
   int64_t before = gpu().be().host_waits();
-  grouped_gemm_fp8(gpu(), {ga, gb, gs, dg});
+  grouped_gemm_fp8(gpu(), {.a = ga, .b = gb, .group_sizes = gs, .d = dg});
   EXPECT_EQ(gpu().be().host_waits(), before) << "the E5M2 dgrad read the counts on the host";
   expect_close(dc, dg, 4e-3, "fp8 dgrad E5M2 x E4M3 E=32 N=704 K=1024");
   const Tensor got = dg.to_host(gpu());
@@ -295,12 +295,19 @@ TEST(GroupedGemmGpu, Fp8E5m2GradientsDgradAndWgrad) {
   scaling_aware_transpose(cpu(), qx);
   Tensor wc = random_tensor({experts * n, k}, DType::kF32, 33);
   Tensor wg = dev(wc);
-  grouped_wgrad_fp8(cpu(), {columnwise_operand(qdy), columnwise_operand(qx), sizes_t,
-                            wc.reshape({experts, n, k}), Accumulate::kAdd});
+  grouped_wgrad_fp8(cpu(), {.a = columnwise_operand(qdy),
+                            .b = columnwise_operand(qx),
+                            .group_sizes = sizes_t,
+                            .d = wc.reshape({experts, n, k}),
+                            .accumulate = Accumulate::kAdd});
   const Fp8Operand wa = to_gpu(columnwise_operand(qdy)), wb = to_gpu(columnwise_operand(qx));
   gpu().synchronize();
   before = gpu().be().host_waits();
-  grouped_wgrad_fp8(gpu(), {wa, wb, gs, wg.reshape({experts, n, k}), Accumulate::kAdd});
+  grouped_wgrad_fp8(gpu(), {.a = wa,
+                            .b = wb,
+                            .group_sizes = gs,
+                            .d = wg.reshape({experts, n, k}),
+                            .accumulate = Accumulate::kAdd});
   EXPECT_EQ(gpu().be().host_waits(), before) << "the E5M2 wgrad read the counts on the host";
   expect_close(wc, wg, kFp8Tol, "fp8 wgrad += E5M2 x E4M3 (128x128 B) E=32 N=1024 K=704");
 }

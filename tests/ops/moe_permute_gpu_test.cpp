@@ -133,7 +133,10 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
     // The fused dispatch (quantize + permute in one pass) against the CPU's quantize-then-permute,
     // BF16 and F32 inputs, E4M3 with power-of-2 scales and E5M2 exact.
     for (const bool f32 : {false, true}) {
-      QuantizeArgs qa{f32 ? x32 : x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2};
+      QuantizeArgs qa{.input = f32 ? x32 : x,
+                      .format = Fp8Format::kE4M3,
+                      .granularity = Granularity::k1x128,
+                      .rounding = ScaleRounding::kPow2};
       if (f32) {
         qa.format = Fp8Format::kE5M2;
         qa.rounding = ScaleRounding::kExact;

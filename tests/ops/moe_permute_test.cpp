@@ -311,8 +311,12 @@ TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
 TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
   const Tensor idx = random_routing(37, 3, 8, 5, 2);
   const Tensor x = test::random_tensor({37, 200}, DType::kBF16, 6, test::Dist::kOutliers);
-  const PermuteMap m = moe_permute_map(cpu(), {idx, 8, PermutePadding::kTo128});
-  QuantizeArgs qa{x, Fp8Format::kE4M3, Granularity::k1x128, ScaleRounding::kPow2};
+  const PermuteMap m = moe_permute_map(
+      cpu(), {.topk_idx = idx, .num_experts = 8, .padding = PermutePadding::kTo128});
+  QuantizeArgs qa{.input = x,
+                  .format = Fp8Format::kE4M3,
+                  .granularity = Granularity::k1x128,
+                  .rounding = ScaleRounding::kPow2};
   const QuantTensor fused = moe_permute_quantize(cpu(), m, qa);
   const QuantTensor ref = moe_permute(cpu(), m, quantize(cpu(), qa));
   EXPECT_TRUE(test::bitwise_equal(ref.data, fused.data));

@@ -34,8 +34,8 @@
 // (grouped_bf16_counts_on_device) run as one CUTLASS grouped launch per call that reads the row
 // counts on the device; nothing is read on the host. Every other call (a pairing no CUTLASS kernel
 // is built for, or a build without CUTLASS) runs one cuBLASLt GEMM per non-empty expert (plans
-// cached per shape) from a host read of group_sizes, which synchronises the stream: the model's
-// MoE layer never makes such a call (model/grouped_linear.h).
+// cached per shape) from a host read of group_sizes, which synchronises the stream. In a CUTLASS
+// build the model's MoE layer makes no such call, in any recipe (model/grouped_linear.h).
 #pragma once
 
 #include "ops/gemm/gemm.h"
