@@ -44,7 +44,7 @@ Tensor random_act(Context& ctx, int64_t rows, int64_t cols) {
 
 int run(const std::vector<std::string>& argv) {
   std::string path = "configs/baseline-h100.toml";
-  std::vector<std::string> recipes = {"bf16", "fp8-tensor-delayed", "deepseek"};
+  std::vector<std::string> recipes = {"bf16", "fp8-tensor-delayed", "deepseek", "fp8-flow"};
   int runs = 10;
   std::vector<std::string> sets;
   for (size_t i = 0; i < argv.size(); ++i) {
@@ -134,6 +134,28 @@ int run(const std::vector<std::string>& argv) {
           m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
         },
         1, runs);
+    // The MoE feed-forward alone (router, dispatch, experts, combine, shared expert: where the
+    // recipes' MoE dataflows differ), and the memory it adds over what was allocated before it.
+    MoeLayer& ffn = *m.layer(moe_i).moe;
+    MoeLayer::Saved ms;
+    const Timing moe_ffn = time_op(
+        ctx,
+        [&] {
+          ffn.forward(ctx, m.precision(), x, B, ms);
+          ffn.backward(ctx, m.precision(), x, ms);
+        },
+        1, runs);
+    ms = MoeLayer::Saved{};
+    ctx.synchronize();
+    ctx.be().reset_peak();  // the high-water mark restarts from the memory in use now
+    const int64_t base = ctx.be().peak_bytes();
+    ffn.forward(ctx, m.precision(), x, B, ms);
+    ffn.backward(ctx, m.precision(), x, ms);
+    ctx.synchronize();
+    const double moe_mib = ctx.device == Device::kCuda
+                               ? static_cast<double>(ctx.be().peak_bytes() - base) / (1 << 20)
+                               : 0.0;  // the CPU's peak is the process's and cannot be reset
+    ms = MoeLayer::Saved{};
     Tensor targets = synthetic_batch(mc, B, T).targets.to(ctx, ctx.device);
     Tensor one = Tensor::empty({1}, DType::kF32);
     one.data_as<float>()[0] = 1.0f;
@@ -146,17 +168,19 @@ int run(const std::vector<std::string>& argv) {
     const double total = step.median_ms + std::min(fused.median_ms, fused8.median_ms);
     rows.push_back({r, fmt(step.median_ms), fmt(host), fmt(prep.median_ms), fmt(adam.median_ms),
                     fmt(fused.median_ms), fmt(fused8.median_ms), fmt(dense.median_ms),
-                    fmt(moe.median_ms), fmt(head.median_ms), fmt(blocks),
-                    fmt(static_cast<double>(N) / total, 0)});
+                    fmt(moe.median_ms), fmt(moe_ffn.median_ms), fmt(moe_mib, 0),
+                    fmt(head.median_ms), fmt(blocks), fmt(static_cast<double>(N) / total, 0)});
   }
   print_table({"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "adamw+prepare fused",
-               "fused with fp8", "dense layer", "moe layer", "head", "blocks sum", "tokens/ms"},
+               "fused with fp8", "dense layer", "moe layer", "moe ffn", "moe ffn peak MiB", "head",
+               "blocks sum", "tokens/ms"},
               rows);
   std::printf(
       "tokens/ms = B T / (fwd+bwd + the faster fused column); fused: optim.fused_prepare (BF16 "
       "copies), with fp8: also fused_prepare_fp8 (the FP8 blocks); blocks sum = dense x %lld + moe "
       "x "
-      "%lld + head (fwd+bwd each)\n",
+      "%lld + head (fwd+bwd each); moe ffn: the MoE feed-forward alone (fwd+bwd), its peak memory "
+      "above what was in use before it (CUDA; 0 on the CPU)\n",
       static_cast<long long>(mc.first_k_dense_replace),
       static_cast<long long>(mc.num_hidden_layers - mc.first_k_dense_replace));
   return 0;

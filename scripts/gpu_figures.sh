@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The trainer's GPU figures (docs/benchmarks.md): throughput and peak memory per recipe on the
 # baseline configuration (configs/baseline-h100.toml), and the convergence comparison of bf16,
-# deepseek and fp8-tensor-delayed on the default model. Expects a build in $BUILD, token shards in
-# $DATA (the prepared fortunes corpus: .cache/octet/fortunes-*/), writes runs under $OUT.
+# deepseek, fp8-tensor-delayed and fp8-flow on the default model. Expects a build in $BUILD, token
+# shards in $DATA (the prepared fortunes corpus: .cache/octet/fortunes-*/), writes runs under $OUT.
+# $RECIPES picks the recipes (default: all four FP8 comparisons), $SEEDS the convergence seeds
+# (default 1234; another seed s writes conv-<recipe>-seed<s>).
 # Usage: scripts/gpu_figures.sh [throughput|convergence|all]
 set -u
 what=${1:-all}
@@ -13,19 +15,23 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 status=0
 if [ "$what" != convergence ]; then
-  for r in bf16 fp8-tensor-delayed deepseek; do
+  for r in ${RECIPES:-bf16 fp8-tensor-delayed deepseek fp8-flow}; do
     "$build/octet" train configs/baseline-h100.toml --set recipe=$r --set "run_dir=$out/baseline-$r" \
       --set "data.shards=$data" --set "steps=${THROUGHPUT_STEPS:-30}" > "$out/baseline-$r.log" 2>&1 || status=1
     echo "== $r"; sed -n '/^summary/,$p' "$out/baseline-$r.log"
   done
 fi
 if [ "$what" != throughput ]; then
-  for r in bf16 deepseek fp8-tensor-delayed; do
-    "$build/octet" train --set recipe=$r --set device=cuda --set "run_dir=$out/conv-$r" \
-      --set "data.shards=$data" --set "steps=${CONV_STEPS:-2000}" --set optim.warmup_steps=100 \
-      --set eval.every=100 --set eval.batches=16 --set checkpoint_every=0 --set log_every=200 \
-      > "$out/conv-$r.log" 2>&1 || status=1
-    echo "== $r"; sed -n '/^summary/,$p' "$out/conv-$r.log"
+  for seed in ${SEEDS:-1234}; do
+    for r in ${RECIPES:-bf16 deepseek fp8-tensor-delayed fp8-flow}; do
+      name=conv-$r
+      [ "$seed" = 1234 ] || name=conv-$r-seed$seed
+      "$build/octet" train --set recipe=$r --set device=cuda --set "run_dir=$out/$name" \
+        --set seed=$seed --set "data.shards=$data" --set "steps=${CONV_STEPS:-2000}" \
+        --set optim.warmup_steps=100 --set eval.every=100 --set eval.batches=16 \
+        --set checkpoint_every=0 --set log_every=200 > "$out/$name.log" 2>&1 || status=1
+      echo "== $name"; sed -n '/^summary/,$p' "$out/$name.log"
+    done
   done
 fi
 exit $status

@@ -15,6 +15,7 @@ class Backend;
 struct GemmState;       // ops/gemm: cuBLASLt handle, workspace and plan cache, made on first use
 struct AttentionState;  // ops/attention: cuDNN handle and graph cache, made on first use
 class Comm;             // dist/comm.h: this rank's communicator (NCCL or in-process); null alone
+struct CastCounter;     // core/cast_counter.h: BF16/FP32 <-> FP8 conversions, when counting
 
 struct Context {
   Device device = Device::kCpu;
@@ -24,6 +25,7 @@ struct Context {
   std::shared_ptr<GemmState> gemm;
   std::shared_ptr<AttentionState> attention;
   std::shared_ptr<Comm> comm;
+  std::shared_ptr<CastCounter> casts;  // null: not counting (core/cast_counter.h)
 
   Backend& be() const {
     OCTET_CHECK(backend, "context has no backend");

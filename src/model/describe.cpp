@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "model/moe_casts.h"
+
 namespace octet {
 namespace {
 
@@ -152,12 +154,14 @@ MemoryEstimate estimate_memory(const ModelConfig& c, const Recipe& r, int64_t to
   const double dense = d * kb(GemmSite::kDenseGateUp) +
                        2 * static_cast<double>(c.intermediate_size) * kb(GemmSite::kDenseDown);
   // MoE: router input and scores, the k dispatched rows, the SwiGLU inputs, the shared expert's,
-  // and the expert outputs the combine backward needs.
+  // and the expert outputs the combine backward needs (fp8-flow: its combine is unweighted, so
+  // only each row's FP32 routing weight, which the fused dSwiGLU reads).
   const double shared = static_cast<double>(c.n_shared_experts);
+  const double combine_saved = r.fp8_flow ? k * 4 : k * d * 2;
   const double moe = d * 2 + static_cast<double>(c.n_routed_experts) * 4 +
                      k * d * storage_bytes(r.moe_dispatch) +
                      k * 2 * mi * kb(GemmSite::kExpertDown) + d * kb(GemmSite::kSharedGateUp) +
-                     shared * 2 * mi * kb(GemmSite::kSharedDown) + k * d * 2;
+                     shared * 2 * mi * kb(GemmSite::kSharedDown) + combine_saved;
   const double per_token = attn * static_cast<double>(attention_layers(c)) +
                            dense * static_cast<double>(c.first_k_dense_replace) +
                            moe * static_cast<double>(moe_layers(c)) +
@@ -189,6 +193,13 @@ std::string describe_model(const ModelConfig& c, const Recipe& r, int64_t tokens
   row("mtp projection", p.mtp_projection);
 
   os << "\nrecipe " << r.name() << ":\n" << recipe_table(r);
+  if (r.at(GemmSite::kExpertGateUp).is_fp8() || r.at(GemmSite::kExpertDown).is_fp8()) {
+    // Counted on a small MoE layer run on the CPU: the dataflow's casts, independent of shapes.
+    const MoeCastCounts mc = count_moe_casts(r);
+    os << "casts per MoE layer per step (BF16/FP32 <-> FP8, counted in the ops):\n"
+       << "  routed path    " << format_cast_counts(mc.routed) << "\n"
+       << "  shared experts " << format_cast_counts(mc.shared) << "\n";
+  }
   double all = 0;
   for (const auto& s : gemm_flops_per_token(c)) all += s.flops_per_token;
   const double attn = attention_flops_per_token(c, seq_len);

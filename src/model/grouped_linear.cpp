@@ -1,6 +1,8 @@
 // Grouped Linear: weight preparation, forward and backward (grouped_linear.h has the math).
 #include "model/grouped_linear.h"
 
+#include <memory>
+
 #include "backend/backend.h"
 #include "ops/cast/cast.h"
 #include "ops/grouped_gemm/grouped_gemm.h"
@@ -45,6 +47,54 @@ void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds,
   const GemmRecipe::Quantization q = r.quantization(operand);
   delayed_scaling_update(ctx, ds, amax, steps, st.reduce, {q.format, q.rounding, 0.0f, st.margin});
   ++steps;
+}
+
+// The column-wise copy of a row-wise 1x128 power-of-2 FP8 tensor that already exists, as the
+// recipe's fp8_transpose makes it.
+void add_columnwise(Context& ctx, QuantTensor& q, Fp8Transpose how) {
+  if (how == Fp8Transpose::kScalingAware) {
+    scaling_aware_transpose(ctx, q);
+    return;
+  }
+  const QuantTensor c = quantize(
+      ctx, {.input = dequantize(ctx, q, DType::kF32),
+            .format = q.format,
+            .granularity = Granularity::k1x128,
+            .rounding = how == Fp8Transpose::kRequantizeExact ? ScaleRounding::kExact : q.rounding,
+            .output = QuantizeOutput::kColumnwise,
+            .scale = Tensor()});
+  q.columnwise_data = c.columnwise_data;
+  q.columnwise_scale_inv = c.columnwise_scale_inv;
+  q.columnwise_granularity = c.columnwise_granularity;
+}
+
+// The Wgrad GEMM takes one operand in 1x128 groups along K and the other in 128x128 blocks
+// (DeepSeek-V3's pairing; grouped_gemm.h). When both come from scaling-aware transposes (fp8-flow:
+// dY and X), dY's 128x128 column-wise scales are restated per row: each block's scale repeated for
+// its 128 rows, the same numbers (no data changes, nothing is rounded).
+void columnwise_scales_per_row(Context& ctx, QuantTensor& q) {
+  if (q.columnwise_granularity != Granularity::k128x128) return;
+  const int64_t rows = q.columnwise_data.rows(), kb = q.columnwise_scale_inv.cols();
+  const int64_t rb = ceil_div(rows, kGroup);
+  const Tensor full = Tensor::empty(ctx, {rb * kGroup, kb}, DType::kF32);
+  copy_columns(ctx, {.src = q.columnwise_scale_inv.reshape({rb, kb}),
+                     .src_col = 0,
+                     .dst = full,
+                     .dst_col = 0,
+                     .width = kb,
+                     .repeat = kGroup,
+                     .mode = CopyMode::kBroadcast});
+  // The first `rows` rows of `full`: a prefix of its buffer, which the view keeps alive.
+  q.columnwise_scale_inv = Tensor::wrap(full.data(), {rows, kb}, DType::kF32, ctx.device,
+                                        std::make_shared<Tensor>(full));
+  q.columnwise_granularity = Granularity::k1x128;
+}
+
+void check_prequantized(const QuantTensor& q, GemmSite site, const char* what) {
+  OCTET_CHECK(q.rounding == ScaleRounding::kPow2 && q.granularity == Granularity::k1x128,
+              "grouped linear ", gemm_site_name(site), ": a pre-quantized ", what,
+              " must be 1x128 with power-of-2 scales (the scaling-aware transpose makes its Wgrad "
+              "copy)");
 }
 
 }  // namespace
@@ -181,11 +231,8 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     qx = quantize(ctx, quantize_args(r, GemmOperand::kActivation, in_.x, QuantizeOutput::kBoth));
   } else {
     qx = in_.qx;
-    OCTET_CHECK(qx.rounding == ScaleRounding::kPow2 && qx.granularity == Granularity::k1x128,
-                "grouped linear ", gemm_site_name(site),
-                ": a pre-quantized input must be 1x128 with power-of-2 scales (the scaling-aware "
-                "transpose makes its Wgrad copy)");
-    scaling_aware_transpose(ctx, qx);
+    check_prequantized(qx, site, "input");
+    add_columnwise(ctx, qx, p.recipe.fp8_transpose);
   }
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(qx),
@@ -243,8 +290,28 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
     }
     return dx;
   }
-  const QuantTensor qdy =
-      quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth));
+  return fp8_block_backward(
+      ctx, quantize(ctx, quantize_args(r, GemmOperand::kGradient, dy, QuantizeOutput::kBoth)),
+      layout, s);
+}
+
+Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const GroupedInput& dy,
+                                    const GroupLayoutRef& layout, const Saved& s) {
+  if (dy.x.defined()) return backward(ctx, p, dy.x, layout, s);
+  OCTET_CHECK(p.recipe.at(site).precision == GemmPrecision::kFp8Block, "grouped linear ",
+              gemm_site_name(site), ": a pre-quantized dY needs fp8-block, the site is ",
+              gemm_precision_name(p.recipe.at(site).precision));
+  QuantTensor qdy = dy.qx;
+  check_prequantized(qdy, site, "dY");
+  add_columnwise(ctx, qdy, p.recipe.fp8_transpose);
+  columnwise_scales_per_row(ctx, qdy);
+  return fp8_block_backward(ctx, qdy, layout, s);
+}
+
+Tensor GroupedLinearLayer::fp8_block_backward(Context& ctx, const QuantTensor& qdy,
+                                              const GroupLayoutRef& layout, const Saved& s) {
+  const int64_t R = qdy.rows();
+  const Tensor grad3 = param->grad;  // (E, Out, In) f32
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
   // dX = dY W
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(qdy),

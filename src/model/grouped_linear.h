@@ -11,7 +11,9 @@
 //               ops/grouped_gemm FP8. X may arrive already quantized (the FP8 dispatch payload,
 //               power-of-2 scales): its column-wise copy for Wgrad then comes from the
 //               scaling-aware transpose instead of a second quantization. Saved: X's column-wise
-//               FP8 copy. Wgrad needs every expert to start at a multiple of 128 rows
+//               FP8 copy. The column-wise copy of a pre-quantized tensor follows the recipe's
+//               fp8_transpose (the scaling-aware transpose, or dequantize + requantize to measure
+//               the double quantization it avoids). Wgrad needs every expert to start at a multiple of 128 rows
 //               (PermutePadding::kTo128).
 //   fp8-tensor  each expert with its own per-tensor scales and delayed-scaling state (one
 //               model/linear.h LinearLayer per expert holds them), as TransformerEngine's
@@ -71,8 +73,16 @@ struct GroupedLinearLayer {
   // dX (=); param->grad (+=).
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const GroupLayoutRef& layout,
                   const Saved& s);
+  // The same with dY given as a GroupedInput: dy.qx, a row-wise 1x128 power-of-2 FP8 dY (the
+  // fp8-flow backward dispatch or the fused dSwiGLU + quantize, fp8-block only), whose column-wise
+  // copy for Wgrad then comes from the recipe's fp8_transpose instead of a quantization of BF16;
+  // or dy.x, the overload above.
+  Tensor backward(Context& ctx, const Precision& p, const GroupedInput& dy,
+                  const GroupLayoutRef& layout, const Saved& s);
 
  private:
+  Tensor fp8_block_backward(Context& ctx, const QuantTensor& qdy, const GroupLayoutRef& layout,
+                            const Saved& s);
   int64_t experts() const { return param->value.size(0); }
   int64_t out() const { return param->value.size(1); }
   int64_t in() const { return param->value.size(2); }

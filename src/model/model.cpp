@@ -24,9 +24,6 @@ CopyKind to_device_kind(const Context& ctx) {
 
 void check_precision(const Context& ctx, const Precision& p) {
   p.recipe.validate();
-  OCTET_CHECK(!p.recipe.fp8_flow, "recipe ", p.recipe.name(),
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; "
-              "use deepseek");
   OCTET_CHECK(p.act == DType::kBF16 || p.act == DType::kF32,
               "model: activations must be BF16 "
               "(or F32 in the FP32 checking mode), got ",

@@ -1,6 +1,7 @@
 // MoE feed-forward: forward, then backward in reverse order (moe.h has the dataflow).
 #include "model/moe.h"
 
+#include "core/cast_counter.h"
 #include "model/linear.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm.h"
@@ -13,6 +14,13 @@ namespace {
 
 bool fp8_experts(const Recipe& r) {
   return r.at(GemmSite::kExpertGateUp).is_fp8() || r.at(GemmSite::kExpertDown).is_fp8();
+}
+
+// The shared experts, their casts counted apart from the routed path's.
+Tensor shared_forward(Context& ctx, const Precision& p, SwigluMlp& mlp, const Tensor& x,
+                      SwigluMlp::Saved& s) {
+  CastScope scope(ctx, "moe.shared");
+  return mlp.forward(ctx, p, x, s);
 }
 
 }  // namespace
@@ -42,6 +50,7 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   const GemmRecipe& up_r = r.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = r.at(GemmSite::kExpertDown);
   const int64_t T = x.rows(), D = x.cols(), E = router.num_experts;
+  CastScope scope(ctx, "moe.routed");
   s = Saved{};
   s.sequences = sequences;
   s.x = x;
@@ -65,6 +74,11 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   // The counts stay on the device in every recipe: the grouped GEMMs (and the per-tensor recipes'
   // grouped quantization) read them there, so the layer never synchronises.
   s.layout.sizes = s.map.group_sizes;
+  if (r.fp8_flow) {  // moe_flow.cpp
+    Tensor y = flow_forward(ctx, p, x.reshape({T, D}), s);
+    if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+    return y.reshape(x.shape());
+  }
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
     // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
@@ -91,28 +105,35 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   Tensor y = moe_combine(
       ctx, s.map,
       {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
-  if (shared) add_into(ctx, y, shared->forward(ctx, p, x.reshape({T, D}), s.shared));
+  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
   return y.reshape(x.shape());
 }
 
 Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s) {
   const int64_t T = dy.rows(), D = dy.cols();
   const Tensor dy2 = dy.reshape({T, D});
-  const CombineGrads cg = moe_combine_backward(ctx, s.map,
-                                               {.d_out = dy2,
-                                                .expert_out = s.expert_out,
-                                                .topk_weight = s.route.topk_weight,
-                                                .d_expert_out_dtype = dy.dtype()});
-  const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
-  Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
-  swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
-  const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
-  Tensor dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
+  CastScope scope(ctx, "moe.routed");
+  Tensor dx, d_topk_weight;
+  if (p.recipe.fp8_flow) {
+    std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
+  } else {
+    const CombineGrads cg = moe_combine_backward(ctx, s.map,
+                                                 {.d_out = dy2,
+                                                  .expert_out = s.expert_out,
+                                                  .topk_weight = s.route.topk_weight,
+                                                  .d_expert_out_dtype = dy.dtype()});
+    const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
+    Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
+    swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
+    const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
+    d_topk_weight = cg.d_topk_weight;
+  }
 
   // Router: through the combine weights (and the balance loss), not the selection or the bias.
   Tensor d_logits = moe_router_backward(ctx, {.logits = s.logits,
                                               .topk_idx = s.route.topk_idx,
-                                              .d_topk_weight = cg.d_topk_weight,
+                                              .d_topk_weight = d_topk_weight,
                                               .config = router});
   if (seq_aux_alpha > 0.0f)
     moe_seq_balance_loss_backward(ctx,
@@ -136,7 +157,10 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
                   .a_layout = OperandLayout::kMNMajor,
                   .b_layout = OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
   add_into(ctx, dx, dx_router);
-  if (shared) add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
+  if (shared) {
+    CastScope shared_scope(ctx, "moe.shared");
+    add_into(ctx, dx, shared->backward(ctx, p, dy2, s.shared));
+  }
   return dx.reshape(dy.shape());
 }
 

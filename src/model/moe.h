@@ -12,12 +12,28 @@
 //                                                with power-of-2 scales by the fused kernel
 //   y      = combine(experts' down(h), w)  +  shared_experts(x)     BF16 combine, FP32 sums
 //
+// fp8-flow (Recipe::fp8_flow, FP8-Flow-MoE, reference/fp8-facts.md section 5; moe_flow.cpp): the
+// same layer with every tensor between the dispatch and the combine in FP8, in both directions:
+//
+//   forward   x -quantize-> FP8 -dispatch-> gate_up -> SwiGLU x w_row + quantize (fused) -> down
+//             -> combine: an unweighted BF16 sum (FP32 accumulation) of a token's k expert rows
+//   backward  dy -quantize-> FP8 -dispatch (the combine's backward, a copy)-> down Dgrad -> dSwiGLU
+//             + quantize (fused; also d w_row) -> gate_up Dgrad -> permute backward (BF16 sum)
+//
+// The routing weight moves from the combine into the expert (h = w * SwiGLU(gu), exact by
+// linearity of the down projection) so that the combine's backward multiplies nothing and the
+// quantized dy rows are dispatched unchanged. Two explicit casts per layer (x and dy); the Wgrad
+// operands (column-wise x, dy, h and dgu) come from the scaling-aware transpose of the row-wise
+// FP8 tensors. Casts are counted under the scopes "moe.routed" and "moe.shared"
+// (core/cast_counter.h).
+//
 // Auxiliary-loss-free balancing: the bias is not differentiated; the trainer moves it after each
 // step from the per-expert counts of the step (ops/moe_router bias update). The optional
 // sequence-wise balance loss (alpha > 0) adds to the loss and its gradient to the router logits.
 #pragma once
 
 #include <optional>
+#include <utility>
 
 #include "model/dense_mlp.h"
 #include "model/grouped_linear.h"
@@ -45,6 +61,7 @@ struct MoeLayer {
     Tensor gu, expert_out;  // (R, 2F), (R, D)
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
+    Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)
   };
 
   void init_state(Context& ctx, const Recipe& recipe);
@@ -54,6 +71,12 @@ struct MoeLayer {
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s);
 
  private:
+  // The routed experts between the router and the shared experts (moe_flow.cpp): fp8-flow's
+  // dataflow. forward returns the combined routed output (T, D); backward returns dx of the routed
+  // path (T, D) and the routing weights' gradient (T, k) f32.
+  Tensor flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
+  std::pair<Tensor, Tensor> flow_backward(Context& ctx, const Precision& p, const Tensor& dy2,
+                                          const Saved& s);
   Tensor gate_w_;  // the router weight in the activation dtype
 };
 

@@ -127,6 +127,18 @@ const char* storage_name(Storage s) {
   return "?";
 }
 
+const char* fp8_transpose_name(Fp8Transpose t) {
+  switch (t) {
+    case Fp8Transpose::kScalingAware:
+      return "scaling-aware";
+    case Fp8Transpose::kRequantize:
+      return "requantize";
+    case Fp8Transpose::kRequantizeExact:
+      return "requantize-exact";
+  }
+  return "?";
+}
+
 std::vector<std::string> recipe_names() {
   return {"bf16", "fp8-tensor-delayed", "fp8-tensor-current", "deepseek", "fp8-flow"};
 }
@@ -292,6 +304,12 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
         parse_choice<Storage>(key, value, {{"bf16", Storage::kBf16}, {"fp8", Storage::kFp8}});
   } else if (key == "fp8_flow") {
     r.fp8_flow = parse_choice<bool>(key, value, {{"true", true}, {"false", false}});
+  } else if (key == "fp8_transpose") {
+    r.fp8_transpose =
+        parse_choice<Fp8Transpose>(key, value,
+                                   {{"scaling-aware", Fp8Transpose::kScalingAware},
+                                    {"requantize", Fp8Transpose::kRequantize},
+                                    {"requantize-exact", Fp8Transpose::kRequantizeExact}});
   } else if (key == "amax_history_len") {
     r.amax_history_len = parse_int(key, value);
   } else if (key == "amax_reduction") {
@@ -300,9 +318,10 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
   } else if (key == "margin") {
     r.margin = static_cast<int>(parse_int(key, value));
   } else {
-    OCTET_THROW("recipe override: unknown key '", key,
-                "' (expected gemm.<site>, attn_out_input, "
-                "moe_dispatch, fp8_flow, amax_history_len, amax_reduction or margin)");
+    OCTET_THROW(
+        "recipe override: unknown key '", key,
+        "' (expected gemm.<site>, attn_out_input, "
+        "moe_dispatch, fp8_flow, fp8_transpose, amax_history_len, amax_reduction or margin)");
   }
   r.spec.overrides.emplace_back(assignment);
   r.validate();
@@ -331,8 +350,16 @@ std::string recipe_table(const Recipe& r) {
     os << line;
   }
   os << "o_proj input cached as " << storage_name(r.attn_out_input) << "; MoE dispatch payload "
-     << storage_name(r.moe_dispatch) << (r.fp8_flow ? "; FP8-Flow casting-free MoE dataflow" : "")
+     << storage_name(r.moe_dispatch) << "; column-wise copies of FP8 tensors by "
+     << (r.fp8_transpose == Fp8Transpose::kScalingAware
+             ? std::string("the scaling-aware transpose")
+             : std::string("dequantize + requantize (") + fp8_transpose_name(r.fp8_transpose) + ")")
      << "\n";
+  if (r.fp8_flow)
+    os << "FP8-Flow MoE dataflow: every tensor between the dispatch and the combine stays FP8 in "
+          "both directions (x and dy quantized once, 1x128 pow2, before their dispatch; SwiGLU and "
+          "dSwiGLU fused with the quantization of their outputs; routing weights applied in "
+          "SwiGLU, the combine an unweighted BF16 sum with FP32 accumulation)\n";
   os << "always: embedding BF16; router BF16 with FP32 scores; RMSNorm, softmax, accumulation "
         "FP32; master weights and gradients FP32; AdamW moments BF16\n";
   return os.str();

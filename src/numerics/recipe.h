@@ -70,6 +70,17 @@ enum class Storage : uint8_t {
   kE5M6,  // DeepSeek-V3's emulated 5-exponent, 6-mantissa storage with power-of-2 scales
 };
 
+// How a Wgrad operand's column-wise FP8 copy is made from a row-wise FP8 tensor that already exists
+// (the MoE dispatch payload, the SwiGLU output, and in fp8_flow the dispatched gradient and the
+// dSwiGLU output).
+enum class Fp8Transpose : uint8_t {
+  kScalingAware,  // FP8-Flow-MoE's scaling-aware transpose: exact exponent shifts, no wide copy
+  kRequantize,    // dequantize to FP32, quantize along the other axis with the tensor's
+                  // (power-of-2) scale rounding: the double quantization fp8-flow avoids, kept to
+                  // measure it (docs/numerics.md)
+  kRequantizeExact,  // the same with exact (not power-of-2) scales: the naive FP8 flow
+};
+
 // The operands a site's GEMMs quantize.
 enum class GemmOperand : uint8_t {
   kActivation,  // x: Fprop's A, Wgrad's B
@@ -119,6 +130,7 @@ struct Recipe {
   Storage attn_out_input = Storage::kBf16;  // input of o_proj, cached for its Wgrad
   Storage moe_dispatch = Storage::kBf16;  // MoE permute payload (and what the experts' Wgrad keeps)
   bool fp8_flow = false;                  // casting-free MoE dataflow between dispatch and combine
+  Fp8Transpose fp8_transpose = Fp8Transpose::kScalingAware;  // column-wise copies of FP8 tensors
   // Delayed scaling (TransformerEngine's defaults).
   int64_t amax_history_len = 1024;
   AmaxReduction amax_reduction = AmaxReduction::kMax;
@@ -136,6 +148,7 @@ struct Recipe {
 const char* gemm_site_name(GemmSite s);  // "attn.q_down", ... (the override keys)
 const char* gemm_precision_name(GemmPrecision p);
 const char* storage_name(Storage s);
+const char* fp8_transpose_name(Fp8Transpose t);
 std::vector<std::string> recipe_names();
 
 // A preset by name; throws listing the known names.
@@ -148,6 +161,7 @@ Recipe resolve_recipe(const RecipeSpec& spec);
 // One override, `key=value`:
 //   gemm.<site>=bf16|fp8-tensor|fp8-block   e.g. gemm.attn.out=bf16, or gemm.*=bf16 for every site
 //   attn_out_input=bf16|fp8|e5m6   moe_dispatch=bf16|fp8   fp8_flow=true|false
+//   fp8_transpose=scaling-aware|requantize|requantize-exact
 //   amax_history_len=N   amax_reduction=max|most_recent   margin=N
 // A site switched to fp8-block takes DeepSeek-V3's block settings (E4M3, exact scales); one
 // switched to fp8-tensor takes E4M3/E5M2 with the recipe's tensor_scaling. The router site stays

@@ -112,6 +112,11 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.shadow_bf16_loss) j["shadow_bf16_loss"] = number(*m.shadow_bf16_loss);
   if (m.shadow_gap) j["shadow_gap"] = number(*m.shadow_gap);
   if (!m.config_changes.empty()) j["config_changes"] = m.config_changes;
+  if (!m.moe_casts.empty()) {
+    ojson casts = ojson::object();
+    for (const auto& [kind, n] : m.moe_casts) casts[kind] = number(n);
+    j["moe_casts"] = std::move(casts);
+  }
   if (!m.sites.empty()) {
     ojson sites = ojson::object();
     for (const auto& [name, s] : m.sites) {
@@ -169,6 +174,12 @@ StepMetrics parse_metrics_line(const std::string& line, const std::string& where
       OCTET_CHECK(c.is_string(), where, ": field 'config_changes': expected an array of strings");
       m.config_changes.push_back(c.get<std::string>());
     }
+  }
+  if (j.contains("moe_casts")) {
+    OCTET_CHECK(j["moe_casts"].is_object(), where, ": field 'moe_casts': expected an object, got ",
+                j["moe_casts"].dump());
+    for (const auto& [kind, n] : j["moe_casts"].items())
+      m.moe_casts[kind] = read_number(n, where, "moe_casts." + kind);
   }
   if (j.contains("sites")) {
     OCTET_CHECK(j["sites"].is_object(), where, ": field 'sites': expected an object, got ",

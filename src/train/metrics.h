@@ -39,18 +39,21 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken after this one
   double loss = 0;   // main next-token loss of the step (mean over its tokens)
   double lr = 0;
-  double grad_norm = 0;                     // global L2 norm before clipping
-  double tokens_per_s = 0;                  // training tokens of the step / its wall time
-  double step_ms = 0;                       // wall time of the step
-  int64_t peak_mem_bytes = 0;               // device memory high-water mark so far
-  std::vector<double> mtp_loss;             // one per MTP depth; empty without MTP
-  std::optional<double> router_imbalance;   // max / mean tokens per expert, over MoE layers
-  bool skipped = false;                     // the optimizer update was not applied
-  std::string skip_reason;                  // why, when skipped (e.g. "non-finite grad norm")
-  std::optional<double> val_loss;           // only on eval steps
-  std::optional<double> shadow_bf16_loss;   // loss of the BF16 shadow forward, when run
-  std::optional<double> shadow_gap;         // (loss - shadow_bf16_loss) / shadow_bf16_loss
-  std::map<std::string, SiteStats> sites;   // per quantization site; empty when not collected
+  double grad_norm = 0;                    // global L2 norm before clipping
+  double tokens_per_s = 0;                 // training tokens of the step / its wall time
+  double step_ms = 0;                      // wall time of the step
+  int64_t peak_mem_bytes = 0;              // device memory high-water mark so far
+  std::vector<double> mtp_loss;            // one per MTP depth; empty without MTP
+  std::optional<double> router_imbalance;  // max / mean tokens per expert, over MoE layers
+  bool skipped = false;                    // the optimizer update was not applied
+  std::string skip_reason;                 // why, when skipped (e.g. "non-finite grad norm")
+  std::optional<double> val_loss;          // only on eval steps
+  std::optional<double> shadow_bf16_loss;  // loss of the BF16 shadow forward, when run
+  std::optional<double> shadow_gap;        // (loss - shadow_bf16_loss) / shadow_bf16_loss
+  std::map<std::string, SiteStats> sites;  // per quantization site; empty when not collected
+  // The routed path's casts per MoE layer per forward + backward (core/cast_counter.h kinds:
+  // quantize, fused_quantize, dequantize, fp8_transpose); empty without MoE layers.
+  std::map<std::string, double> moe_casts;
   std::vector<std::string> config_changes;  // "key: before -> after", first step after a resume
 };
 

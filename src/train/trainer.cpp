@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "core/cast_counter.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
 #include "model/describe.h"
@@ -436,7 +437,8 @@ struct StepPass {
 };
 
 // Prepares the weights, runs the passes (gradients accumulate over the micro-batches) and reads
-// the losses: the step's planned synchronisation. Fills sm's loss, MTP losses and site numerics.
+// the losses: the step's planned synchronisation. Fills sm's loss, MTP losses, site numerics and the
+// MoE layers' casts.
 StepPass forward_backward(Run& run, StepMetrics& sm) {
   const TrainConfig& cfg = run.cfg;
   // The gradient of the global batch's mean loss: every rank's micro-batches scaled alike.
@@ -451,6 +453,9 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
       cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
   SiteProbe probe;
   if (probe_step) run.model->set_probe(&probe);
+  // The casts of the step's passes, counted in the ops (host-side counts, no synchronisation).
+  if (!run.ctx.casts) run.ctx.casts = std::make_shared<CastCounter>();
+  run.ctx.casts->reset();
   StepPass pass;
   for (int64_t m = 0; m < cfg.grad_accum; ++m) {
     const TokenBatch b = run.sampler->next();
@@ -459,6 +464,13 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
         run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
   }
   run.model->set_probe(nullptr);
+  if (const auto passes = static_cast<double>(pass.micro[0].expert_load.size() * pass.micro.size());
+      passes > 0) {
+    const CastCounts c = run.ctx.casts->at("moe.routed");
+    for (int k = 0; k < kCastKindCount; ++k)
+      sm.moe_casts[cast_kind_name(static_cast<CastKind>(k))] =
+          static_cast<double>(c.n[static_cast<size_t>(k)]) / passes;
+  }
   for (const auto& [name, n] : probe.sites())
     sm.sites[name] = {n.amax, n.saturated_share(), n.flushed_share()};
   // The planned synchronisation of the step; with several ranks, means over all of them in global
@@ -712,9 +724,6 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
 RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostream& out) {
   // Everything that can be wrong is checked before anything is written.
   cfg.validate();
-  OCTET_CHECK(!cfg.resolved_recipe().fp8_flow, "recipe ", cfg.model.recipe.label(),
-              ": the casting-free FP8-Flow MoE dataflow is not implemented in the model yet; "
-              "use deepseek");
   std::optional<ResumeTarget> target;
   std::vector<ConfigChange> changes;
   if (!opt.resume_from.empty()) {

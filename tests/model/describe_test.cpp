@@ -90,6 +90,16 @@ TEST(Describe, Fp8ShareFollowsTheRecipe) {
   const std::string text = describe_model(c, recipe_preset("deepseek"), 4096, 256);
   EXPECT_NE(text.find("in FP8"), std::string::npos);
   EXPECT_NE(text.find("fp8-flow"), std::string::npos);
+  // fp8-flow keeps no expert outputs for the combine's backward (its combine is unweighted).
+  EXPECT_LT(estimate_memory(c, recipe_preset("fp8-flow"), 4096).activation_bytes,
+            estimate_memory(c, recipe_preset("deepseek"), 4096).activation_bytes);
+  // The casts per MoE layer, counted: deepseek's routed path runs 5 explicit casts, fp8-flow's 2.
+  EXPECT_NE(text.find("routed path    explicit casts 5 "), std::string::npos) << text;
+  const std::string flow = describe_model(c, recipe_preset("fp8-flow"), 4096, 256);
+  EXPECT_NE(flow.find("routed path    explicit casts 2 "), std::string::npos) << flow;
+  EXPECT_NE(flow.find("FP8-Flow MoE dataflow"), std::string::npos);
+  EXPECT_EQ(describe_model(c, recipe_preset("bf16"), 4096, 256).find("casts per MoE layer"),
+            std::string::npos);
 }
 
 }  // namespace

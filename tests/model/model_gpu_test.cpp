@@ -155,7 +155,7 @@ TEST_P(ModelCudaVsCpu, ForwardAndBackward) {
 INSTANTIATE_TEST_SUITE_P(
     Recipes, ModelCudaVsCpu,
     ::testing::Combine(::testing::Values("bf16", "deepseek", "fp8-tensor-delayed",
-                                         "fp8-tensor-current"),
+                                         "fp8-tensor-current", "fp8-flow"),
                        ::testing::Values(Routing::kNatural, Routing::kForced)));
 
 // Training-size shapes run (no CPU comparison: the reference would take minutes): the baseline

@@ -30,7 +30,7 @@ TEST(StepGpu, LaterStepsReserveNoNewDeviceMemory) {
   ModelConfig c = test::tiny_model_config();
   c.intermediate_size = 192;  // multiples of 16, as the FP8 GEMMs need on CUDA
   c.moe_intermediate_size = 64;
-  for (const char* recipe : {"bf16", "deepseek"}) {
+  for (const char* recipe : {"bf16", "deepseek", "fp8-flow"}) {
     Context gpu = make_context(Device::kCuda);
     Model m(gpu, c, {recipe_preset(recipe), DType::kBF16});
     m.load(gpu, init_parameters(c, 3));

@@ -47,6 +47,8 @@ StepMetrics full_record(int64_t step) {
   m.shadow_gap = 0.0021;
   m.sites["layers.0.mlp.experts.fc1.input"] = {448.5, 1e-5, 0.003};
   m.sites["layers.0.self_attn.o_proj.dgrad"] = {12.25, 0.0, 0.25};
+  m.moe_casts = {
+      {"quantize", 2.0}, {"fused_quantize", 2.0}, {"dequantize", 0.0}, {"fp8_transpose", 4.0}};
   return m;
 }
 
@@ -77,6 +79,7 @@ void expect_same(const StepMetrics& a, const StepMetrics& b) {
   EXPECT_EQ(a.val_loss, b.val_loss);
   EXPECT_EQ(a.shadow_bf16_loss, b.shadow_bf16_loss);
   EXPECT_EQ(a.shadow_gap, b.shadow_gap);
+  EXPECT_EQ(a.moe_casts, b.moe_casts);
   ASSERT_EQ(a.sites.size(), b.sites.size());
   for (const auto& [name, s] : a.sites) {
     ASSERT_TRUE(b.sites.count(name)) << name;
@@ -120,16 +123,18 @@ TEST_F(MetricsTest, WritesExactlyTheDocumentedKeys) {
   std::vector<std::string> keys;
   for (const auto& [k, v] : full.items()) keys.push_back(k);
   std::sort(keys.begin(), keys.end());
-  EXPECT_EQ(keys, (std::vector<std::string>{"grad_norm", "loss", "lr", "mtp_loss", "peak_mem_bytes",
-                                            "router_imbalance", "shadow_bf16_loss", "shadow_gap",
-                                            "sites", "skip_reason", "skipped", "step", "step_ms",
-                                            "tokens_per_s", "val_loss"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "grad_norm", "loss", "lr", "moe_casts", "mtp_loss", "peak_mem_bytes",
+                      "router_imbalance", "shadow_bf16_loss", "shadow_gap", "sites", "skip_reason",
+                      "skipped", "step", "step_ms", "tokens_per_s", "val_loss"}));
   const auto& site = full["sites"]["layers.0.mlp.experts.fc1.input"];
   EXPECT_EQ(site.size(), 3u);
   EXPECT_EQ(site["amax"], 448.5);
   EXPECT_EQ(site["saturated_share"], 1e-5);
   EXPECT_EQ(site["underflow_share"], 0.003);
   EXPECT_EQ(full["mtp_loss"], nlohmann::json::array({3.5, 3.75}));
+  EXPECT_EQ(full["moe_casts"]["quantize"], 2.0);
+  EXPECT_EQ(full["moe_casts"]["fp8_transpose"], 4.0);
   EXPECT_EQ(full["step"], 7);
   EXPECT_EQ(full["skipped"], true);
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -113,8 +114,31 @@ TEST_P(TrainerResume, ResumedRunIsBitIdentical) {
   fs::remove_all(dir);
 }
 
+// metrics.jsonl carries the routed path's casts per MoE layer and forward + backward, as counted
+// in the ops: fp8-flow's two explicit quantizations (x and dy) and deepseek's five.
+TEST(Trainer, MetricsCountTheMoeCasts) {
+  const std::string dir = temp_dir("casts");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  for (const auto& [recipe, quantize, fused] :
+       {std::tuple{"fp8-flow", 2.0, 2.0}, std::tuple{"deepseek", 5.0, 1.0}}) {
+    TrainConfig c = tiny(dir + "/" + recipe, corpus, recipe);
+    apply_set(c, "steps=2");
+    apply_set(c, "grad_accum=2");
+    run_training(c, quiet(dir + "/cache"), log);
+    const std::vector<StepMetrics> m = read_metrics(dir + "/" + recipe + "/metrics.jsonl");
+    ASSERT_EQ(m.size(), 2u);
+    for (const StepMetrics& s : m) {
+      EXPECT_EQ(s.moe_casts.at("quantize"), quantize) << recipe;
+      EXPECT_EQ(s.moe_casts.at("fused_quantize"), fused) << recipe;
+      EXPECT_EQ(s.moe_casts.at("dequantize"), 0.0) << recipe;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, TrainerResume,
-                         ::testing::Values("bf16", "deepseek", "fp8-tensor-delayed"));
+                         ::testing::Values("bf16", "deepseek", "fp8-tensor-delayed", "fp8-flow"));
 
 // optim.fused_prepare (the optimizer writes the next step's GEMM weights) gives the bits of a
 // separate preparation: the same losses and gradient norms, including across a spike rollback

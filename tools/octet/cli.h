@@ -69,6 +69,7 @@ Command info_command();
 Command quantize_command();
 Command dequantize_command();
 Command quant_report_command();
+Command moe_report_command();
 Command bench_command();
 Command gemm_command();
 Command init_command();

@@ -2,6 +2,7 @@
 #include "ops/moe_permute/moe_permute.h"
 
 #include "backend/dispatch.h"
+#include "core/cast_counter.h"
 #include "numerics/scale.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 
@@ -120,6 +121,7 @@ QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const Quan
   q.amax = Tensor::empty(ctx, {1}, DType::kF32);
   QuantizeArgs a = args;
   a.input = x.reshape({map.num_tokens, cols});
+  count_casts(ctx, CastKind::kQuantize, 1);  // the BF16 -> FP8 cast before the dispatch
   OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q);
   return q;
 }

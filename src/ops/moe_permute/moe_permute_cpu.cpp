@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cast_counter.h"
 #include "numerics/fp32_rn.h"
 #include "ops/cpu_elements.h"
 #include "ops/moe_permute/moe_permute_backends.h"
@@ -106,7 +107,10 @@ void moe_combine_backward(Context&, const PermuteMap& m, const CombineBackwardAr
 // The reference of the fused dispatch: quantize, then permute the payload and its scales.
 void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,
                           QuantTensor& out) {
-  const QuantTensor qx = quantize(ctx, args);
+  const QuantTensor qx = [&] {
+    const CastCountPause pause(ctx);  // the dispatcher counted this dispatch's one quantization
+    return quantize(ctx, args);
+  }();
   const int64_t cols = args.input.cols(), groups = ceil_div(cols, kGroup);
   moe_gather_rows(ctx, map, qx.data, cols, 0u, out.data);
   moe_gather_rows(ctx, map, qx.scale_inv, groups * 4, 0x3F800000u, out.scale_inv);  // pad: 1.0

@@ -3,6 +3,7 @@
 
 #include "backend/backend.h"
 #include "backend/dispatch.h"
+#include "core/cast_counter.h"
 #include "ops/quantize/quantize_backends.h"
 
 #include <algorithm>
@@ -45,6 +46,7 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   const DType dt = fp8_dtype(args.format);
   Shape shape = x.shape().empty() ? Shape{1} : x.shape();
   q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  count_casts(ctx, CastKind::kQuantize, args.output == QuantizeOutput::kBoth ? 2 : 1);
   if (args.output != QuantizeOutput::kColumnwise) {
     q.data = Tensor::empty(ctx, shape, dt);
     q.scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, rows, cols), DType::kF32);
@@ -85,6 +87,7 @@ Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy
               shape_str(want), " for granularity ", granularity_name(g), ", got ",
               shape_str(sinv.shape()));
   Tensor out = Tensor::empty(ctx, data.shape(), out_dtype);
+  count_casts(ctx, CastKind::kDequantize, 1);
   OCTET_DISPATCH(ctx, dequantize, ctx, data, sinv, g, q.format, out);
   return out;
 }
@@ -110,6 +113,7 @@ void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
   const int64_t rows = q.rows(), cols = q.cols();
   Tensor cdata = Tensor::empty(ctx, {cols, rows}, fp8_dtype(q.format));
   Tensor cscale = Tensor::empty(ctx, scale_shape(Granularity::k128x128, cols, rows), DType::kF32);
+  count_casts(ctx, CastKind::kTranspose, 1);
   OCTET_DISPATCH(ctx, scaling_aware_transpose, ctx, q, cdata, cscale);
   q.columnwise_data = cdata;
   q.columnwise_scale_inv = cscale;

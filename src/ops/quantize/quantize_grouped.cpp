@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/dispatch.h"
+#include "core/cast_counter.h"
 
 namespace octet {
 namespace cuda {
@@ -107,6 +108,7 @@ GroupedQuantTensor quantize_grouped_tensorwise(Context& ctx, const GroupedQuanti
     OCTET_CHECK(args.scale.numel() == groups, "quantize grouped scale: expected ", groups,
                 " elements (one per group), got ", args.scale.numel());
   }
+  count_casts(ctx, CastKind::kQuantize, args.output == QuantizeOutput::kBoth ? 2 : 1);
   GroupedQuantTensor out;
   QuantTensor& q = out.q;
   q.format = args.format;

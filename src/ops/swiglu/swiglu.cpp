@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/dispatch.h"
+#include "core/cast_counter.h"
 #include "ops/swiglu/swiglu_backends.h"
 
 namespace octet {
@@ -32,6 +33,28 @@ Dims check_gate_up(Context& ctx, const Tensor& gu) {
   return {gu.rows(), gu.cols() / 2};
 }
 
+void check_row_weight(Context& ctx, const Tensor& w, int64_t rows, const char* name) {
+  if (!w.defined()) return;
+  OCTET_CHECK(w.data() != nullptr || w.numel() == 0, name, ": tensor has no storage");
+  check_dtype(w, name, {DType::kF32});
+  check_device(w, name, ctx.device);
+  OCTET_CHECK(w.rank() == 1 && w.size(0) == rows, name, ": expected shape (", rows, "), got ",
+              shape_str(w.shape()));
+}
+
+QuantTensor make_1x128(Context& ctx, Fp8Format format, ScaleRounding rounding, int64_t rows,
+                       int64_t cols) {
+  QuantTensor q;
+  q.format = format;
+  q.granularity = Granularity::k1x128;
+  q.columnwise_granularity = Granularity::k1x128;
+  q.rounding = rounding;
+  q.data = Tensor::empty(ctx, {rows, cols}, fp8_dtype(format));
+  q.scale_inv = Tensor::empty(ctx, scale_shape(Granularity::k1x128, rows, cols), DType::kF32);
+  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  return q;
+}
+
 }  // namespace
 
 void swiglu_forward(Context& ctx, const SwigluForwardArgs& args) {
@@ -56,20 +79,34 @@ QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args) {
   const auto [rows, f] = check_gate_up(ctx, args.gate_up);
   OCTET_CHECK(std::isfinite(args.epsilon) && args.epsilon >= 0.0f,
               "swiglu_quantize: epsilon must be finite and >= 0, got ", args.epsilon);
-  QuantTensor q;
-  q.format = args.format;
-  q.granularity = Granularity::k1x128;
-  q.columnwise_granularity = Granularity::k1x128;
-  q.rounding = args.rounding;
-  q.data = Tensor::empty(ctx, {rows, f}, fp8_dtype(args.format));
-  q.scale_inv = Tensor::empty(ctx, scale_shape(Granularity::k1x128, rows, f), DType::kF32);
-  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  check_row_weight(ctx, args.row_weight, rows, "swiglu_quantize row_weight");
+  QuantTensor q = make_1x128(ctx, args.format, args.rounding, rows, f);
+  count_casts(ctx, CastKind::kFusedQuantize, 1);
   if (rows == 0) {
     ctx.be().memset(q.amax.data(), 0, sizeof(float));  // max over nothing: 0, as quantize() gives
     return q;
   }
   OCTET_DISPATCH(ctx, swiglu_quantize, ctx, args, q);
   return q;
+}
+
+SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
+                                                      const SwigluBackwardQuantizeArgs& args) {
+  const auto [rows, f] = check_gate_up(ctx, args.gate_up);
+  check_tensor(ctx, args.dh, "swiglu_backward_quantize dh", {rows, f});
+  OCTET_CHECK(std::isfinite(args.epsilon) && args.epsilon >= 0.0f,
+              "swiglu_backward_quantize: epsilon must be finite and >= 0, got ", args.epsilon);
+  check_row_weight(ctx, args.row_weight, rows, "swiglu_backward_quantize row_weight");
+  SwigluBackwardQuantizeResult out;
+  out.d_gate_up = make_1x128(ctx, args.format, args.rounding, rows, 2 * f);
+  if (args.row_weight.defined()) out.d_row_weight = Tensor::empty(ctx, {rows}, DType::kF32);
+  count_casts(ctx, CastKind::kFusedQuantize, 1);
+  if (rows == 0) {
+    ctx.be().memset(out.d_gate_up.amax.data(), 0, sizeof(float));
+    return out;
+  }
+  OCTET_DISPATCH(ctx, swiglu_backward_quantize, ctx, args, out);
+  return out;
 }
 
 }  // namespace octet

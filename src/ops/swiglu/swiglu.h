@@ -44,13 +44,48 @@ void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);
 //   QuantizeArgs{h_f32, format, Granularity::k1x128, rounding, epsilon, QuantizeOutput::kRowwise}
 // Returns data (rows, F) fp8, scale_inv (rows, ceil(F / 128)) f32, amax (1) f32 (max |h|; NaN if h
 // holds a NaN), rowwise only (scaling_aware_transpose makes the column-wise copy from it).
+//
+// With row_weight (FP8-Flow-MoE's dataflow: the routing weight moves from the combine into the
+// expert, so the combine and its backward carry no per-row factor and the backward dispatch can move
+// FP8 rows unchanged), the quantized value is h[r, j] * row_weight[r], one more FP32 rounding.
 struct SwigluQuantizeArgs {
   Tensor gate_up;  // (rows, 2F) bf16 or f32
   Fp8Format format = Fp8Format::kE4M3;
   ScaleRounding rounding = ScaleRounding::kPow2;  // DESIGN.md: SwiGLU output with power-of-2 scales
   float epsilon = 0.0f;                           // amax floor, >= 0 (numerics/scale.h)
+  Tensor row_weight{};                            // (rows) f32, or undefined (weight 1)
 };
 
 QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args);
+
+// Backward of swiglu_quantize fused with the 1x128 row-wise quantization of its output (FP8-Flow:
+// the gate/up Dgrad and Wgrad read d_gate_up in FP8, so it is never stored in BF16). With
+// w = row_weight[r] (1 when undefined) and hw = h * w the forward's weighted output:
+//   dh'  = dh * w                                      (FP32, skipped without row_weight)
+//   dg, du = swiglu_backward's element math on (g, u, dh')
+//   d_gate_up = quantize(dg | du) in 1x128 groups along the 2F columns (a group may straddle the
+//               gate/up boundary when F is not a multiple of 128), as quantize() would bit for bit
+//   d_row_weight[r] = sum_j dh[r, j] * h[r, j]   (h = silu(g) * u recomputed in FP32), in the
+//               CUDA warp's fixed order: 32 partial sums, partial l adds the products of columns
+//               l, l + 32, l + 64, ... in order (from 0.0), then for s = 16, 8, 4, 2, 1:
+//               partial[l] += partial[l + s]; the result is partial[0]. One rounding per operation.
+// CPU and CUDA agree bit for bit (data, scale_inv, amax, d_row_weight).
+struct SwigluBackwardQuantizeArgs {
+  Tensor dh;            // (rows, F) bf16 or f32: gradient of the forward's (weighted) output
+  Tensor gate_up;       // (rows, 2F) bf16 or f32: the forward's input (saved)
+  Tensor row_weight{};  // (rows) f32, or undefined: as given to swiglu_quantize
+  Fp8Format format = Fp8Format::kE4M3;
+  ScaleRounding rounding =
+      ScaleRounding::kPow2;  // pow2: the Wgrad copy is a scaling-aware transpose
+  float epsilon = 0.0f;      // amax floor, >= 0
+};
+
+struct SwigluBackwardQuantizeResult {
+  QuantTensor d_gate_up;  // data (rows, 2F) fp8, scale_inv (rows, ceil(2F / 128)), amax (1)
+  Tensor d_row_weight;    // (rows) f32 when row_weight was given, else undefined
+};
+
+SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
+                                                      const SwigluBackwardQuantizeArgs& args);
 
 }  // namespace octet

@@ -38,10 +38,13 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
   float* scale_inv = out.scale_inv.data_as<float>();
   std::vector<float> h(static_cast<size_t>(f));
   uint32_t amax_all = 0;
+  const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < f; ++j)
+    for (int64_t j = 0; j < f; ++j) {
       h[j] =
           swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j));
+      if (w != nullptr) h[j] = swiglu_math::canonical_nan(rn::mul(h[j], w[r]));
+    }
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t c0 = g * kGroup, c1 = std::min(f, c0 + kGroup);
       uint32_t amax = 0;
@@ -53,6 +56,47 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
     }
   }
   out.amax.data_as<float>()[0] = bits_float(amax_all);
+}
+
+void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
+                              SwigluBackwardQuantizeResult& out) {
+  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2, n = 2 * f;
+  const int64_t groups = ceil_div(n, kGroup);
+  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
+  const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
+  uint8_t* data = out.d_gate_up.data.data_as<uint8_t>();
+  float* scale_inv = out.d_gate_up.scale_inv.data_as<float>();
+  std::vector<float> d(static_cast<size_t>(n));
+  uint32_t amax_all = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float partial[32] = {};
+    for (int64_t j = 0; j < f; ++j) {
+      const float g = load(a.gate_up, r * n + j), u = load(a.gate_up, r * n + f + j);
+      const float dh = load(a.dh, r * f + j);
+      if (w != nullptr) {
+        // The warp's order: lane j % 32 adds its columns in increasing j.
+        partial[j % 32] = rn::add(partial[j % 32], rn::mul(dh, swiglu_math::swiglu(g, u)));
+      }
+      const auto gr = swiglu_math::swiglu_grad(g, u, w != nullptr ? rn::mul(dh, w[r]) : dh);
+      d[j] = gr.dg;
+      d[f + j] = gr.du;
+    }
+    if (w != nullptr) {
+      for (int s = 16; s >= 1; s /= 2)
+        for (int l = 0; l < s; ++l) partial[l] = rn::add(partial[l], partial[l + s]);
+      out.d_row_weight.data_as<float>()[r] = swiglu_math::canonical_nan(partial[0]);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * kGroup, c1 = std::min(n, c0 + kGroup);
+      uint32_t amax = 0;
+      for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, abs_bits(d[j]));
+      amax_all = std::max(amax_all, amax);
+      const float scale = compute_scale(bits_float(amax), rule);
+      scale_inv[r * groups + g] = scale_inverse(scale);
+      for (int64_t j = c0; j < c1; ++j) data[r * n + j] = quantize_value(d[j], scale, a.format);
+    }
+  }
+  out.d_gate_up.amax.data_as<float>()[0] = bits_float(amax_all);
 }
 
 }  // namespace octet::cpu

@@ -65,8 +65,9 @@ void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out)
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   kernel<<<static_cast<unsigned>(blocks), kQuantThreads, 0, st>>>(
-      a.gate_up.data_as<const InT>(), rows, f, rule, out.data.data_as<uint8_t>(),
-      out.scale_inv.data_as<float>(), amax_bits);
+      a.gate_up.data_as<const InT>(), rows, f,
+      a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rule,
+      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

@@ -77,8 +77,9 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 template <typename InT, int kThreads>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quantize_1x128_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
-                                 ScaleRule rule, uint8_t* __restrict__ data,
-                                 float* __restrict__ scale_inv, uint32_t* __restrict__ amax_out) {
+                                 const float* __restrict__ row_weight, ScaleRule rule,
+                                 uint8_t* __restrict__ data, float* __restrict__ scale_inv,
+                                 uint32_t* __restrict__ amax_out) {
   static_assert(kGroup == 32 * 4, "a warp of 4-element lanes covers one 128-element group");
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
   constexpr int kWarps = kThreads / 32;
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       h[i] = c + i < f ? swiglu_math::swiglu(load(g, c + i), load(g, f + c + i)) : 0.0f;
+      if (row_weight != nullptr) h[i] = swiglu_math::canonical_nan(rn::mul(h[i], row_weight[r]));
       a = max(a, abs_bits(h[i]));
     }
     a = warp_max(a);

@@ -1,0 +1,120 @@
+// The fp8-flow fused operators on CUDA against the CPU reference, bit for bit: swiglu_quantize
+// with routing weights, swiglu_backward_quantize (FP8 data, scales, amax and the weight gradient,
+// whose summation order is fixed), and the routing weights' scatter / gather of
+// ops/moe_permute/moe_row_weight.h, on odd and prime shapes. Outputs are poisoned first.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+
+#include "backend/backend.h"
+#include "norm_act_test_util.h"
+#include "ops/moe_permute/moe_row_weight.h"
+#include "ops/swiglu/swiglu.h"
+
+namespace octet {
+namespace {
+
+using test::bitwise_equal;
+using test::Dist;
+using test::random_tensor;
+
+struct Devices {
+  Context cpu = make_context(Device::kCpu);
+  Context gpu = make_context(Device::kCuda);
+};
+
+Devices& devices() {
+  static Devices d;
+  return d;
+}
+
+Tensor row_weights(int64_t rows, uint64_t seed) {
+  Tensor w = random_tensor({rows}, DType::kF32, seed, Dist::kGaussian);
+  for (int64_t r = 0; r < rows; ++r) {
+    float& v = w.data_as<float>()[r];
+    v = r % 7 == 3 ? 0.0f : std::fabs(v) * 0.7f + 0.05f;
+  }
+  return w;
+}
+
+::testing::AssertionResult same_quant(const QuantTensor& want, const QuantTensor& got,
+                                      Context& gpu) {
+  for (auto [a, b, what] : {std::tuple{&want.data, &got.data, "data"},
+                            std::tuple{&want.scale_inv, &got.scale_inv, "scale_inv"},
+                            std::tuple{&want.amax, &got.amax, "amax"}}) {
+    auto r = bitwise_equal(*a, b->to_host(gpu));
+    if (!r) return r << " [" << what << "]";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+using Case = std::tuple<int64_t, int64_t, DType>;  // rows, F, dtype of gate_up and dh
+
+class SwigluFlowGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SwigluFlowGpu, MatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const auto& [rows, f, dt] = GetParam();
+  for (Dist dist : {Dist::kGaussian, Dist::kOutliers, Dist::kWide}) {
+    const std::string where = "rows " + std::to_string(rows) + " F " + std::to_string(f) + " " +
+                              std::string(dtype_name(dt)) + " dist " +
+                              std::to_string(static_cast<int>(dist));
+    const uint64_t seed = 3000 + rows * 7 + f + static_cast<uint64_t>(dist);
+    const Tensor gu = random_tensor({rows, 2 * f}, dt, seed, dist);
+    const Tensor dh = random_tensor({rows, f}, dt, seed + 1, dist);
+    const Tensor w = row_weights(rows, seed + 2);
+    const Tensor gu_d = gu.to(gpu, Device::kCuda), dh_d = dh.to(gpu, Device::kCuda),
+                 w_d = w.to(gpu, Device::kCuda);
+    const QuantTensor hq = swiglu_quantize(cpu, {.gate_up = gu, .row_weight = w});
+    ASSERT_TRUE(same_quant(hq, swiglu_quantize(gpu, {.gate_up = gu_d, .row_weight = w_d}), gpu))
+        << where << " weighted swiglu_quantize";
+    for (bool weighted : {false, true}) {
+      const SwigluBackwardQuantizeResult want = swiglu_backward_quantize(
+          cpu, {.dh = dh, .gate_up = gu, .row_weight = weighted ? w : Tensor()});
+      const SwigluBackwardQuantizeResult got = swiglu_backward_quantize(
+          gpu, {.dh = dh_d, .gate_up = gu_d, .row_weight = weighted ? w_d : Tensor()});
+      ASSERT_TRUE(same_quant(want.d_gate_up, got.d_gate_up, gpu))
+          << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize";
+      if (weighted)
+        ASSERT_TRUE(bitwise_equal(want.d_row_weight, got.d_row_weight.to_host(gpu)))
+            << where << " d_row_weight";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, SwigluFlowGpu,
+                         ::testing::Combine(::testing::Values(1, 127, 129, 1481),
+                                            ::testing::Values(7, 129, 1000, 2048),
+                                            ::testing::Values(DType::kBF16, DType::kF32)));
+
+TEST(MoeRowWeightGpu, MatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  for (const auto& [T, k, E] :
+       {std::tuple{1, 1, 4}, std::tuple{127, 2, 8}, std::tuple{1481, 8, 64}}) {
+    // Distinct experts per token: a rotation of a random start.
+    Tensor idx = Tensor::empty({T, k}, DType::kI32);
+    const Tensor start = test::random_ints({T}, 0, E - 1, 91 + T);
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j)
+        idx.data_as<int32_t>()[t * k + j] = (start.data_as<int32_t>()[t] + j * 3) % E;
+    const Tensor w = random_tensor({T, k}, DType::kF32, 92 + T);
+    for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
+      const PermuteMap mc = moe_permute_map(cpu, {idx, E, pad});
+      const PermuteMap mg = moe_permute_map(gpu, {idx.to(gpu, Device::kCuda), E, pad});
+      const Tensor rc = moe_permute_weights(cpu, mc, w);
+      const Tensor rg = moe_permute_weights(gpu, mg, w.to(gpu, Device::kCuda));
+      ASSERT_TRUE(bitwise_equal(rc, rg.to_host(gpu))) << "T " << T << " scatter";
+      const Tensor d = random_tensor({mc.num_rows}, DType::kF32, 93 + T);
+      ASSERT_TRUE(bitwise_equal(
+          moe_permute_weights_backward(cpu, mc, d),
+          moe_permute_weights_backward(gpu, mg, d.to(gpu, Device::kCuda)).to_host(gpu)))
+          << "T " << T << " gather";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace octet
