@@ -161,27 +161,13 @@ class InProcessComm final : public Comm {
   void all_reduce(Context& ctx, const void* send, void* recv, int64_t count, DType dtype,
                   ReduceOp op) override {
     check_ctx(ctx);
-    Post p = make("all_reduce", count, dtype);
-    p.reduce = op;
-    p.send = send;
-    group_->enter(rank_, p);
-    std::vector<uint8_t> out(static_cast<size_t>(count * dtype_size(dtype)));
-    reduce_into(out.data(), 0, count, dtype, op);
-    group_->leave(rank_, p.op);  // every rank has read the inputs: recv may alias send
-    std::memcpy(recv, out.data(), out.size());
+    reduce_to("all_reduce", send, recv, 0, count, dtype, op);
   }
 
   void reduce_scatter(Context& ctx, const void* send, void* recv, int64_t recv_count, DType dtype,
                       ReduceOp op) override {
     check_ctx(ctx);
-    Post p = make("reduce_scatter", recv_count, dtype);
-    p.reduce = op;
-    p.send = send;
-    group_->enter(rank_, p);
-    std::vector<uint8_t> out(static_cast<size_t>(recv_count * dtype_size(dtype)));
-    reduce_into(out.data(), rank_ * recv_count, recv_count, dtype, op);
-    group_->leave(rank_, p.op);
-    std::memcpy(recv, out.data(), out.size());
+    reduce_to("reduce_scatter", send, recv, rank_ * recv_count, recv_count, dtype, op);
   }
 
   void all_gather(Context& ctx, const void* send, void* recv, int64_t send_count,
@@ -285,6 +271,19 @@ class InProcessComm final : public Comm {
   }
 
  private:
+  // Elements [offset, offset + count) of every rank's send, reduced in rank order, into recv.
+  void reduce_to(const char* op_name, const void* send, void* recv, int64_t offset, int64_t count,
+                 DType dtype, ReduceOp op) {
+    Post p = make(op_name, count, dtype);
+    p.reduce = op;
+    p.send = send;
+    group_->enter(rank_, p);
+    std::vector<uint8_t> out(static_cast<size_t>(count * dtype_size(dtype)));
+    reduce_into(out.data(), offset, count, dtype, op);
+    group_->leave(rank_, p.op);  // every rank has read the inputs: recv may alias send
+    std::memcpy(recv, out.data(), out.size());
+  }
+
   Post make(const char* op, int64_t count, DType dtype) const {
     OCTET_CHECK(count >= 0, op, ": negative count ", count);
     Post p;

@@ -372,10 +372,7 @@ Tensor GroupedLinearLayer::forward_tensorwise(Context& ctx, const GemmRecipe& r,
                          .rounding = q.rounding,
                          .output = QuantizeOutput::kBoth,
                          .columnwise_granularity = Granularity::k128x128};
-  if (r.is_delayed()) {  // each expert's current scale
-    qa.scale = Tensor::empty(ctx, {E}, DType::kF32);
-    for (int64_t e = 0; e < E; ++e) copy_into(ctx, qa.scale, e, per_expert_[e].state.x.scale);
-  }
+  if (r.is_delayed()) qa.scale = expert_scales(ctx, &LinearScalingState::x);
   GroupedQuantTensor gx = quantize_grouped_tensorwise(ctx, qa);
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(gx.q),
@@ -395,6 +392,14 @@ Tensor GroupedLinearLayer::forward_tensorwise(Context& ctx, const GemmRecipe& r,
   return y;
 }
 
+Tensor GroupedLinearLayer::expert_scales(Context& ctx,
+                                         DelayedScaling LinearScalingState::*operand) const {
+  Tensor scales = Tensor::empty(ctx, {experts()}, DType::kF32);
+  for (int64_t e = 0; e < experts(); ++e)
+    copy_into(ctx, scales, e, (per_expert_[static_cast<size_t>(e)].state.*operand).scale);
+  return scales;
+}
+
 Tensor GroupedLinearLayer::backward_tensorwise(Context& ctx, const GemmRecipe& r, const Tensor& dy,
                                                const GroupLayoutRef& layout, const Saved& s) {
   const int64_t E = experts(), R = dy.rows();
@@ -405,10 +410,7 @@ Tensor GroupedLinearLayer::backward_tensorwise(Context& ctx, const GemmRecipe& r
                          .rounding = q.rounding,
                          .output = QuantizeOutput::kBoth,
                          .columnwise_granularity = Granularity::k1x128};
-  if (r.is_delayed()) {
-    qa.scale = Tensor::empty(ctx, {E}, DType::kF32);
-    for (int64_t e = 0; e < E; ++e) copy_into(ctx, qa.scale, e, per_expert_[e].state.dy.scale);
-  }
+  if (r.is_delayed()) qa.scale = expert_scales(ctx, &LinearScalingState::dy);
   GroupedQuantTensor gdy = quantize_grouped_tensorwise(ctx, qa);
   Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
   // dX = dY W

@@ -99,6 +99,8 @@ struct GroupedLinearLayer {
                             const GroupLayoutRef& layout, Saved& s);
   Tensor backward_tensorwise(Context& ctx, const GemmRecipe& r, const Tensor& dy,
                              const GroupLayoutRef& layout, const Saved& s);
+  // Each expert's current delayed-scaling scale of one operand (x or dy), as an (E) f32 tensor.
+  Tensor expert_scales(Context& ctx, DelayedScaling LinearScalingState::*operand) const;
 };
 
 }  // namespace octet

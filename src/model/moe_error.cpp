@@ -77,42 +77,9 @@ double rel(const Vec& a, const Vec& ref) {
   return std::sqrt(num / den);
 }
 
-ModelConfig layer_config(const MoeErrorConfig& m) {
-  ModelConfig c;
-  c.vocab_size = 128;
-  c.hidden_size = m.hidden;
-  c.intermediate_size = 2 * m.expert_ffn;
-  c.moe_intermediate_size = m.expert_ffn;
-  c.num_hidden_layers = 2;
-  c.first_k_dense_replace = 1;
-  c.num_attention_heads = 2;
-  c.max_position_embeddings = 64;
-  c.q_lora_rank = 64;
-  c.kv_lora_rank = 64;
-  c.qk_nope_head_dim = 32;
-  c.qk_rope_head_dim = 16;
-  c.v_head_dim = 32;
-  c.n_routed_experts = m.experts;
-  c.n_shared_experts = 1;
-  c.num_experts_per_tok = m.top_k;
-  c.n_group = 1;
-  c.topk_group = 1;
-  c.num_nextn_predict_layers = 0;
-  c.seq_aux_loss_alpha = 0.0;  // the balance loss is not part of the dataflow measured
-  return c;
-}
-
-Tensor random_bf16(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::kBF16);
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<uint16_t>()[i] = float_to_bf16(n(gen));
-  return t;
-}
-
 MoeErrors measure_one(const Recipe& recipe, const MoeErrorConfig& m, uint64_t seed) {
   Context ctx = make_context(Device::kCpu);
-  const ModelConfig c = layer_config(m);
+  const ModelConfig c = moe_probe_config(m);
   Model model(ctx, c, {recipe, DType::kBF16});
   model.load(ctx, init_parameters(c, seed));
   model.prepare(ctx);
@@ -188,6 +155,39 @@ MoeErrors measure_one(const Recipe& recipe, const MoeErrorConfig& m, uint64_t se
 }
 
 }  // namespace
+
+ModelConfig moe_probe_config(const MoeErrorConfig& m) {
+  ModelConfig c;
+  c.vocab_size = 128;
+  c.hidden_size = m.hidden;
+  c.intermediate_size = 2 * m.expert_ffn;
+  c.moe_intermediate_size = m.expert_ffn;
+  c.num_hidden_layers = 2;
+  c.first_k_dense_replace = 1;
+  c.num_attention_heads = 2;
+  c.max_position_embeddings = 64;
+  c.q_lora_rank = 64;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = 32;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 32;
+  c.n_routed_experts = m.experts;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = m.top_k;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.num_nextn_predict_layers = 0;
+  c.seq_aux_loss_alpha = 0.0;  // the balance loss is not part of the dataflow measured
+  return c;
+}
+
+Tensor random_bf16(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::kBF16);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<uint16_t>()[i] = float_to_bf16(n(gen));
+  return t;
+}
 
 MoeErrors measure_moe_error(const Recipe& recipe, const MoeErrorConfig& cfg) {
   OCTET_CHECK(!cfg.seeds.empty(), "measure_moe_error: no seeds");

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+#include "model/config.h"
 #include "numerics/recipe.h"
 
 namespace octet {
@@ -31,5 +33,11 @@ struct MoeErrors {
 };
 
 MoeErrors measure_moe_error(const Recipe& recipe, const MoeErrorConfig& cfg = {});
+
+// The model both measurements build (this one and count_moe_casts): layer 1 is the MoE layer of
+// cfg's widths, with one shared expert, no MTP and no balance loss.
+ModelConfig moe_probe_config(const MoeErrorConfig& cfg);
+// A host BF16 tensor of N(0, 1) values from `seed`.
+Tensor random_bf16(const Shape& shape, uint64_t seed);
 
 }  // namespace octet

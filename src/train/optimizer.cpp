@@ -161,42 +161,55 @@ io::NamedTensors AdamWOptimizer::state_dict(Context& ctx) {
   return out;
 }
 
-void AdamWOptimizer::load_state_dict(Context& ctx, const io::NamedTensors& state) {
-  if (pending_) finish_step(ctx);
-  std::map<std::string, const Tensor*> by_name;
+SavedState::SavedState(const io::NamedTensors& state) {
   for (const auto& [name, t] : state) {
-    OCTET_CHECK(by_name.emplace(name, &t).second, "optimizer state: tensor ", name,
+    OCTET_CHECK(by_name_.emplace(name, &t).second, "optimizer state: tensor ", name,
                 " appears twice");
     OCTET_CHECK(t.device() == Device::kCpu, "optimizer state: tensor ", name,
                 " must be a host tensor");
   }
-  auto take = [&](const std::string& name, DType dtype, const Shape& shape) -> const Tensor& {
-    auto it = by_name.find(name);
-    OCTET_CHECK(it != by_name.end(), "optimizer state: tensor ", name, " is missing");
-    const Tensor& t = *it->second;
-    OCTET_CHECK(t.dtype() == dtype, "optimizer state: tensor ", name, " must be ",
-                dtype_name(dtype), ", got ", dtype_name(t.dtype()));
-    OCTET_CHECK(t.shape() == shape, "optimizer state: tensor ", name, " must have shape ",
-                shape_str(shape), ", got ", shape_str(t.shape()));
-    by_name.erase(it);
-    return t;
-  };
+}
+
+const Tensor& SavedState::take(const std::string& name, DType dtype, const Shape& shape) {
+  auto it = by_name_.find(name);
+  OCTET_CHECK(it != by_name_.end(), "optimizer state: tensor ", name, " is missing");
+  const Tensor& t = *it->second;
+  OCTET_CHECK(t.dtype() == dtype, "optimizer state: tensor ", name, " must be ", dtype_name(dtype),
+              ", got ", dtype_name(t.dtype()));
+  OCTET_CHECK(t.shape() == shape, "optimizer state: tensor ", name, " must have shape ",
+              shape_str(shape), ", got ", shape_str(t.shape()));
+  by_name_.erase(it);
+  return t;
+}
+
+int64_t SavedState::take_step() {
+  const std::string name = AdamWOptimizer::kStepTensorName;
+  const int64_t steps = take(name, DType::kI64, {1}).data_as<int64_t>()[0];
+  OCTET_CHECK(steps >= 0, "optimizer state: tensor ", name, " must be >= 0, got ", steps);
+  return steps;
+}
+
+void SavedState::check_all_taken() const {
+  if (!by_name_.empty())
+    OCTET_THROW("optimizer state: unexpected tensor ", by_name_.begin()->first,
+                " (no trainable parameter of that name)");
+}
+
+void AdamWOptimizer::load_state_dict(Context& ctx, const io::NamedTensors& state) {
+  if (pending_) finish_step(ctx);
+  SavedState saved(state);
   // Check everything before changing anything, so a bad file leaves the optimizer as it was.
   std::vector<std::pair<Tensor*, const Tensor*>> copies;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = *params_[i];
     if (!p.trainable) continue;
     copies.emplace_back(&moments_[i].exp_avg,
-                        &take(p.name + ".exp_avg", DType::kBF16, p.value.shape()));
+                        &saved.take(p.name + ".exp_avg", DType::kBF16, p.value.shape()));
     copies.emplace_back(&moments_[i].exp_avg_sq,
-                        &take(p.name + ".exp_avg_sq", DType::kBF16, p.value.shape()));
+                        &saved.take(p.name + ".exp_avg_sq", DType::kBF16, p.value.shape()));
   }
-  const int64_t steps = take(kStepTensorName, DType::kI64, {1}).data_as<int64_t>()[0];
-  OCTET_CHECK(steps >= 0, "optimizer state: tensor ", kStepTensorName, " must be >= 0, got ",
-              steps);
-  if (!by_name.empty())
-    OCTET_THROW("optimizer state: unexpected tensor ", by_name.begin()->first,
-                " (no trainable parameter of that name)");
+  const int64_t steps = saved.take_step();
+  saved.check_all_taken();
   for (auto& [dst, src] : copies) copy_from_host(ctx, *dst, *src);
   steps_taken_ = steps;
   last_stats_ = StepStats{};

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,19 @@ struct StepStats {
   float clip_coef = 1.0f;
   bool skipped = false;
   int64_t step = 0;  // the step number the update used; a skipped one is reused by the next
+};
+
+// A saved optimizer state read by name, for load_state_dict: each tensor taken once with its
+// dtype and shape checked (one error naming the tensor), then what is left over refused.
+class SavedState {
+ public:
+  explicit SavedState(const io::NamedTensors& state);  // refuses duplicates and device tensors
+  const Tensor& take(const std::string& name, DType dtype, const Shape& shape);
+  int64_t take_step();  // the kStepTensorName counter, >= 0
+  void check_all_taken() const;
+
+ private:
+  std::map<std::string, const Tensor*> by_name_;
 };
 
 class AdamWOptimizer {

@@ -235,33 +235,13 @@ io::NamedTensors ZeroAdamW::state_dict(Context& ctx) {
 }
 
 void ZeroAdamW::load_state_dict(Context& ctx, const io::NamedTensors& state) {
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : state) {
-    OCTET_CHECK(by_name.emplace(name, &t).second, "optimizer state: tensor ", name,
-                " appears twice");
-    OCTET_CHECK(t.device() == Device::kCpu, "optimizer state: tensor ", name,
-                " must be a host tensor");
-  }
-  auto take = [&](const std::string& name, DType dtype, const Shape& shape) -> const Tensor& {
-    auto it = by_name.find(name);
-    OCTET_CHECK(it != by_name.end(), "optimizer state: tensor ", name, " is missing");
-    const Tensor& t = *it->second;
-    OCTET_CHECK(t.dtype() == dtype && t.shape() == shape, "optimizer state: tensor ", name,
-                " must be ", dtype_name(dtype), " ", shape_str(shape), ", got ",
-                dtype_name(t.dtype()), " ", shape_str(t.shape()));
-    by_name.erase(it);
-    return t;
-  };
+  SavedState saved(state);
   std::vector<std::pair<const Tensor*, const Tensor*>> moments;
   for (const Parameter* p : params_)
-    moments.emplace_back(&take(p->name + ".exp_avg", DType::kBF16, p->value.shape()),
-                         &take(p->name + ".exp_avg_sq", DType::kBF16, p->value.shape()));
-  const int64_t steps =
-      take(AdamWOptimizer::kStepTensorName, DType::kI64, {1}).data_as<int64_t>()[0];
-  OCTET_CHECK(steps >= 0, "optimizer state: ", AdamWOptimizer::kStepTensorName, " must be >= 0");
-  if (!by_name.empty())
-    OCTET_THROW("optimizer state: unexpected tensor ", by_name.begin()->first,
-                " (no trainable parameter of that name)");
+    moments.emplace_back(&saved.take(p->name + ".exp_avg", DType::kBF16, p->value.shape()),
+                         &saved.take(p->name + ".exp_avg_sq", DType::kBF16, p->value.shape()));
+  const int64_t steps = saved.take_step();
+  saved.check_all_taken();
   const CopyKind up = ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kHostToDevice;
   for (const ZeroLayout::Piece& c : layout_.pieces) {
     if (c.rank != dp_->rank()) continue;

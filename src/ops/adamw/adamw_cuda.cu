@@ -48,9 +48,9 @@ struct AdamWSource {
       const float4 pv = __ldg(reinterpret_cast<const float4*>(p + i));
       if (skip) return pv;
       const kernels::StoredStep4 x =
-          kernels::stored_update4(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
-                                  __ldg(reinterpret_cast<const uint2*>(m + i)),
-                                  __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, k);
+          kernels::stored_update(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
+                                 __ldg(reinterpret_cast<const uint2*>(m + i)),
+                                 __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, k);
       *reinterpret_cast<float4*>(p + i) = x.p;
       *reinterpret_cast<uint2*>(m + i) = x.m;
       *reinterpret_cast<uint2*>(v + i) = x.v;
@@ -103,16 +103,17 @@ void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
   const int64_t n = a.param.numel();
   if (n % 4 == 0 && aligned(a.param, 16) && aligned(a.grad, 16) && aligned(a.exp_avg, 8) &&
       aligned(a.exp_avg_sq, 8) && aligned(a.param_bf16, 8)) {
-    kernels::adamw_x4_kernel<<<stride_blocks(ctx, n / 4, 256), 256, 0, stream_of(ctx)>>>(
-        a.param.data_as<float4>(), a.grad.data_as<const float4>(), a.exp_avg.data_as<uint2>(),
-        a.exp_avg_sq.data_as<uint2>(),
-        a.param_bf16.data() ? a.param_bf16.data_as<uint2>() : nullptr,
-        a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
-        a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n / 4, k);
+    kernels::adamw_kernel<float4, uint2>
+        <<<stride_blocks(ctx, n / 4, 256), 256, 0, stream_of(ctx)>>>(
+            a.param.data_as<float4>(), a.grad.data_as<const float4>(), a.exp_avg.data_as<uint2>(),
+            a.exp_avg_sq.data_as<uint2>(),
+            a.param_bf16.data() ? a.param_bf16.data_as<uint2>() : nullptr,
+            a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
+            a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n / 4, k);
     OCTET_CUDA_CHECK_LAUNCH();
     return;
   }
-  kernels::adamw_kernel<<<stride_blocks(ctx, n, 256), 256, 0, stream_of(ctx)>>>(
+  kernels::adamw_kernel<float, uint16_t><<<stride_blocks(ctx, n, 256), 256, 0, stream_of(ctx)>>>(
       a.param.data_as<float>(), a.grad.data_as<const float>(), a.exp_avg.data_as<uint16_t>(),
       a.exp_avg_sq.data_as<uint16_t>(),
       a.param_bf16.data() ? a.param_bf16.data_as<uint16_t>() : nullptr,

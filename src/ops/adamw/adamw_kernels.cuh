@@ -45,9 +45,9 @@ __device__ __forceinline__ uint2 pack_halves(const uint16_t (&h)[4]) {
   return make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16),
                     h[2] | (static_cast<uint32_t>(h[3]) << 16));
 }
-__device__ __forceinline__ StoredStep4 stored_update4(float4 p, float4 g, uint2 m, uint2 v,
-                                                      const float* scale, float s,
-                                                      const AdamWConsts& k) {
+__device__ __forceinline__ StoredStep4 stored_update(float4 p, float4 g, uint2 m, uint2 v,
+                                                     const float* scale, float s,
+                                                     const AdamWConsts& k) {
   const float ps[4] = {p.x, p.y, p.z, p.w}, gs[4] = {g.x, g.y, g.z, g.w};
   float po[4];
   uint16_t mo[4], vo[4];
@@ -61,41 +61,32 @@ __device__ __forceinline__ StoredStep4 stored_update4(float4 p, float4 g, uint2 
   return {make_float4(po[0], po[1], po[2], po[3]), pack_halves(mo), pack_halves(vo)};
 }
 
-__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
-                             uint16_t* __restrict__ m, uint16_t* __restrict__ v,
-                             uint16_t* __restrict__ p_bf16, const float* __restrict__ scale,
-                             const int32_t* __restrict__ found_inf, int64_t n, AdamWConsts k) {
+__device__ __forceinline__ uint16_t bf16_of(float p) {
+  return float_to_bf16(p);
+}
+__device__ __forceinline__ uint2 bf16_of(float4 p) {
+  const uint16_t b[4] = {float_to_bf16(p.x), float_to_bf16(p.y), float_to_bf16(p.z),
+                         float_to_bf16(p.w)};
+  return pack_halves(b);
+}
+
+// The update over n elements of P (float, or float4: 4 elements per thread with 16-byte loads of p
+// and g and 8-byte loads of m and v, every pointer aligned so). M is the moments' and the BF16
+// copy's storage word: uint16_t for float, uint2 for float4.
+template <typename P, typename M>
+__global__ void adamw_kernel(P* __restrict__ p, const P* __restrict__ g, M* __restrict__ m,
+                             M* __restrict__ v, M* __restrict__ p_bf16,
+                             const float* __restrict__ scale, const int32_t* __restrict__ found_inf,
+                             int64_t n, AdamWConsts k) {
   if (found_inf && *found_inf != 0) return;
   const float s = scale ? *scale : 1.0f;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const StoredStep r = stored_update(p[i], g[i], m[i], v[i], scale, s, k);
+    const auto r = stored_update(p[i], g[i], m[i], v[i], scale, s, k);
     p[i] = r.p;
     m[i] = r.m;
     v[i] = r.v;
-    if (p_bf16) p_bf16[i] = float_to_bf16(r.p);
-  }
-}
-
-// adamw_kernel 4 elements per thread: 16-byte loads of p and g, 8-byte loads of m and v (all
-// pointers aligned so, n a multiple of 4).
-__global__ void adamw_x4_kernel(float4* __restrict__ p, const float4* __restrict__ g,
-                                uint2* __restrict__ m, uint2* __restrict__ v,
-                                uint2* __restrict__ p_bf16, const float* __restrict__ scale,
-                                const int32_t* __restrict__ found_inf, int64_t n4, AdamWConsts k) {
-  if (found_inf && *found_inf != 0) return;
-  const float s = scale ? *scale : 1.0f;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n4;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const StoredStep4 r = stored_update4(p[i], g[i], m[i], v[i], scale, s, k);
-    p[i] = r.p;
-    m[i] = r.m;
-    v[i] = r.v;
-    if (p_bf16) {
-      const uint16_t b[4] = {float_to_bf16(r.p.x), float_to_bf16(r.p.y), float_to_bf16(r.p.z),
-                             float_to_bf16(r.p.w)};
-      p_bf16[i] = pack_halves(b);
-    }
+    if (p_bf16) p_bf16[i] = bf16_of(r.p);
   }
 }
 

@@ -8,6 +8,25 @@
 #include "ops/swiglu/swiglu_math.h"
 
 namespace octet::cpu {
+namespace {
+
+// One row of n values quantized in 1x128 groups by `rule`: the row's FP8 bytes and per-group
+// scale_inv, the largest |value| folded into amax_all (as bits).
+void quantize_row(const std::vector<float>& vals, int64_t n, const ScaleRule& rule,
+                  Fp8Format format, uint8_t* data, float* scale_inv, uint32_t& amax_all) {
+  for (int64_t g = 0; g < ceil_div(n, kGroup); ++g) {
+    const int64_t c0 = g * kGroup, c1 = std::min(n, c0 + kGroup);
+    uint32_t amax = 0;
+    for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, abs_bits(vals[j]));
+    amax_all = std::max(amax_all, amax);
+    const float scale = compute_scale(bits_float(amax), rule);
+    scale_inv[g] = scale_inverse(scale);
+    for (int64_t j = c0; j < c1; ++j) data[j] = quantize_value(vals[j], scale, format);
+  }
+}
+
+}  // namespace
+
 void swiglu_forward(Context&, const SwigluForwardArgs& a) {
   const int64_t rows = a.h.rows(), f = a.h.cols();
   for (int64_t r = 0; r < rows; ++r)
@@ -45,15 +64,7 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
           swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j));
       if (w != nullptr) h[j] = swiglu_math::canonical_nan(rn::mul(h[j], w[r]));
     }
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t c0 = g * kGroup, c1 = std::min(f, c0 + kGroup);
-      uint32_t amax = 0;
-      for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, abs_bits(h[j]));
-      amax_all = std::max(amax_all, amax);
-      const float scale = compute_scale(bits_float(amax), rule);
-      scale_inv[r * groups + g] = scale_inverse(scale);
-      for (int64_t j = c0; j < c1; ++j) data[r * f + j] = quantize_value(h[j], scale, a.format);
-    }
+    quantize_row(h, f, rule, a.format, data + r * f, scale_inv + r * groups, amax_all);
   }
   out.amax.data_as<float>()[0] = bits_float(amax_all);
 }
@@ -62,7 +73,8 @@ void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
                               SwigluBackwardQuantizeResult& out) {
   const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2, n = 2 * f;
   const int64_t groups = ceil_div(n, kGroup);
-  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
+  const ScaleRule rule{
+      .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
   uint8_t* data = out.d_gate_up.data.data_as<uint8_t>();
   float* scale_inv = out.d_gate_up.scale_inv.data_as<float>();
@@ -86,15 +98,7 @@ void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
         for (int l = 0; l < s; ++l) partial[l] = rn::add(partial[l], partial[l + s]);
       out.d_row_weight.data_as<float>()[r] = swiglu_math::canonical_nan(partial[0]);
     }
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t c0 = g * kGroup, c1 = std::min(n, c0 + kGroup);
-      uint32_t amax = 0;
-      for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, abs_bits(d[j]));
-      amax_all = std::max(amax_all, amax);
-      const float scale = compute_scale(bits_float(amax), rule);
-      scale_inv[r * groups + g] = scale_inverse(scale);
-      for (int64_t j = c0; j < c1; ++j) data[r * n + j] = quantize_value(d[j], scale, a.format);
-    }
+    quantize_row(d, n, rule, a.format, data + r * n, scale_inv + r * groups, amax_all);
   }
   out.d_gate_up.amax.data_as<float>()[0] = bits_float(amax_all);
 }
