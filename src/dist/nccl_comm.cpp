@@ -130,7 +130,7 @@ class NcclComm final : public Comm {
   std::shared_ptr<Comm> split(Context& ctx, int color, int key) override {
     check(ctx, "split");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    config.blocking = 1;  // see make_nccl_comm
     ncclComm_t sub = nullptr;
     wait("split", ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &config));
     if (!sub) return nullptr;
@@ -238,7 +238,11 @@ std::shared_ptr<Comm> make_nccl_comm(Context& ctx, const NcclId& id, int rank, i
   ncclUniqueId uid;
   std::memcpy(&uid, id.bytes.data(), sizeof uid);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  // Blocking calls: with non-blocking communicators NCCL 2.28.9 (H100, world size 1) refused the
+  // first collective ("invalid argument") and ncclCommSplit gave no communicator. A peer that never
+  // joins is caught by the rendezvous's timeout before this call, and a peer lost later by the
+  // barrier's polling; wait() still handles ncclInProgress should a call return it.
+  config.blocking = 1;
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, uid, rank, &config);
   OCTET_CHECK(r == ncclSuccess || r == ncclInProgress, "rank ", rank,

@@ -33,6 +33,7 @@ TEST(NcclGpu, CollectivesAtWorldSizeOne) {
   ASSERT_EQ(c->size(), 1);
   ASSERT_EQ(c->rank(), 0);
   EXPECT_FALSE(nccl_version().empty());
+  std::printf("[ measured ] NCCL %s\n", nccl_version().c_str());
   const Tensor x = test::random_tensor({1000}, DType::kF32, 7);
   Tensor d = x.to(ctx, Device::kCuda);
   Tensor y = Tensor::empty(ctx, {1000}, DType::kF32);
