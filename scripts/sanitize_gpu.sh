@@ -96,11 +96,11 @@ run_shard() {
   if [ "$tool" = racecheck ] && [ "$third_party" = exclude ]; then
     extra+=(--kernel-name-exclude kns=cudnn_generated)
   fi
-  local total=$shards f=$filter
+  local total=$shards f=$filter secs=${5:-$limit}
   if [ -n "$only" ]; then total=1; index=0; f=$only; fi
   # shellcheck disable=SC2086  # SANITIZE_FLAGS is a list of flags
   GTEST_TOTAL_SHARDS=$total GTEST_SHARD_INDEX=$index \
-    timeout -k 15 "$limit" "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" \
+    timeout -k 15 "$secs" "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" \
     ${SANITIZE_FLAGS:-} "$bin" --gtest_filter="$f" >"$log" 2>&1
 }
 
@@ -152,14 +152,16 @@ run_tool() {
     pids+=($!)
   done
   for i in "${!pids[@]}"; do wait "${pids[$i]}"; codes[i]=$?; done
-  local retried=() rpids=() rest
+  local retried=() rpids=() rest left
   for i in "${!logs[@]}"; do
     r=${codes[$i]}
     if [ "$r" -ne 124 ] && [ "$r" -ne 137 ] && ! grep -q '^\[==========\] .* ran\.' "${logs[$i]}"; then
       rest=$(unfinished_tests "$i" "${logs[$i]}")
-      if [ -n "$rest" ]; then
+      # the rerun gets what is left of the tool's SANITIZE_TIMEOUT, not a new one
+      left=$((limit - ($(date +%s) - start)))
+      if [ -n "$rest" ] && [ "$left" -gt 30 ]; then
         echo "$tool shard $i ended early (exit $r): running its $(echo "$rest" | tr ':' '\n' | wc -l) unfinished test(s) again"
-        run_shard "$tool" "$i" "${logs[$i]%.log}.retry.log" "$rest" &
+        run_shard "$tool" "$i" "${logs[$i]%.log}.retry.log" "$rest" "$left" &
         rpids+=($!); retried+=("$i")
       fi
     fi
