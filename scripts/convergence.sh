@@ -34,7 +34,9 @@ pack=${PACK:-$carry/tokens-32768.tar.xz}
 work=${WORK:-/tmp/octet-conv}
 budget=${BUDGET:-500}
 out=${OUT:-conv-out}
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The CUDA build links libnccl.so.2: on a machine without the system package, PyTorch's wheel has it.
+ncclib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}${ncclib:+:$ncclib}
 
 die() { echo "convergence.sh: $*" >&2; exit 1; }
 

@@ -162,24 +162,36 @@ TEST(RecipeModel, LossAndGradientsAgainstBf16) {
         a.model.read_losses(a.ctx, a.model.step(a.ctx, batch, Pass::kForwardBackward));
     const LossValues lb =
         b.model.read_losses(b.ctx, b.model.step(b.ctx, batch, Pass::kForwardBackward));
-    double num = 0, den = 0;
+    double num = 0, den = 0, worst = 0;
+    std::string worst_name;
     for (Parameter* p : b.model.parameters()) {
       const Tensor& gb = p->grad;
       const Tensor& ga = a.model.parameter(p->name).grad;
+      double pn = 0, pd = 0;
       for (int64_t i = 0; i < gb.numel(); ++i) {
         const double d = double(ga.data_as<float>()[i]) - gb.data_as<float>()[i];
-        num += d * d;
-        den += double(gb.data_as<float>()[i]) * gb.data_as<float>()[i];
+        pn += d * d;
+        pd += double(gb.data_as<float>()[i]) * gb.data_as<float>()[i];
       }
+      num += pn;
+      den += pd;
+      if (pd > 0 && std::sqrt(pn / pd) > worst) worst = std::sqrt(pn / pd), worst_name = p->name;
     }
     const double loss_err = std::fabs(la.total - lb.total) / lb.total;
     const double grad_err = std::sqrt(num / den);
-    std::printf("budget %-20s model      loss %.2e grad %.4f (loss %.5f vs %.5f)\n", recipe,
-                loss_err, grad_err, la.total, lb.total);
-    // Measured: loss 6.6e-5 / 1.1e-4 / 4.3e-5 / 2.2e-5, gradient 0.112 / 0.115 / 0.116 / 0.138
+    std::printf(
+        "budget %-20s model      loss %.2e grad %.4f (loss %.5f vs %.5f), worst %.4f (%s)\n",
+        recipe, loss_err, grad_err, la.total, lb.total, worst, worst_name.c_str());
+    // Measured: loss 6.6e-5 / 1.1e-4 / 4.3e-5 / 2.2e-5, gradient 0.112 / 0.115 / 0.116 / 0.113
     // (fp8-flow's router gradient comes from the FP8 dy through dSwiGLU, docs/numerics.md).
     EXPECT_LT(loss_err, 5e-4) << recipe;
     EXPECT_LT(grad_err, 0.17) << recipe;
+    // Per tensor, measured worst 0.400 / 1.0 / 0.413 / 0.398: the routed experts, whose tokens
+    // change when a routing score near a tie moves (the delayed recipe's first step flushes with
+    // its initial scale 1, so it is held to the global bound only). fp8-flow scored 1.0 on the
+    // MTP layer's experts while its scaling-aware transpose let padding rows set the tile scale.
+    if (std::string(recipe) != "fp8-tensor-delayed")
+      EXPECT_LT(worst, 0.45) << recipe << ": " << worst_name;
   }
 }
 

@@ -560,13 +560,15 @@ TEST(ScalingAwareTranspose, EqualsCorrectlyRoundedRescaling) {
         const float* st = q.columnwise_scale_inv.data_as<float>();
         for (int64_t tr = 0; tr < rb; ++tr)
           for (int64_t tc = 0; tc < cb; ++tc) {
-            double big = 0;
+            double big = 0;  // over the rows with a non-zero code in the tile
             for (int64_t i = tr * 128; i < std::min(rows, tr * 128 + 128); ++i)
-              big = std::max(big, double{s[i * cb + tc]});
+              for (int64_t j = tc * 128; j < std::min(cols, tc * 128 + 128); ++j)
+                if ((d[i * cols + j] & 0x7F) != 0) big = std::max(big, double{s[i * cb + tc]});
+            if (big == 0) big = 1;
             ASSERT_EQ(double{st[tc * rb + tr]}, big) << "tile scale (" << tc << ", " << tr << ")";
             for (int64_t i = tr * 128; i < std::min(rows, tr * 128 + 128); ++i)
               for (int64_t j = tc * 128; j < std::min(cols, tc * 128 + 128); ++j) {
-                const double v = f.decode(d[i * cols + j]) * (s[i * cb + tc] / big);
+                const double v = f.decode(d[i * cols + j]) * std::min(s[i * cb + tc] / big, 1.0);
                 const uint8_t got = dt[j * rows + i];
                 ASSERT_EQ(hex(got), hex(f.encode(v)))
                     << "(row " << i << ", col " << j << ") value " << v;
@@ -619,6 +621,60 @@ TEST(ScalingAwareTranspose, TiesAndUnderflow) {
   EXPECT_EQ(u.columnwise_data.data_as<uint8_t>()[2], 0x80);  // -448 * 2^-253 keeps its sign
   EXPECT_EQ(u.columnwise_data.data_as<uint8_t>()[1], 0x7E);
   EXPECT_EQ(u.columnwise_data.data_as<uint8_t>()[3], 0x01);
+}
+
+// Rows whose group is all zero (quantize gives them scale_inv 1.0; a padded permute's padding rows
+// look the same) do not set the tile's scale: small gradients in the same tile keep their codes
+// exactly. Counting them made S = 1 and flushed gradients of ~1e-5 to zero (fp8-flow's Wgrad).
+TEST(ScalingAwareTranspose, AllZeroRowsDoNotSetTheScale) {
+  Context ctx = make_context(Device::kCpu);
+  for (const Shape& shape : {Shape{130, 200}, Shape{256, 128}, Shape{7, 300}}) {
+    Tensor x = test::random_tensor(shape, DType::kF32, 5);
+    const int64_t rows = shape[0], cols = shape[1];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        float& v = x.data_as<float>()[i * cols + j];
+        v = i % 3 == 1 ? (i % 2 ? -0.0f : 0.0f) : v * 1e-5f;  // zero rows (both signs), small rest
+      }
+    QuantTensor q =
+        quantize(ctx, make_args(x, RefParams{Granularity::k1x128, Fp8Format::kE4M3, true},
+                                QuantizeOutput::kRowwise));
+    scaling_aware_transpose(ctx, q);
+    const int64_t cb = (cols + 127) / 128, rb = (rows + 127) / 128;
+    const float* s = q.scale_inv.data_as<float>();
+    const float* st = q.columnwise_scale_inv.data_as<float>();
+    for (int64_t tr = 0; tr < rb; ++tr)
+      for (int64_t tc = 0; tc < cb; ++tc) {
+        float big = 0;
+        for (int64_t i = tr * 128; i < std::min(rows, tr * 128 + 128); ++i)
+          if (i % 3 != 1) big = std::max(big, s[i * cb + tc]);
+        ASSERT_LT(big, 1e-3f);
+        EXPECT_EQ(st[tc * rb + tr], big) << "tile (" << tc << ", " << tr << ")";
+      }
+    // Dequantized, the column-wise copy is the row-wise one's transpose within one rounding at the
+    // tile's scale (E4M3: 2^-4 relative while normal, half a subnormal step 2^-10 below).
+    const Tensor a = dequantize(ctx, q, DType::kF32);
+    const Tensor b = dequantize(ctx, q, DType::kF32, Copy::kColumnwise);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float want = a.data_as<float>()[i * cols + j], got = b.data_as<float>()[j * rows + i];
+        const float tile_s = st[(j / 128) * rb + i / 128];
+        EXPECT_NEAR(got, want, std::fabs(want) * 0x1p-4f + tile_s * 0x1p-10f)
+            << "(" << i << ", " << j << ")";
+        kept += want != 0 && got != 0;
+      }
+    EXPECT_GT(kept, rows * cols / 2);
+  }
+  // An all-zero tile: scale 1, codes zero.
+  Tensor zeros = Tensor::empty({3, 4}, DType::kF32);
+  std::fill_n(zeros.data_as<float>(), 12, 0.0f);
+  QuantTensor z =
+      quantize(ctx, make_args(zeros, RefParams{Granularity::k1x128, Fp8Format::kE4M3, true},
+                              QuantizeOutput::kRowwise));
+  scaling_aware_transpose(ctx, z);
+  EXPECT_EQ(z.columnwise_scale_inv.data_as<float>()[0], 1.0f);
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(z.columnwise_data.data_as<uint8_t>()[i], 0);
 }
 
 TEST(ScalingAwareTranspose, Preconditions) {

@@ -46,8 +46,11 @@ Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy
 Tensor amax(Context& ctx, const Tensor& x);
 
 // Scaling-aware transpose (FP8-Flow-MoE): from a row-wise 1x128 copy with power-of-2 scales, writes
-// the column-wise copy without dequantizing: per 128x128 tile, S = max of its row scale_invs, and
-// every element moves to scale S by an exact power-of-2 shift, q' = q * s_row / S. Values that stay
+// the column-wise copy without dequantizing: per 128x128 tile, S = max of the scale_invs of its rows
+// that hold a non-zero code there (1.0 when none does), and every element moves to scale S by an
+// exact power-of-2 shift, q' = q * min(s_row / S, 1). Rows whose group is all zero (quantize's
+// scale_inv 1.0, the padding rows of a padded permute) do not set S: counting them would shift the
+// tile's small values (gradients) towards zero. Values that stay
 // normal are exact; values that become subnormal or underflow are rounded to nearest even (not
 // flushed). Sets q.columnwise_data (cols, rows) and q.columnwise_scale_inv [ceil(cols/128),
 // ceil(rows/128)], columnwise_granularity = k128x128.

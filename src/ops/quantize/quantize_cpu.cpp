@@ -122,12 +122,20 @@ void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Ten
     for (int64_t cb = 0; cb < cblocks; ++cb) {
       const int64_t r0 = rb * kGroup, r1 = std::min(rows, r0 + kGroup);
       const int64_t c0 = cb * kGroup, c1 = std::min(cols, c0 + kGroup);
+      // S: the largest scale_inv of the rows holding a non-zero code here (an all-zero group's
+      // scale_inv, 1.0, says nothing about its data and would push the others towards 0).
       float smax = 0.0f;
-      for (int64_t i = r0; i < r1; ++i) smax = std::max(smax, s[i * cblocks + cb]);
+      for (int64_t i = r0; i < r1; ++i) {
+        bool nonzero = false;
+        for (int64_t j = c0; j < c1; ++j) nonzero |= (q[i * cols + j] & 0x7F) != 0;
+        if (nonzero) smax = std::max(smax, s[i * cblocks + cb]);
+      }
+      if (smax == 0.0f) smax = 1.0f;  // an all-zero tile: quantize's scale for zeros
       st[cb * rblocks + rb] = smax;
       for (int64_t i = r0; i < r1; ++i) {
-        // s_i / S = 2^-d exactly: the quotient of two powers of two.
-        const float ratio = s[i * cblocks + cb] / smax;
+        // s_i / S = 2^-d exactly: the quotient of two powers of two; capped at 1 for the all-zero
+        // rows (whose scale_inv may exceed S), whose codes stay zero.
+        const float ratio = std::min(s[i * cblocks + cb] / smax, 1.0f);
         for (int64_t j = c0; j < c1; ++j)
           qt[j * rows + i] =
               float_to_fp8(fp8_to_float(q[i * cols + j], in.format) * ratio, in.format);

@@ -437,16 +437,14 @@ static __global__ void __launch_bounds__(kTileThreads)
   __shared__ float lut[256];
   __shared__ float ratio[kTile];
   __shared__ uint32_t warp_max_s[8];
+  __shared__ bool nonzero[kTile];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
                 c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   lut[threadIdx.x] = fp8_to_float(static_cast<uint8_t>(threadIdx.x), format);
-  // Row scales: positive powers of two, so their bit patterns order like their values.
   const int i = threadIdx.x;
   const float si = (i < kTile && r0 + i < rows) ? scale_inv[(r0 + i) * cblocks + blockIdx.x] : 0.0f;
-  uint32_t m = warp_max(float_bits(si));
-  if (lane == 0) warp_max_s[warp] = m;
   // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane; all 16 loads are
   // issued before the first is used, then written to shared memory byte by byte (conflict-free: a
   // warp's 128 bytes are consecutive).
@@ -464,17 +462,29 @@ static __global__ void __launch_bounds__(kTileThreads)
     }
     w16[k] = w;
   }
+  // Which rows hold a non-zero code (+-0 are 0x00 and 0x80): only they set the tile's scale.
+#pragma unroll
+  for (int k = 0; k < kTile / 8; ++k) {
+    const bool any = __any_sync(0xFFFFFFFFu, (w16[k] & 0x7F7F7F7Fu) != 0);
+    if (lane == 0) nonzero[warp + 8 * k] = any;
+  }
 #pragma unroll
   for (int k = 0; k < kTile / 8; ++k)
 #pragma unroll
     for (int b = 0; b < 4; ++b)
       tile[(warp + 8 * k) * kSmemStride + lane * 4 + b] = static_cast<uint8_t>(w16[k] >> (8 * b));
   __syncthreads();
+  // S: the largest scale_inv of those rows (positive powers of two order like their bit
+  // patterns); 1.0 for an all-zero tile, as quantize scales zeros.
+  uint32_t m = warp_max((i < kTile && nonzero[i]) ? float_bits(si) : 0u);
+  if (lane == 0) warp_max_s[warp] = m;
+  __syncthreads();
   m = 0;
 #pragma unroll
   for (int w = 0; w < 8; ++w) m = max(m, warp_max_s[w]);
-  const float smax = bits_float(m);
-  if (i < kTile) ratio[i] = si > 0.0f ? rn::div(si, smax) : 0.0f;
+  const float smax = m == 0 ? 1.0f : bits_float(m);
+  // Capped at 1 for the all-zero rows, whose scale_inv may exceed S (their codes stay zero).
+  if (i < kTile) ratio[i] = si > 0.0f ? fminf(rn::div(si, smax), 1.0f) : 0.0f;
   if (threadIdx.x == 0) out_scale_inv[blockIdx.x * rblocks + blockIdx.y] = smax;
   __syncthreads();
   const bool ovec = rows % 16 == 0;
