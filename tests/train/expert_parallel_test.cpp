@@ -54,30 +54,26 @@ std::string write_corpus(const std::string& dir) {
 }
 
 // A small MoE model: 8 routed experts (top 2) and a shared one in layer 1 of 2.
+constexpr const char* kModelKeys[] = {"model.hidden_size=32",
+                                      "model.intermediate_size=64",
+                                      "model.moe_intermediate_size=16",
+                                      "model.num_attention_heads=2",
+                                      "model.q_lora_rank=16",
+                                      "model.kv_lora_rank=16",
+                                      "model.qk_nope_head_dim=16",
+                                      "model.qk_rope_head_dim=16",
+                                      "model.v_head_dim=16",
+                                      "model.max_position_embeddings=32",
+                                      "model.num_nextn_predict_layers=0"};
+
 TrainConfig tiny(const std::string& run_dir, const std::string& corpus, const std::string& recipe,
                  int64_t batch, int64_t accum, int64_t ep) {
   TrainConfig c;
-  for (const char* kv : {"steps=4",
-                         "checkpoint_every=2",
-                         "keep_checkpoints=3",
-                         "seq_len=16",
-                         "log_every=1",
-                         "eval.every=0",
-                         "optim.warmup_steps=1",
-                         "device=cpu",
-                         "safety.shadow_bf16=2",
-                         "model.hidden_size=32",
-                         "model.intermediate_size=64",
-                         "model.moe_intermediate_size=16",
-                         "model.num_attention_heads=2",
-                         "model.q_lora_rank=16",
-                         "model.kv_lora_rank=16",
-                         "model.qk_nope_head_dim=16",
-                         "model.qk_rope_head_dim=16",
-                         "model.v_head_dim=16",
-                         "model.max_position_embeddings=32",
-                         "model.num_nextn_predict_layers=0"})
+  for (const char* kv :
+       {"steps=4", "checkpoint_every=2", "keep_checkpoints=3", "seq_len=16", "log_every=1",
+        "eval.every=0", "optim.warmup_steps=1", "device=cpu", "safety.shadow_bf16=2"})
     apply_set(c, kv);
+  for (const char* kv : kModelKeys) apply_set(c, kv);
   apply_set(c, "recipe=" + recipe);
   apply_set(c, "batch_size=" + std::to_string(batch));
   apply_set(c, "grad_accum=" + std::to_string(accum));
@@ -160,13 +156,20 @@ class ExpertParallelTrainer : public ::testing::Test {
   std::string dir_, corpus_, cache_;
 };
 
-// Tolerances, measured on this model (4 steps, lr 3e-3 after one warm-up step): the first loss is
-// bit for bit; the later ones follow updates whose expert gradients differ in the last FP32 bits.
-// AdamW normalises each element's update, so an element whose gradient is tiny against its
-// rounding error moves differently by up to about 2 lr per step: the weights agree to 4 steps x 2
-// x lr = 0.024 absolute at worst, and the losses to 1e-3 relative.
-constexpr double kLossRel = 1e-3;
-constexpr double kWeightAbs = 0.024;
+// Tolerances over 4 steps of this model (lr 3e-3 after one warm-up step). The first loss is bit
+// for bit; the later ones follow updates whose expert gradients differ: in bf16 in the FP32
+// accumulation order of the experts' Wgrad only (measured: weights within 6e-8, losses equal to
+// print precision), in the FP8 recipes at FP8 precision, because the Wgrad operands' column-wise
+// 1x128 groups hold the rows of every source rank (ExpertParallelModel above). AdamW normalises
+// each element's update, so an element whose gradient is small against that difference moves by
+// up to about 2 lr per step: 4 x 2 x lr = 0.024 absolute at worst (measured 0.0083), losses 1e-3
+// relative (measured 1.6e-4).
+double loss_rel(const std::string& recipe) {
+  return recipe == "bf16" ? 1e-6 : 1e-3;
+}
+double weight_abs(const std::string& recipe) {
+  return recipe == "bf16" ? 1e-6 : 0.024;
+}
 
 TEST_F(ExpertParallelTrainer, EpTwoFourAndTwoByTwoMatchOneRank) {
   struct Grid {
@@ -188,11 +191,11 @@ TEST_F(ExpertParallelTrainer, EpTwoFourAndTwoByTwoMatchOneRank) {
       ASSERT_EQ(lb.size(), 4u) << tag;
       EXPECT_EQ(la[0], lb[0]) << tag << ": the first step's loss is bit for bit";
       for (size_t i = 1; i < la.size(); ++i)
-        EXPECT_NEAR(lb[i], la[i], kLossRel * std::fabs(la[i])) << tag << " step " << i + 1;
+        EXPECT_NEAR(lb[i], la[i], loss_rel(recipe) * std::fabs(la[i])) << tag << " step " << i + 1;
       EXPECT_LT(lb.back(), lb.front()) << tag;
       // The checkpoint is the single-rank form (every expert, whole), the weights close.
       const double dw = max_diff(read_dir(one, 4, "model"), read_dir(many, 4, "model"));
-      EXPECT_LE(dw, kWeightAbs) << tag;
+      EXPECT_LE(dw, weight_abs(recipe)) << tag;
       std::cout << "[ measured ] " << tag << ": max |weight difference| " << dw << ", last loss "
                 << la.back() << " vs " << lb.back() << "\n";
       const auto sa = read_dir(one, 4, "optimizer"), sb = read_dir(many, 4, "optimizer");
@@ -232,8 +235,9 @@ TEST_F(ExpertParallelTrainer, SavedAtEpTwoResumesAtTwoBitForBitAndAtOne) {
   // Step 3 is the first one rank computes: its forward from the EP checkpoint's weights is the EP
   // run's bit for bit (so the checkpoint held every expert); step 4 follows an update.
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
-  EXPECT_NEAR(got[3], want[3], kLossRel * std::fabs(want[3]));
-  EXPECT_LE(max_diff(read_dir(straight, 4, "model"), read_dir(to_one, 4, "model")), kWeightAbs);
+  EXPECT_NEAR(got[3], want[3], loss_rel(recipe) * std::fabs(want[3]));
+  EXPECT_LE(max_diff(read_dir(straight, 4, "model"), read_dir(to_one, 4, "model")),
+            weight_abs(recipe));
 }
 
 TEST_F(ExpertParallelTrainer, SavedAtOneResumesAtEpTwo) {
@@ -248,8 +252,8 @@ TEST_F(ExpertParallelTrainer, SavedAtOneResumesAtEpTwo) {
   const std::vector<double> got = losses(r), want = losses(straight);
   ASSERT_EQ(got.size(), 4u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;  // step 3: one
-  EXPECT_NEAR(got[3], want[3], kLossRel * std::fabs(want[3]));  // update after the resume
-  EXPECT_LE(max_diff(read_dir(straight, 4, "model"), read_dir(r, 4, "model")), kWeightAbs);
+  EXPECT_NEAR(got[3], want[3], loss_rel(recipe) * std::fabs(want[3]));            // after an update
+  EXPECT_LE(max_diff(read_dir(straight, 4, "model"), read_dir(r, 4, "model")), weight_abs(recipe));
 }
 
 // The model alone, one micro-batch per rank against one rank accumulating them in rank order:
@@ -257,7 +261,9 @@ TEST_F(ExpertParallelTrainer, SavedAtOneResumesAtEpTwo) {
 // bit; each rank's experts' gradients equal the single rank's slice to FP32 accumulation order
 // (relative to the tensor's largest element, 1e-5).
 TEST(ExpertParallelModel, GradientsMatchOneRank) {
-  const ModelConfig mc = tiny("/tmp/unused", "/tmp/unused", "bf16", 2, 1, 1).model;
+  TrainConfig tc;
+  for (const char* kv : kModelKeys) apply_set(tc, kv);
+  const ModelConfig mc = tc.model;
   const io::NamedTensors init = init_parameters(mc, 7);
   for (const std::string recipe : {"bf16", "deepseek", "fp8-flow"}) {
     for (const int world : {2, 4}) {
@@ -310,28 +316,43 @@ TEST(ExpertParallelModel, GradientsMatchOneRank) {
       const std::string tag = recipe + " EP " + std::to_string(world);
       EXPECT_EQ(got, want) << tag;
       ASSERT_EQ(experts[0].size(), 2u) << tag;  // gate_up and down of the one MoE layer
-      for (Parameter* q : one.parameters()) {
-        const Tensor full = q->grad.to_host(c1);
-        if (!experts[0].count(q->name)) {
-          for (int r = 0; r < world; ++r)
-            EXPECT_TRUE(test::bitwise_equal(full, grads[static_cast<size_t>(r)].at(q->name)))
-                << tag << ": " << q->name << " on rank " << r;
-          continue;
-        }
+      // The largest |a - b| against the largest |a|, over a tensor (b: rank r's slice r).
+      auto rel = [](const Tensor& full, const Tensor& mine, int64_t from) {
         double top = 0, worst = 0;
         const auto* f = full.data_as<const float>();
         for (int64_t i = 0; i < full.numel(); ++i) top = std::max<double>(top, std::fabs(f[i]));
-        const int64_t per = full.numel() / world;
+        for (int64_t i = 0; i < mine.numel(); ++i)
+          worst = std::max<double>(worst, std::fabs(mine.data_as<const float>()[i] - f[from + i]));
+        return top > 0 ? worst / top : worst;
+      };
+      double expert_rel = 0;
+      for (Parameter* q : one.parameters()) {
+        const Tensor full = q->grad.to_host(c1);
         for (int r = 0; r < world; ++r) {
           const Tensor& mine = grads[static_cast<size_t>(r)].at(q->name);
-          ASSERT_EQ(mine.numel(), per) << tag;
-          for (int64_t i = 0; i < per; ++i)
-            worst =
-                std::max<double>(worst, std::fabs(mine.data_as<const float>()[i] - f[r * per + i]));
+          if (experts[0].count(q->name)) {
+            ASSERT_EQ(mine.numel() * world, full.numel()) << tag;
+            expert_rel = std::max(expert_rel, rel(full, mine, r * mine.numel()));
+          } else if (q->value.rank() == 1) {
+            // RMSNorm weights: the CPU backward adds its micro-batch sum (FP64) to the FP32
+            // gradient with one rounding, (g + double) -> float, where the sum over ranks adds
+            // two rounded FP32 values: one FP32 rounding apart (as with data parallelism).
+            EXPECT_LE(rel(full, mine, 0), 1e-6) << tag << ": " << q->name << " on rank " << r;
+          } else {
+            EXPECT_TRUE(test::bitwise_equal(full, mine))
+                << tag << ": " << q->name << " on rank " << r;
+          }
         }
-        EXPECT_GT(top, 0.0) << tag << ": " << q->name;
-        EXPECT_LE(worst, 1e-5 * top) << tag << ": " << q->name;
       }
+      // The experts' Wgrad: bf16 differs in FP32 accumulation order only; the FP8 recipes
+      // quantize the Wgrad operands column-wise in groups of 128 of an expert's rows, which EP
+      // fills with the rows of every source (one rank pads each micro-batch's rows to 128
+      // apart), so their FP8 scales, and the gradients, differ at FP8 precision (measured 1.7%
+      // of the largest element).
+      const double tol = recipe == "bf16" ? 1e-5 : 5e-2;
+      EXPECT_LE(expert_rel, tol) << tag;
+      std::cout << "[ measured ] " << tag << ": experts' gradients within " << expert_rel
+                << " of the largest element\n";
     }
   }
 }
