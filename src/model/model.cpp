@@ -273,8 +273,11 @@ io::NamedTensors Model::export_tensors(Context& ctx) const {
 std::map<const Parameter*, Tensor> Model::gather_experts(Context& ctx) const {
   // The one place that assembles whole experts for a checkpoint; a per-rank shard writer would
   // replace it by writing each rank's experts itself.
+  // Collective: every rank gathers the same parameters in the same (model) order.
   std::map<const Parameter*, Tensor> out;
-  for (const auto& [p, base] : shard_base_) {
+  for (const auto& q : params_) {
+    const Parameter* p = q.get();
+    if (!shard_base_.count(p)) continue;
     const int64_t n = p->value.numel();
     Tensor all = Tensor::empty(ctx, {n * expert_group_->size()}, DType::kF32);
     expert_group_->all_gather(ctx, p->value.data(), all.data(), n, DType::kF32);
