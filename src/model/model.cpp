@@ -73,9 +73,14 @@ Parameter* Model::add(const std::string& name, const Shape& shape, WeightDecay d
   return raw;
 }
 
-Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision)
+Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision,
+             std::shared_ptr<Comm> expert_group)
     : config_(config), precision_(precision) {
   config_.validate();
+  if (expert_group && expert_group->size() > 1) expert_group_ = std::move(expert_group);
+  experts_ = expert_group_ ? expert_slice(config_.n_routed_experts, expert_group_->rank(),
+                                          expert_group_->size())
+                           : ExpertSlice{0, config_.n_routed_experts};
   check_precision(ctx, precision_);
   // A head-dim pair the attention backend cannot run fails here, before any work.
   attention_check_supported(ctx, config_.qk_nope_head_dim + config_.qk_rope_head_dim,
@@ -86,11 +91,17 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   // Parameters, named and shaped by the checkpoint layout (fused where the model fuses).
   for (const TensorSpec& s : expected_tensors(c)) {
     if (!s.copy_of.empty()) continue;  // the MTP modules' copies of the shared embedding and head
-    const auto [name, offset, shape] = fused_location(s);
-    if (!by_name_.count(name))
+    auto [name, offset, shape] = fused_location(s);
+    const bool sharded =
+        expert_group_ && (s.role == ParamRole::kExpertsGateUp || s.role == ParamRole::kExpertsDown);
+    const int64_t base = sharded ? experts_.first * (shape_numel(shape) / shape[0]) : 0;
+    if (sharded) shape[0] = experts_.count;  // this rank's experts only
+    if (!by_name_.count(name)) {
       by_role_[{s.layer, s.role}] =
           add(name, shape, shape.size() >= 2 ? WeightDecay::kYes : WeightDecay::kNo,
               s.kind == TensorKind::kRouterBias ? Trainable::kNo : Trainable::kYes);
+      if (sharded) shard_base_[by_name_.at(name)] = base;
+    }
     slots_[s.name] = {by_name_.at(name), offset, shape_numel(s.shape)};
   }
   for (auto& p : params_) {
@@ -184,6 +195,7 @@ void Model::build_layer(DecoderLayer& l, int64_t index) {
   m.gate_up.param = param(ParamRole::kExpertsGateUp);
   m.down.site = GemmSite::kExpertDown;
   m.down.param = param(ParamRole::kExpertsDown);
+  m.ep = expert_group_.get();
   if (c.n_shared_experts > 0) {
     m.shared.emplace();
     linear(m.shared->gate_up, GemmSite::kSharedGateUp, ParamRole::kSharedGateUp);
@@ -226,8 +238,13 @@ void Model::load(Context& ctx, const io::NamedTensors& tensors, const io::NamedT
     const Tensor& t = *it->second;
     OCTET_CHECK(t.numel() == slot.numel, "model: checkpoint tensor '", name, "' has ", t.numel(),
                 " elements, expected ", slot.numel);
+    int64_t at = slot.offset;
+    if (const auto sh = shard_base_.find(slot.param); sh != shard_base_.end()) {
+      at -= sh->second;  // sharded experts: this rank takes its own
+      if (at < 0 || at >= slot.param->value.numel()) continue;
+    }
     const Tensor f = t.dtype() == DType::kF32 ? t : cast(host, t, DType::kF32);
-    auto* dst = slot.param->value.data_as<float>() + slot.offset;
+    auto* dst = slot.param->value.data_as<float>() + at;
     ctx.be().copy(dst, f.data(), f.nbytes(), to_device_kind(ctx));
   }
 }
@@ -236,15 +253,47 @@ io::NamedTensors Model::export_tensors(Context& ctx) const {
   io::NamedTensors out;
   const CopyKind kind =
       ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToHost;
+  const std::map<const Parameter*, Tensor> whole = gather_experts(ctx);
   for (const TensorSpec& s : expected_tensors(config_)) {
     const std::string& source = s.copy_of.empty() ? s.name : s.copy_of;
     const Slot slot = slots_.count(source) ? slots_.at(source)
                                            : Slot{by_name_.at(source), 0, shape_numel(s.shape)};
     Tensor t = Tensor::empty(s.shape, DType::kF32);
-    ctx.be().copy(t.data(), slot.param->value.data_as<const float>() + slot.offset, t.nbytes(),
-                  kind);
+    if (const auto w = whole.find(slot.param); w != whole.end()) {
+      std::memcpy(t.data(), w->second.data_as<const float>() + slot.offset, t.nbytes());
+    } else {
+      ctx.be().copy(t.data(), slot.param->value.data_as<const float>() + slot.offset, t.nbytes(),
+                    kind);
+    }
     out.emplace_back(s.name, t);
   }
+  return out;
+}
+
+std::map<const Parameter*, Tensor> Model::gather_experts(Context& ctx) const {
+  // The one place that assembles whole experts for a checkpoint; a per-rank shard writer would
+  // replace it by writing each rank's experts itself.
+  // Collective: every rank gathers the same parameters in the same (model) order.
+  std::map<const Parameter*, Tensor> out;
+  for (const auto& q : params_) {
+    const Parameter* p = q.get();
+    if (!shard_base_.count(p)) continue;
+    const int64_t n = p->value.numel();
+    Tensor all = Tensor::empty(ctx, {n * expert_group_->size()}, DType::kF32);
+    expert_group_->all_gather(ctx, p->value.data(), all.data(), n, DType::kF32);
+    out[p] = all.to_host(ctx);
+  }
+  return out;
+}
+
+std::vector<Parameter*> Model::expert_parameters() {
+  std::vector<Parameter*> out;
+  std::set<const Parameter*> experts;
+  for (const auto& [key, p] : by_role_)
+    if (key.second == ParamRole::kExpertsGateUp || key.second == ParamRole::kExpertsDown)
+      experts.insert(p);
+  for (auto& p : params_)
+    if (experts.count(p.get())) out.push_back(p.get());
   return out;
 }
 

@@ -54,8 +54,12 @@ enum class Pass : uint8_t { kForward, kForwardBackward };
 
 class Model {
  public:
-  // Parameters allocated (uninitialised) on ctx's device; see init / load.
-  Model(Context& ctx, const ModelConfig& config, const Precision& precision);
+  // Parameters allocated (uninitialised) on ctx's device; see init / load. With an expert group
+  // of W > 1 ranks (expert parallelism, model/moe_ep.h), this rank holds its E / W routed experts
+  // only (E % W == 0, else an error): the experts' parameters are (E / W, Out, In), load() takes
+  // this rank's experts from a whole checkpoint, and export_tensors() gathers them (collective).
+  Model(Context& ctx, const ModelConfig& config, const Precision& precision,
+        std::shared_ptr<Comm> expert_group = nullptr);
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
@@ -74,8 +78,13 @@ class Model {
   // checkpoint's. Missing MTP tensors (a transformers checkpoint) keep the values from `fallback`.
   void load(Context& ctx, const io::NamedTensors& tensors,
             const io::NamedTensors* fallback = nullptr);
-  // Host F32 tensors in expected_tensors order.
+  // Host F32 tensors in expected_tensors order. With sharded experts, collective over the expert
+  // group: every rank gathers the whole experts (every rank returns the whole checkpoint form).
   io::NamedTensors export_tensors(Context& ctx) const;
+  // Whether the routed experts are sharded over an expert group of more than one rank.
+  bool experts_sharded() const { return expert_group_ != nullptr; }
+  // The routed experts' parameters (sharded over the expert group when experts_sharded()).
+  std::vector<Parameter*> expert_parameters();
 
   // Once per optimizer step, after the weights changed: the GEMMs' copies of the weights. kNotFused
   // leaves out what the optimizer wrote (weight_outputs()).
@@ -137,6 +146,14 @@ class Model {
     int64_t numel;
   };
   std::map<std::string, Slot> slots_;
+  // Expert parallelism: the group (null on one rank, or a group of one), this rank's experts, and
+  // the sharded parameters with their first element in the whole stacked tensor (Slot offsets of
+  // theirs are into the whole tensor).
+  std::shared_ptr<Comm> expert_group_;
+  ExpertSlice experts_;
+  std::map<const Parameter*, int64_t> shard_base_;
+  // The whole host values of the sharded parameters (export_tensors), gathered over the group.
+  std::map<const Parameter*, Tensor> gather_experts(Context& ctx) const;
 
   Parameter* embed_ = nullptr;
   LinearLayer head_proj_;

@@ -66,11 +66,18 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
                                                     .num_sequences = sequences,
                                                     .alpha = seq_aux_alpha});
 
-  // Dispatch. FP8 Wgrad of the experts needs each expert's rows to start at a multiple of 128.
+  // Dispatch. FP8 Wgrad of the experts needs each expert's rows to start at a multiple of 128
+  // (with EP the receiving rank pads its local layout; the source map is unpadded).
+  const bool ep_on = ep != nullptr && ep->size() > 1;
   s.map = moe_permute_map(
       ctx, {.topk_idx = s.route.topk_idx,
             .num_experts = E,
-            .padding = fp8_experts(r) ? PermutePadding::kTo128 : PermutePadding::kNone});
+            .padding = fp8_experts(r) && !ep_on ? PermutePadding::kTo128 : PermutePadding::kNone});
+  if (ep_on) {  // moe_ep.cpp: one device-to-host read of the counts per layer and pass
+    Tensor y = ep_forward(ctx, p, x.reshape({T, D}), s);
+    if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+    return y.reshape(x.shape());
+  }
   // The counts stay on the device in every recipe: the grouped GEMMs (and the per-tensor recipes'
   // grouped quantization) read them there, so the layer never synchronises.
   s.layout.sizes = s.map.group_sizes;
@@ -114,7 +121,9 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   const Tensor dy2 = dy.reshape({T, D});
   CastScope scope(ctx, "moe.routed");
   Tensor dx, d_topk_weight;
-  if (p.recipe.fp8_flow) {
+  if (s.ep) {
+    std::tie(dx, d_topk_weight) = ep_backward(ctx, p, dy2, s);  // moe_ep.cpp
+  } else if (p.recipe.fp8_flow) {
     std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
     const CombineGrads cg = moe_combine_backward(ctx, s.map,

@@ -32,11 +32,13 @@
 // sequence-wise balance loss (alpha > 0) adds to the loss and its gradient to the router logits.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <utility>
 
 #include "model/dense_mlp.h"
 #include "model/grouped_linear.h"
+#include "model/moe_ep.h"
 #include "ops/moe_permute/moe_permute.h"
 #include "ops/moe_router/moe_router.h"
 
@@ -50,6 +52,9 @@ struct MoeLayer {
   Parameter* bias = nullptr;         // (E) e_score_correction_bias
   GroupedLinearLayer gate_up, down;  // (E, 2F, D), (E, D, F)
   std::optional<SwigluMlp> shared;
+  // Expert parallelism (moe_ep.h): the EP group when it has more than one rank, else null (the
+  // single-rank path, which never synchronises). gate_up / down then hold this rank's experts.
+  Comm* ep = nullptr;
 
   struct Saved {
     int64_t sequences = 1;
@@ -62,6 +67,10 @@ struct MoeLayer {
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
     Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)
+    // Expert parallelism: the exchange's counts and the local layout (map is then the source's
+    // map by global expert, layout / gu / w_rows / the GEMMs' saved tensors the local experts',
+    // expert_out the outputs returned to this rank in map's layout).
+    std::shared_ptr<const EpRoute> ep;
   };
 
   void init_state(Context& ctx, const Recipe& recipe);
@@ -77,6 +86,10 @@ struct MoeLayer {
   Tensor flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
   std::pair<Tensor, Tensor> flow_backward(Context& ctx, const Precision& p, const Tensor& dy2,
                                           const Saved& s);
+  // The routed experts across the EP group (moe_ep.cpp), same contracts as the flow pair.
+  Tensor ep_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
+  std::pair<Tensor, Tensor> ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,
+                                        const Saved& s);
   Tensor gate_w_;  // the router weight in the activation dtype
 };
 

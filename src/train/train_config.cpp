@@ -510,8 +510,10 @@ std::string init_checkpoint_dir(const std::string& path) {
 
 bool resume_may_change(const std::string& key) {
   static const std::set<std::string> safe = {
-      "steps",  "checkpoint_every", "keep_checkpoints", "log_every",          "sites_every",
-      "device", "eval.every",       "eval.batches",     "optim.fused_prepare"};
+      "steps",      "checkpoint_every", "keep_checkpoints",
+      "log_every",  "sites_every",      "device",
+      "eval.every", "eval.batches",     "optim.fused_prepare",
+      "parallel.ep"};  // the same model and batch: a checkpoint does not depend on the grid
   return safe.count(key) > 0 || section_of(key) == "safety";
 }
 
@@ -611,6 +613,12 @@ void TrainConfig::validate() const {
   at_least("batch_size", batch_size, 1);
   at_least("seq_len", seq_len, 1);
   at_least("grad_accum", grad_accum, 1);
+  at_least("parallel.ep", parallel.ep, 1);
+  OCTET_CHECK(
+      parallel.ep == 1 || (model.n_routed_experts > 0 && model.n_routed_experts % parallel.ep == 0),
+      "parallel.ep = ", parallel.ep,
+      " must divide model.n_routed_experts = ", model.n_routed_experts,
+      " (each EP rank holds n_routed_experts / ep experts)");
   at_least("log_every", log_every, 1);
   at_least("sites_every", sites_every, 0);
   // Token counts are int64 (and a micro-batch's rows a 32-bit GEMM dimension): no product wraps.

@@ -72,6 +72,14 @@ struct EvalConfig {
   bool operator==(const EvalConfig&) const = default;
 };
 
+// Parallelism beyond data parallelism (docs/scaling.md). The data-parallel size is the world size
+// divided by the product of these.
+struct ParallelConfig {
+  int64_t ep = 1;  // expert parallelism: ranks the routed experts are sharded over
+
+  bool operator==(const ParallelConfig&) const = default;
+};
+
 struct SafetyConfig {
   // A step's loss is a spike when it exceeds mean + spike_threshold * std of the losses of the
   // spike_window steps before it (once that many exist); the window holds non-spike losses only,
@@ -110,6 +118,7 @@ struct TrainConfig {
   DataConfig data;
   EvalConfig eval;
   SafetyConfig safety;
+  ParallelConfig parallel;
   // Its recipe (model.recipe) is what the keys `recipe` and `recipe_overrides` set.
   ModelConfig model = default_model_config();
   // A checkpoint to start a new run from (fresh optimizer, step 0): a transformers-format

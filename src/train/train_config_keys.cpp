@@ -221,6 +221,11 @@ std::vector<Key> make_keys() {
                     "stop as diverged after N skips in a row; 0: never",
                     at(&C::safety, &SafetyConfig::max_skipped_in_a_row)));
 
+  k.push_back(field("parallel.ep",
+                    "expert parallelism: ranks the routed experts are sharded over (divides the "
+                    "world size and model.n_routed_experts); data parallel = world / ep",
+                    at(&C::parallel, &ParallelConfig::ep)));
+
   // Read before the other model keys (parse_train_config), and never written: to_toml writes the
   // model inline.
   Key config = custom(

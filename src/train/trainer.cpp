@@ -28,6 +28,7 @@
 #include "train/background_writer.h"
 #include "train/data.h"
 #include "train/data_parallel.h"
+#include "train/expert_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -79,6 +80,8 @@ struct Run {
   std::unique_ptr<AdamWOptimizer> optim;  // one process
   DataParallel dp;                        // several ranks: rank 0 writes; ZeRO-1 below
   std::unique_ptr<ZeroAdamW> zero;
+  EpGroups ep;  // parallel.ep > 1: the expert and data groups (expert_parallel.h)
+  std::unique_ptr<EpAdamW> ep_opt;  // then the optimizer instead of `zero`
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<ValBatches> val;
   std::deque<double> spike_window;
@@ -127,8 +130,12 @@ struct Run {
 
   void build(DataStreams data) {
     const ModelConfig mc = model_config();
-    model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
-    if (dp.comm())  // any communicator, one rank included: the same norm at every world size
+    ep = make_ep_groups(ctx, dp.comm(), cfg.parallel.ep, mc.n_routed_experts);
+    model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16},
+                                    ep.experts);
+    if (ep.experts)
+      ep_opt = std::make_unique<EpAdamW>(ctx, dp.comm(), ep, *model, cfg.adamw());
+    else if (dp.comm())  // any communicator, one rank included: the same norm at every world size
       zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw());
     else
       optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
@@ -158,7 +165,12 @@ struct Run {
   void save_checkpoint() {
     const int64_t at = step;
     const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
-    io::NamedTensors optim_state = zero ? zero->state_dict(ctx) : optim->state_dict(ctx);
+    io::NamedTensors optim_state = ep_opt ? ep_opt->state_dict(ctx)
+                                   : zero ? zero->state_dict(ctx)
+                                          : optim->state_dict(ctx);
+    // Sharded experts are gathered over their group (collective): every rank exports.
+    io::NamedTensors weights;
+    if (dp.writer() || model->experts_sharded()) weights = model->export_tensors(ctx);
     last_checkpoint = final_dir;
     rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
     if (!dp.writer()) return;
@@ -168,7 +180,7 @@ struct Run {
     const auto s = sampler->state().to_array();
     st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
     st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
-    writer.submit([this, at, final_dir, weights = model->export_tensors(ctx),
+    writer.submit([this, at, final_dir, weights = std::move(weights),
                    optim_state = std::move(optim_state), recipe = model->recipe_state(ctx),
                    state = st.dump(1) + "\n"] {
       const std::string partial = final_dir + ".partial";
@@ -212,7 +224,8 @@ struct Run {
   // The GEMMs' copies of the weights for the next forward. With optim.fused_prepare the optimizer
   // wrote most of them in its update (Model::weight_outputs); only the rest is prepared here.
   void prepare_weights() {
-    if (!cfg.optim.fused_prepare || zero) {  // ZeRO-1 gathers the masters: prepare them all
+    if (!cfg.optim.fused_prepare || zero ||
+        ep_opt) {  // ZeRO-1 gathers the masters: prepare them all
       model->prepare(ctx);
       return;
     }
@@ -252,7 +265,9 @@ struct Run {
     for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
       out << "warning: " << w << "\n";
     const io::NamedTensors optim_state = io::read_safetensors(dir + "/" + kOptimizerFile).tensors;
-    if (zero)
+    if (ep_opt)
+      ep_opt->load_state_dict(ctx, optim_state);
+    else if (zero)
       zero->load_state_dict(ctx, optim_state);
     else
       optim->load_state_dict(ctx, optim_state);
@@ -281,7 +296,7 @@ struct Run {
   double shadow_loss(const TokenBatch& b) {
     if (!shadow)
       shadow = std::make_unique<Model>(ctx, model_config(),
-                                       Precision{recipe_preset("bf16"), DType::kBF16});
+                                       Precision{recipe_preset("bf16"), DType::kBF16}, ep.experts);
     const CopyKind kind =
         ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
     for (Parameter* p : model->parameters()) {
@@ -444,7 +459,9 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   // The gradient of the global batch's mean loss: every rank's micro-batches scaled alike.
   const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum * run.dp.size());
   run.prepare_weights();
-  if (run.zero)
+  if (run.ep_opt)
+    run.ep_opt->zero_grad(run.ctx);
+  else if (run.zero)
     run.zero->zero_grad(run.ctx);
   else
     run.optim->zero_grad(run.ctx);
@@ -545,7 +562,9 @@ LossVerdict check_loss(Run& run, SafetyNets& nets, Records& rec, StepMetrics& sm
 // spike window. Returns whether the update was applied.
 bool apply_update(Run& run, SafetyNets& nets, const StepPass& pass, double lr, StepMetrics& sm) {
   StepStats st;
-  if (run.zero) {
+  if (run.ep_opt) {
+    st = run.ep_opt->step(run.ctx, static_cast<float>(lr));
+  } else if (run.zero) {
     st = run.zero->step(run.ctx, static_cast<float>(lr));
   } else {
     run.optim->step(run.ctx, static_cast<float>(lr));
@@ -708,6 +727,10 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
     out << "data parallel: " << run.dp.size() << " ranks (" << run.dp.comm()->name()
         << "), ZeRO-1 optimizer state, global batch " << cfg.batch_size * run.dp.size() << " x "
         << cfg.grad_accum << " micro-batches\n";
+  if (run.ep.experts)
+    out << "expert parallel: " << cfg.parallel.ep << " ranks per expert group ("
+        << cfg.model.n_routed_experts / cfg.parallel.ep << " experts each), data parallel "
+        << run.dp.size() / cfg.parallel.ep << "\n";
   out << "device: " << device_name(run.ctx.device) << ", recipe: " << cfg.model.recipe.label()
       << ", parameters: " <<
       [&] {

@@ -119,9 +119,14 @@ void ZeroAdamW::pack(Context& ctx, int rank, int64_t from, int64_t n, bool grads
 }
 
 StepStats ZeroAdamW::step(Context& ctx, float lr) {
+  double total = 0;
+  for (const float n : reduce_grads(ctx)) total += static_cast<double>(n) * n;
+  return apply(ctx, lr, static_cast<float>(std::sqrt(total)));
+}
+
+std::vector<float> ZeroAdamW::reduce_grads(Context& ctx) {
   const int world = dp_->size(), me = dp_->rank();
   auto* send = static_cast<uint8_t*>(send_.data());
-  auto* recv = static_cast<uint8_t*>(recv_.data());
   // 1. Reduce-scatter the gradients into this rank's shard.
   for (int64_t from = 0; from < layout_.max_shard; from += bucket_) {
     const int64_t n = std::min(bucket_, layout_.max_shard - from);
@@ -142,13 +147,15 @@ StepStats ZeroAdamW::step(Context& ctx, float lr) {
   if (pieces > 0)
     dp_->all_reduce(ctx, norms.data(), norms.data(), pieces, DType::kF32, ReduceOp::kSum);
   const Tensor host = norms.to_host(ctx);
-  double total = 0;
-  for (int64_t i = 0; i < pieces; ++i) {
-    const double v = host.data_as<const float>()[i];
-    total += v * v;
-  }
+  return {host.data_as<const float>(), host.data_as<const float>() + pieces};
+}
+
+StepStats ZeroAdamW::apply(Context& ctx, float lr, float grad_norm) {
+  const int world = dp_->size(), me = dp_->rank();
+  auto* send = static_cast<uint8_t*>(send_.data());
+  auto* recv = static_cast<uint8_t*>(recv_.data());
   StepStats s;
-  s.grad_norm = static_cast<float>(std::sqrt(total));
+  s.grad_norm = grad_norm;
   s.step = steps_taken_ + 1;
   s.skipped = !std::isfinite(s.grad_norm);
   if (s.skipped) return s;  // every rank sees the same norm: nothing changes anywhere

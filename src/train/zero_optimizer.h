@@ -69,6 +69,11 @@ class ZeroAdamW {
 
   // The four stages above at rate `lr`; returns the (global) statistics, the same on every rank.
   StepStats step(Context& ctx, float lr);
+  // step() in two halves, for a caller that combines several optimizers' norms (expert
+  // parallelism: train/ep_optimizer.h): stage 1 and the pieces' norms (the same on every rank of
+  // dp, in piece order), then stages 2-4 at the given global norm.
+  std::vector<float> reduce_grads(Context& ctx);
+  StepStats apply(Context& ctx, float lr, float grad_norm);
   void zero_grad(Context& ctx);
 
   int64_t steps_taken() const { return steps_taken_; }
