@@ -1,7 +1,10 @@
 #include <cstdint>
+#include <unordered_set>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "backend/cuda_graph.h"
 
 namespace octet {
 namespace {
@@ -78,9 +81,23 @@ class CudaBackend final : public Backend {
                   " bytes free)");
     }
     OCTET_CUDA_CHECK(err);
+    if (capturing_) captured_.insert(p);
     return p;
   }
-  void free(void* ptr) override { cudaFreeAsync(ptr, stream_); }
+  void free(void* ptr) override {
+    if (capturing_ && captured_.count(ptr) == 0) {
+      deferred_.push_back(ptr);
+      return;
+    }
+    cudaFreeAsync(ptr, stream_);
+  }
+  void set_capturing(bool on) {
+    capturing_ = on;
+    captured_.clear();
+    if (on) return;
+    for (void* p : deferred_) cudaFreeAsync(p, stream_);
+    deferred_.clear();
+  }
   int64_t available_bytes() const override {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
@@ -114,6 +131,9 @@ class CudaBackend final : public Backend {
  private:
   int device_index_;
   cudaStream_t stream_ = nullptr;
+  bool capturing_ = false;
+  std::unordered_set<void*> captured_;  // allocated by the capture running now
+  std::vector<void*> deferred_;         // freed during it, allocated before it
 };
 
 }  // namespace
@@ -144,6 +164,10 @@ CudaDeviceInfo cuda_device_info(int device_index) {
   cudaDriverGetVersion(&info.driver_version);
   cudaRuntimeGetVersion(&info.runtime_version);
   return info;
+}
+
+void set_backend_capturing(Backend& be, bool on) {
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_capturing(on);
 }
 
 std::shared_ptr<Backend> make_cuda_backend(int device_index) {
