@@ -96,7 +96,10 @@ void AdamWOptimizer::set_weight_outputs(Context& ctx, const std::vector<WeightOu
 }
 
 StepResult AdamWOptimizer::step(Context& ctx, float lr, const std::vector<Tensor>& also_check) {
-  if (pending_) finish_step(ctx);
+  // Eager, the previous step is read here (its stats and the host's count); graphed, nothing here
+  // waits: an unread step's stats are dropped and the next finish_step() takes the count from the
+  // device.
+  if (pending_ && !graphs_) finish_step(ctx);
   // The constants from the device's step count, outside the graph: lr is this call's argument.
   adamw_device_consts(ctx, {.lr = lr,
                             .beta1 = config_.beta1,
@@ -166,8 +169,9 @@ StepStats AdamWOptimizer::finish_step(Context& ctx) {
   s.skipped = last_.skipped.to_host(ctx).data_as<int32_t>()[0] != 0;
   s.grad_norm = last_.grad_norm.to_host(ctx).data_as<float>()[0];
   if (last_.clip_coef.data()) s.clip_coef = last_.clip_coef.to_host(ctx).data_as<float>()[0];
-  s.step = last_.step;
-  if (!s.skipped) steps_taken_ = last_.step;
+  // The device's count is the truth (a graphed step() may have left earlier steps unread).
+  steps_taken_ = steps_dev_.to_host(ctx).data_as<const int64_t>()[0];
+  s.step = s.skipped ? steps_taken_ + 1 : steps_taken_;
   pending_ = false;
   last_stats_ = s;
   return s;

@@ -47,7 +47,8 @@ struct StepResult {
   Tensor grad_norm;  // (1) f32: global L2 norm of the trainable gradients, before clipping
   Tensor clip_coef;  // (1) f32: the factor the gradients were scaled by (undefined: no clipping)
   Tensor skipped;    // (1) int32: 1 when the norm was not finite and nothing was updated
-  int64_t step = 0;  // 1-based step number this update used for bias correction
+  int64_t step = 0;  // 1-based step number this update used for bias correction (when the
+                     // previous step was finished; finish_step() says it always)
 };
 
 // The same, read to the host.
