@@ -144,7 +144,8 @@ TEST_P(StepGraphGpu, GraphedRunIsBitIdenticalToEager) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(StepGraph, StepGraphGpu, ::testing::Values("deepseek", "bf16", "fp8-flow"));
+INSTANTIATE_TEST_SUITE_P(StepGraph, StepGraphGpu,
+                         ::testing::Values("deepseek", "bf16", "fp8-flow"));
 
 // An absurd rate blows the weights up; the non-finite steps are skipped on the device (the
 // optimizer's flag) and the run goes on, graphed exactly as eager.
