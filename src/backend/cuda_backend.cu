@@ -1,7 +1,10 @@
 #include <cstdint>
+#include <unordered_set>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "backend/cuda_graph.h"
 
 namespace octet {
 namespace {
@@ -50,15 +53,27 @@ class CudaBackend final : public Backend {
   int64_t peak_bytes() const override {
     cudaMemPool_t pool;
     OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
-    uint64_t high = 0;
+    uint64_t high = 0, graphs = 0;
     OCTET_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
-    return static_cast<int64_t>(high);
+    // CUDA graphs (backend/cuda_graph.h) allocate from their own memory: counted too, as the sum of
+    // the two high-water marks (an upper bound: the two may peak at different times).
+    // (Best effort: a device without graph memory reports nothing, which is not an error here.)
+    if (cudaDeviceGetGraphMemAttribute(device_index_, cudaGraphMemAttrUsedMemHigh, &graphs) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      graphs = 0;
+    }
+    return static_cast<int64_t>(high + graphs);
   }
   void reset_peak() override {
     cudaMemPool_t pool;
     OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
     uint64_t zero = 0;
     OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    uint64_t zero_graphs = 0;
+    if (cudaDeviceSetGraphMemAttribute(device_index_, cudaGraphMemAttrUsedMemHigh, &zero_graphs) !=
+        cudaSuccess)
+      cudaGetLastError();
   }
   void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
                int64_t rows) override {
@@ -78,9 +93,23 @@ class CudaBackend final : public Backend {
                   " bytes free)");
     }
     OCTET_CUDA_CHECK(err);
+    if (capturing_) captured_.insert(p);
     return p;
   }
-  void free(void* ptr) override { cudaFreeAsync(ptr, stream_); }
+  void free(void* ptr) override {
+    if (capturing_ && captured_.count(ptr) == 0) {
+      deferred_.push_back(ptr);
+      return;
+    }
+    cudaFreeAsync(ptr, stream_);
+  }
+  void set_capturing(bool on) {
+    capturing_ = on;
+    captured_.clear();
+    if (on) return;
+    for (void* p : deferred_) cudaFreeAsync(p, stream_);
+    deferred_.clear();
+  }
   int64_t available_bytes() const override {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
@@ -114,6 +143,9 @@ class CudaBackend final : public Backend {
  private:
   int device_index_;
   cudaStream_t stream_ = nullptr;
+  bool capturing_ = false;
+  std::unordered_set<void*> captured_;  // allocated by the capture running now
+  std::vector<void*> deferred_;         // freed during it, allocated before it
 };
 
 }  // namespace
@@ -144,6 +176,10 @@ CudaDeviceInfo cuda_device_info(int device_index) {
   cudaDriverGetVersion(&info.driver_version);
   cudaRuntimeGetVersion(&info.runtime_version);
   return info;
+}
+
+void set_backend_capturing(Backend& be, bool on) {
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_capturing(on);
 }
 
 std::shared_ptr<Backend> make_cuda_backend(int device_index) {

@@ -17,3 +17,53 @@ std::shared_ptr<Backend> make_cuda_backend(int) {
 }
 
 }  // namespace octet
+
+// cuda_graph.h without CUDA: no graphs; uploads are plain host copies.
+#include <cstring>
+
+#include "backend/cuda_graph.h"
+
+namespace octet {
+
+bool cuda_graphs_supported(const Context&) {
+  return false;
+}
+
+struct CudaGraph::Impl {};
+CudaGraph::CudaGraph() = default;
+CudaGraph::~CudaGraph() = default;
+CudaGraph::CudaGraph(CudaGraph&&) noexcept = default;
+CudaGraph& CudaGraph::operator=(CudaGraph&&) noexcept = default;
+void CudaGraph::capture(Context&, const char* what, const std::function<void()>&) {
+  OCTET_THROW("CUDA graph capture of ", what, ": this octet was built without CUDA");
+}
+void CudaGraph::replay(Context&) {
+  OCTET_THROW("CUDA graph replay: this octet was built without CUDA");
+}
+bool CudaGraph::captured() const {
+  return false;
+}
+void CudaGraph::reset() {}
+
+struct PinnedUploader::Impl {};
+PinnedUploader::PinnedUploader(Context&, int slots) : impl_(std::make_unique<Impl>()) {
+  OCTET_CHECK(slots >= 1, "pinned uploader: slots must be >= 1, got ", slots);
+}
+PinnedUploader::~PinnedUploader() = default;
+void PinnedUploader::upload(Context&, const Tensor& dst, const Tensor& src) {
+  OCTET_CHECK(
+      src.device() == Device::kCpu && dst.device() == Device::kCpu && dst.nbytes() == src.nbytes(),
+      "pinned upload: expected two host tensors of ", src.nbytes(), " bytes, got ", dst.nbytes());
+  if (src.nbytes()) std::memcpy(dst.data(), src.data(), static_cast<size_t>(src.nbytes()));
+}
+
+int64_t device_reserved_bytes(const Context&) {
+  return 0;
+}
+
+}  // namespace octet
+
+namespace octet {
+void set_backend_capturing(Backend&, bool) {}
+void clear_cuda_last_error() {}
+}  // namespace octet

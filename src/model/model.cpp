@@ -364,11 +364,35 @@ Tensor Model::device_scalar(Context& ctx, float v) {
   return t;
 }
 
-Tensor Model::upload(Context& ctx, const Tensor& host) const {
-  OCTET_CHECK(host.device() == Device::kCpu && host.dtype() == DType::kI32,
-              "model batch: expected host int32 tokens, got ", dtype_name(host.dtype()), " on ",
-              device_name(host.device()));
-  return host.to(ctx, ctx.device);
+Tensor Model::upload(Context& ctx, const Tensor& t) const {
+  OCTET_CHECK(t.dtype() == DType::kI32 && (t.device() == Device::kCpu || t.device() == ctx.device),
+              "model batch: expected int32 tokens on the host or the model's device, got ",
+              dtype_name(t.dtype()), " on ", device_name(t.device()));
+  return t.device() == ctx.device ? t : t.to(ctx, ctx.device);
+}
+
+Tensor Model::constant_tokens(Context& ctx, int32_t value, int64_t B, int64_t T) {
+  const auto key = std::make_tuple(value, B, T);
+  auto it = token_constants_.find(key);
+  if (it != token_constants_.end()) return it->second;
+  Tensor h = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t i = 0; i < B * T; ++i) h.data_as<int32_t>()[i] = value;
+  return token_constants_[key] = h.to(ctx, ctx.device);
+}
+
+// out[b, t] = src[b, t + shift] for t + shift < T, else fill: the tokens `shift` ahead, built on the
+// device from the batch already there (two strided copies, no host work per step).
+Tensor Model::shifted_tokens(Context& ctx, const Tensor& src, int64_t shift, int32_t fill) {
+  const int64_t B = src.size(0), T = src.size(1), row = T * 4;
+  Tensor out = Tensor::empty(ctx, {B, T}, DType::kI32);
+  const int64_t kept = std::max<int64_t>(T - shift, 0);
+  auto* o = static_cast<char*>(out.data());
+  if (kept > 0)
+    ctx.be().copy_2d(o, row, static_cast<const char*>(src.data()) + shift * 4, row, kept * 4, B);
+  if (kept < T)
+    ctx.be().copy_2d(o + kept * 4, row, constant_tokens(ctx, fill, B, T).data(), row,
+                     (T - kept) * 4, B);
+  return out;
 }
 
 ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float grad_scale) {
@@ -381,10 +405,12 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
                 K = c.num_nextn_predict_layers;
   OCTET_CHECK(T <= c.max_position_embeddings, "model batch: sequence length ", T,
               " exceeds max_position_embeddings ", c.max_position_embeddings);
-  const int32_t* in = batch.inputs.data_as<const int32_t>();
-  for (int64_t i = 0; i < N; ++i)
-    OCTET_CHECK(in[i] >= 0 && in[i] < c.vocab_size, "model batch: token ", in[i], " at ", i,
-                " is outside the vocabulary [0, ", c.vocab_size, ")");
+  if (batch.inputs.device() == Device::kCpu) {  // a device batch was checked by its maker
+    const int32_t* in = batch.inputs.data_as<const int32_t>();
+    for (int64_t i = 0; i < N; ++i)
+      OCTET_CHECK(in[i] >= 0 && in[i] < c.vocab_size, "model batch: token ", in[i], " at ", i,
+                  " is outside the vocabulary [0, ", c.vocab_size, ")");
+  }
   const bool grad = pass == Pass::kForwardBackward;
   for (MoeLayer* m : moe_layers_) m->aux_grad_scale = grad_scale;
 
@@ -408,19 +434,10 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
                                               static_cast<float>(std::max<int64_t>(K, 1)));
   Tensor h_prev = h;
   for (int64_t k = 0; k < K; ++k) {
-    Tensor ids_k = Tensor::empty({B, T}, DType::kI32), tgt_k = Tensor::empty({B, T}, DType::kI32);
-    const int32_t* tg = batch.targets.data_as<const int32_t>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t t = 0; t < T; ++t) {
-        const bool inside = t + k + 1 < T;
-        ids_k.data_as<int32_t>()[b * T + t] = inside ? in[b * T + t + k + 1] : 0;
-        tgt_k.data_as<int32_t>()[b * T + t] = inside ? tg[b * T + t + k + 1] : kIgnoreIndex;
-      }
-    }
-    mtp_ids[k] = upload(ctx, ids_k);
+    mtp_ids[k] = shifted_tokens(ctx, ids, k + 1, 0);
+    const Tensor tgt_k = shifted_tokens(ctx, targets, k + 1, kIgnoreIndex);
     h_prev = mtp_[k].forward(ctx, p, rope_, embed(mtp_ids[k]), h_prev, B, T, mtp_saved[k]);
-    const OutputHead::Result r =
-        mtp_[k].head.run(ctx, p, h_prev, upload(ctx, tgt_k), grad ? &d_mtp : nullptr);
+    const OutputHead::Result r = mtp_[k].head.run(ctx, p, h_prev, tgt_k, grad ? &d_mtp : nullptr);
     out.mtp.push_back(r.loss);
     mtp_dh[k] = r.dx;
   }

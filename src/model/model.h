@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -32,9 +33,11 @@
 
 namespace octet {
 
+// On the host (uploaded and checked against the vocabulary by step()) or already on the model's
+// device (used as they are: the caller checked them; what a replayed step graph reads).
 struct ModelBatch {
-  Tensor inputs;   // (B, T) i32 on the host: token ids in [0, vocab_size)
-  Tensor targets;  // (B, T) i32 on the host: next tokens, or kIgnoreIndex (ops/cross_entropy)
+  Tensor inputs;   // (B, T) i32: token ids in [0, vocab_size)
+  Tensor targets;  // (B, T) i32: next tokens, or kIgnoreIndex (ops/cross_entropy)
 };
 
 // Device scalars of one micro-batch; read them with read_losses (one synchronisation).
@@ -130,7 +133,10 @@ class Model {
                      const std::function<void(GroupedLinearLayer&)>& grouped);
   // Every Linear with its delayed-scaling state, named by its parameter.
   std::vector<LinearLayer*> delayed_linears();
-  Tensor upload(Context& ctx, const Tensor& host) const;
+  Tensor upload(Context& ctx, const Tensor& t) const;
+  // MTP's inputs and targets k ahead, built on the device (model.cpp).
+  Tensor shifted_tokens(Context& ctx, const Tensor& src, int64_t shift, int32_t fill);
+  Tensor constant_tokens(Context& ctx, int32_t value, int64_t B, int64_t T);
 
   ModelConfig config_;
   Precision precision_;
@@ -163,6 +169,7 @@ class Model {
   std::vector<MoeLayer*> moe_layers_;
   RopeTable rope_;
   std::map<float, Tensor> scalars_;
+  std::map<std::tuple<int32_t, int64_t, int64_t>, Tensor> token_constants_;  // (value, B, T)
 };
 
 // Loads a checkpoint (read_checkpoint's result, F32 or dequantized) into the model. A

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
+#include <string>
 
 #include "backend/backend.h"
 #include "ops/adamw/adamw.h"
@@ -72,6 +74,8 @@ AdamWOptimizer::AdamWOptimizer(Context& ctx, std::vector<Parameter*> params,
     moments_[i].exp_avg = zeros(ctx, p.value.shape(), DType::kBF16);
     moments_[i].exp_avg_sq = zeros(ctx, p.value.shape(), DType::kBF16);
   }
+  steps_dev_ = zeros(ctx, {1}, DType::kI64);
+  consts_ = zeros(ctx, {2 * kAdamWConstsFloats}, DType::kF32);
 }
 
 void AdamWOptimizer::set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs) {
@@ -88,10 +92,38 @@ void AdamWOptimizer::set_weight_outputs(Context& ctx, const std::vector<WeightOu
     next[it->second] = {w.bf16, w.fp8};
   }
   outputs_ = std::move(next);
+  ++outputs_generation_;
 }
 
-StepResult AdamWOptimizer::step(Context& ctx, float lr) {
-  if (pending_) finish_step(ctx);
+StepResult AdamWOptimizer::step(Context& ctx, float lr, const std::vector<Tensor>& also_check) {
+  // Eager, the previous step is read here (its stats and the host's count); graphed, nothing here
+  // waits: an unread step's stats are dropped and the next finish_step() takes the count from the
+  // device.
+  if (pending_ && !graphs_) finish_step(ctx);
+  // The constants from the device's step count, outside the graph: lr is this call's argument.
+  adamw_device_consts(ctx, {.lr = lr,
+                            .beta1 = config_.beta1,
+                            .beta2 = config_.beta2,
+                            .eps = config_.eps,
+                            .weight_decay = config_.weight_decay,
+                            .steps_taken = steps_dev_,
+                            .out = consts_});
+  // The graph reads the weight outputs and the checked tensors where they are now.
+  std::ostringstream key;
+  key << "outputs " << outputs_generation_;
+  for (const Tensor& t : also_check) key << " " << t.data() << ":" << t.numel();
+  StepResult r;
+  const GraphedSection::Ran ran =
+      graph_.run(ctx, graphs_, key.str(), [&] { r = update(ctx, also_check); });
+  if (ran == GraphedSection::Ran::kCaptured) captured_ = r;
+  if (ran == GraphedSection::Ran::kReplayed) r = captured_;
+  r.step = steps_taken_ + 1;
+  last_ = r;
+  pending_ = true;
+  return r;
+}
+
+StepResult AdamWOptimizer::update(Context& ctx, const std::vector<Tensor>& also_check) {
   std::vector<Tensor> grads;
   for (const Parameter* p : params_)
     if (p->trainable) grads.push_back(p->grad);
@@ -99,8 +131,13 @@ StepResult AdamWOptimizer::step(Context& ctx, float lr) {
   r.grad_norm = global_grad_norm(ctx, grads);
   if (config_.grad_clip > 0)
     r.clip_coef = grad_clip_coefficient(ctx, r.grad_norm, config_.grad_clip);
-  r.skipped = nonfinite_flag(ctx, {r.grad_norm});
-  r.step = steps_taken_ + 1;
+  std::vector<Tensor> checked = {r.grad_norm};
+  checked.insert(checked.end(), also_check.begin(), also_check.end());
+  r.skipped = nonfinite_flag(ctx, checked);
+  auto* k = static_cast<char*>(consts_.data());
+  const Tensor with_decay = Tensor::wrap(k, {kAdamWConstsFloats}, DType::kF32, ctx.device);
+  const Tensor no_decay = Tensor::wrap(k + kAdamWConstsFloats * sizeof(float), {kAdamWConstsFloats},
+                                       DType::kF32, ctx.device);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = *params_[i];
     if (!p.trainable) continue;
@@ -112,19 +149,16 @@ StepResult AdamWOptimizer::step(Context& ctx, float lr) {
     a.param_bf16 = outputs_[i].bf16;
     a.grad_scale = r.clip_coef;
     a.found_inf = r.skipped;
-    a.lr = lr;
+    a.consts = p.weight_decay && config_.weight_decay != 0.0f ? with_decay : no_decay;
     a.beta1 = config_.beta1;
     a.beta2 = config_.beta2;
     a.eps = config_.eps;
-    a.weight_decay = p.weight_decay ? config_.weight_decay : 0.0f;
-    a.step = r.step;
     if (outputs_[i].fp8.data.data() != nullptr)
       adamw_step_block_quantize(ctx, a, outputs_[i].fp8);
     else
       adamw_step(ctx, a);
   }
-  last_ = r;
-  pending_ = true;
+  adamw_advance_steps(ctx, steps_dev_, r.skipped);
   return r;
 }
 
@@ -135,8 +169,9 @@ StepStats AdamWOptimizer::finish_step(Context& ctx) {
   s.skipped = last_.skipped.to_host(ctx).data_as<int32_t>()[0] != 0;
   s.grad_norm = last_.grad_norm.to_host(ctx).data_as<float>()[0];
   if (last_.clip_coef.data()) s.clip_coef = last_.clip_coef.to_host(ctx).data_as<float>()[0];
-  s.step = last_.step;
-  if (!s.skipped) steps_taken_ = last_.step;
+  // The device's count is the truth (a graphed step() may have left earlier steps unread).
+  steps_taken_ = steps_dev_.to_host(ctx).data_as<const int64_t>()[0];
+  s.step = s.skipped ? steps_taken_ + 1 : steps_taken_;
   pending_ = false;
   last_stats_ = s;
   return s;
@@ -212,6 +247,9 @@ void AdamWOptimizer::load_state_dict(Context& ctx, const io::NamedTensors& state
   saved.check_all_taken();
   for (auto& [dst, src] : copies) copy_from_host(ctx, *dst, *src);
   steps_taken_ = steps;
+  Tensor st = Tensor::empty({1}, DType::kI64);
+  st.data_as<int64_t>()[0] = steps;
+  copy_from_host(ctx, steps_dev_, st);
   last_stats_ = StepStats{};
 }
 

@@ -27,6 +27,7 @@
 #include "io/safetensors.h"
 #include "model/parameter.h"
 #include "ops/adamw/adamw.h"
+#include "train/step_graph.h"
 
 namespace octet::train {
 
@@ -46,7 +47,8 @@ struct StepResult {
   Tensor grad_norm;  // (1) f32: global L2 norm of the trainable gradients, before clipping
   Tensor clip_coef;  // (1) f32: the factor the gradients were scaled by (undefined: no clipping)
   Tensor skipped;    // (1) int32: 1 when the norm was not finite and nothing was updated
-  int64_t step = 0;  // 1-based step number this update used for bias correction
+  int64_t step = 0;  // 1-based step number this update used for bias correction (when the
+                     // previous step was finished; finish_step() says it always)
 };
 
 // The same, read to the host.
@@ -88,8 +90,16 @@ class AdamWOptimizer {
   // dtype, device and size.
   void set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs);
 
-  // One update at rate `lr` (the schedule's; config.lr is not used here). Enqueued only.
-  StepResult step(Context& ctx, float lr);
+  // One update at rate `lr` (the schedule's; config.lr is not used here). Enqueued only. The step
+  // count lives on the device (AdamW's bias correction reads it there and the update advances it
+  // unless skipped), so nothing here waits for the device. `also_check`: more f32 tensors whose
+  // non-finite elements skip the step (the trainer's losses), read on the device.
+  StepResult step(Context& ctx, float lr, const std::vector<Tensor>& also_check = {});
+  // Whether step() replays a captured graph of the update (step_graph.h; CUDA only): captured on
+  // the second step with the same weight outputs and checked tensors, replayed after.
+  void set_graphs(bool on) { graphs_ = on; }
+  int64_t graph_replays() const { return graph_.replays(); }
+  const std::string& graph_failure() const { return graph_.failure(); }
   // Reads the last step's norm, coefficient and flag to the host (synchronises) and advances the
   // step count when the update was applied. Idempotent; a no-op before the first step.
   StepStats finish_step(Context& ctx);
@@ -127,8 +137,17 @@ class AdamWOptimizer {
   std::vector<Parameter*> params_;
   std::vector<Moments> moments_;  // parallel to params_; undefined for frozen parameters
   std::vector<Outputs> outputs_;  // parallel to params_
+  // The update after the constants: norm, clipping, skip flag, AdamW per parameter, step count.
+  StepResult update(Context& ctx, const std::vector<Tensor>& also_check);
+
   AdamWConfig config_;
-  int64_t steps_taken_ = 0;
+  int64_t steps_taken_ = 0;  // the host's copy, advanced by finish_step()
+  Tensor steps_dev_;         // (1) i64 on the device: applied steps, advanced by the update
+  Tensor consts_;  // (16) f32 on the device: this step's AdamW constants (with, without decay)
+  bool graphs_ = false;
+  int64_t outputs_generation_ = 0;  // set_weight_outputs() calls: part of the graph's key
+  GraphedSection graph_{"the optimizer update"};
+  StepResult captured_;  // the graph's outputs
   StepResult last_;
   StepStats last_stats_;
   bool pending_ = false;  // last_ not yet read by finish_step()

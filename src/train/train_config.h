@@ -114,6 +114,9 @@ struct TrainConfig {
   // Steps between records of every site's quantization numerics in metrics.jsonl (and the first
   // step); each costs host copies of samples of every Linear input, so it is kept sparse. 0: never.
   int64_t sites_every = 50;
+  // The step as CUDA graphs (train/step_graph.h): captured once, replayed after. On CUDA with one
+  // process only; ignored on the CPU, with several ranks and with delayed-scaling recipes.
+  bool cuda_graphs = true;
   OptimConfig optim;
   DataConfig data;
   EvalConfig eval;

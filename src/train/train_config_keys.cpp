@@ -168,6 +168,10 @@ std::vector<Key> make_keys() {
   k.push_back(field("log_every", "steps between metric lines", at(&C::log_every)));
   k.push_back(field("sites_every", "steps between per-site numerics records; 0: never",
                     at(&C::sites_every)));
+  k.push_back(field("cuda_graphs",
+                    "capture the step as CUDA graphs and replay them (CUDA, one process; same "
+                    "results as eager)",
+                    at(&C::cuda_graphs)));
 
   k.push_back(field("optim.lr", "peak learning rate", at(&C::optim, &O::lr)));
   k.push_back(field("optim.min_lr", "end of the cosine decay", at(&C::optim, &O::min_lr)));

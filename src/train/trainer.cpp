@@ -32,6 +32,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/step_graph.h"
 #include "train/trainer_state.h"
 #include "train/zero_optimizer.h"
 
@@ -93,6 +94,14 @@ struct Run {
   // the start and after loading weights: the next step prepares everything and hands the
   // optimizer the new outputs).
   bool outputs_attached = false;
+  // CUDA graphs (train/step_graph.h): whether this run uses them, the graphed pieces, and a count
+  // that moves whenever the prepared weights get new buffers (an eager preparation), so that the
+  // forward graphs that read the old ones are captured again.
+  bool graphs = false;
+  GraphedSection pre_graph{"the weight preparation and the gradients' zeroing"};
+  std::unique_ptr<MicroBatchGraphs> micro;
+  int64_t weights_generation = 0;
+  bool graph_failure_noted = false;
   // What a spike rolls back to: the checkpoint this process resumed from, then each one it writes.
   // Never `latest` as found on disk: after a resume from an earlier checkpoint, `latest` names one
   // of the stretch the resume abandoned.
@@ -139,6 +148,9 @@ struct Run {
       zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw());
     else
       optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
+    graphs = graphs_apply();
+    if (optim) optim->set_graphs(graphs);
+    micro = std::make_unique<MicroBatchGraphs>(ctx);
     sampler = std::make_unique<BatchSampler>(std::move(data.train),
                                              SamplerArgs{.batch_size = cfg.batch_size,
                                                          .seq_len = cfg.seq_len,
@@ -221,23 +233,47 @@ struct Run {
       fs::remove_all(ckpt_root + "/" + steps[i]);
   }
 
-  // The GEMMs' copies of the weights for the next forward. With optim.fused_prepare the optimizer
-  // wrote most of them in its update (Model::weight_outputs); only the rest is prepared here.
+  // cuda_graphs applies on CUDA with one process and no delayed scaling (step_graph.h says why).
+  bool graphs_apply() const {
+    const Recipe r = cfg.resolved_recipe();
+    const bool delayed = std::any_of(r.gemm.begin(), r.gemm.end(),
+                                     [](const GemmRecipe& g) { return g.is_delayed(); });
+    return cfg.cuda_graphs && ctx.device == Device::kCuda && !dp.comm() && !delayed;
+  }
+
+  // The GEMMs' copies of the weights for the next forward, and the gradients zeroed. With
+  // optim.fused_prepare the optimizer wrote most of them in its update (Model::weight_outputs);
+  // only the rest is prepared here. Graphed after the first time (train/step_graph.h).
   void prepare_weights() {
-    if (!cfg.optim.fused_prepare || zero ||
-        ep_opt) {  // ZeRO-1 gathers the masters: prepare them all
+    auto zero_grads = [&] {
+      if (ep_opt)
+        ep_opt->zero_grad(ctx);
+      else if (zero)
+        zero->zero_grad(ctx);
+      else
+        optim->zero_grad(ctx);
+    };
+    // ZeRO-1 (and expert parallelism's optimizer) gathers the masters: prepare them all.
+    const bool fused = cfg.optim.fused_prepare && !zero && !ep_opt;
+    if (fused && !outputs_attached) {
       model->prepare(ctx);
+      optim->set_weight_outputs(
+          ctx, model->weight_outputs(cfg.optim.fused_prepare_fp8 ? OutputCopies::kBf16AndFp8
+                                                                 : OutputCopies::kBf16Only));
+      outputs_attached = true;
+      zero_grads();
+      pre_graph.invalidate();
+      ++weights_generation;
       return;
     }
-    if (outputs_attached) {
-      model->prepare(ctx, PrepareScope::kNotFused);
-      return;
-    }
-    model->prepare(ctx);
-    optim->set_weight_outputs(
-        ctx, model->weight_outputs(cfg.optim.fused_prepare_fp8 ? OutputCopies::kBf16AndFp8
-                                                               : OutputCopies::kBf16Only));
-    outputs_attached = true;
+    const PrepareScope scope = fused ? PrepareScope::kNotFused : PrepareScope::kAll;
+    const GraphedSection::Ran ran = pre_graph.run(ctx, graphs, fused ? "not fused" : "all", [&] {
+      model->prepare(ctx, scope);
+      zero_grads();
+    });
+    // A replay rewrites the prepared weights in the buffers of its capture; anything else made new
+    // ones.
+    if (ran != GraphedSection::Ran::kReplayed) ++weights_generation;
   }
 
   // A new run's weights from a checkpoint of any form read_checkpoint takes (FP8 weights
@@ -458,13 +494,7 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   const TrainConfig& cfg = run.cfg;
   // The gradient of the global batch's mean loss: every rank's micro-batches scaled alike.
   const float micro_scale = 1.0f / static_cast<float>(cfg.grad_accum * run.dp.size());
-  run.prepare_weights();
-  if (run.ep_opt)
-    run.ep_opt->zero_grad(run.ctx);
-  else if (run.zero)
-    run.zero->zero_grad(run.ctx);
-  else
-    run.optim->zero_grad(run.ctx);
+  run.prepare_weights();  // and the gradients zeroed
   // Every sites_every steps (and the first) also record every site's quantization numerics.
   const bool probe_step =
       cfg.sites_every > 0 && ((run.step + 1) % cfg.sites_every == 0 || run.step == 0);
@@ -477,9 +507,19 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   for (int64_t m = 0; m < cfg.grad_accum; ++m) {
     const TokenBatch b = run.sampler->next();
     if (m == 0) pass.first = b;
-    pass.micro.push_back(
-        run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
+    // The batch goes up from pinned memory without a wait; graphed unless probing (the probe reads
+    // values to the host).
+    pass.micro.push_back(run.micro->run(run.ctx, run.graphs && !probe_step, *run.model,
+                                        {b.inputs, b.targets}, micro_scale,
+                                        std::to_string(run.weights_generation)));
   }
+  std::vector<const std::string*> failures = {&run.micro->failure(), &run.pre_graph.failure()};
+  if (run.optim) failures.push_back(&run.optim->graph_failure());
+  for (const std::string* f : failures)
+    if (!f->empty() && !run.graph_failure_noted) {
+      run.out << "note: cuda_graphs: " << *f << "; that part of the step runs eagerly\n";
+      run.graph_failure_noted = true;
+    }
   run.model->set_probe(nullptr);
   if (const auto passes = static_cast<double>(pass.micro[0].expert_load.size() * pass.micro.size());
       passes > 0) {
@@ -723,6 +763,11 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
     for (const ConfigChange& c : changes)
       out << "config change on resume: " << c.key << " = " << c.before << " -> " << c.after << "\n";
   }
+  if (cfg.cuda_graphs && run.ctx.device == Device::kCuda && !run.graphs)
+    out << "note: cuda_graphs is on but the step runs eagerly: "
+        << (run.dp.comm() ? "several ranks (the collectives are not captured)"
+                          : "delayed scaling keeps host-side history slots")
+        << "\n";
   if (run.dp.active())
     out << "data parallel: " << run.dp.size() << " ranks (" << run.dp.comm()->name()
         << "), ZeRO-1 optimizer state, global batch " << cfg.batch_size * run.dp.size() << " x "
@@ -827,6 +872,11 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   // checkpoint it started from).
   if (run.stop_seen && rec.steps_run == 0 && !target && run.step < cfg.steps) run.save_checkpoint();
   run.finish_checkpoint();  // the last checkpoint is on disk when the run returns
+  if (run.graphs)
+    out << "cuda graphs: "
+        << run.micro->replays() + run.pre_graph.replays() + run.optim->graph_replays()
+        << " replays (forward + backward " << run.micro->replays() << ", preparation "
+        << run.pre_graph.replays() << ", optimizer " << run.optim->graph_replays() << ")\n";
   rec.progress.finish();
   return finish_result(run, opt, std::move(rec.result), rec.steps_run);
 }

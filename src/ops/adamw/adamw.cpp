@@ -55,6 +55,10 @@ AdamWConsts adamw_consts(Context& ctx, const AdamWArgs& a) {
     check_same_numel(a.param_bf16, "adamw param_bf16", DType::kBF16, n, ctx.device);
   if (a.grad_scale.data()) check_scalar(a.grad_scale, "adamw grad_scale", DType::kF32, ctx.device);
   if (a.found_inf.data()) check_scalar(a.found_inf, "adamw found_inf", DType::kI32, ctx.device);
+  if (a.consts.data()) {
+    check_same_numel(a.consts, "adamw consts", DType::kF32, kAdamWConstsFloats, ctx.device);
+    return AdamWConsts{};  // read on the device
+  }
   OCTET_CHECK(finite(a.lr) && a.lr >= 0.0f, "adamw: lr must be finite and >= 0, got ", a.lr);
   OCTET_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "adamw: beta1 must be in [0, 1), got ", a.beta1);
   OCTET_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "adamw: beta2 must be in [0, 1), got ", a.beta2);
@@ -158,6 +162,25 @@ Tensor grad_clip_coefficient(Context& ctx, const Tensor& norm, float max_norm) {
   Tensor out = Tensor::empty(ctx, {1}, DType::kF32);
   OCTET_DISPATCH(ctx, grad_clip_coefficient, ctx, norm, max_norm, out);
   return out;
+}
+
+void adamw_device_consts(Context& ctx, const AdamWDeviceConstsArgs& a) {
+  check_scalar(a.steps_taken, "adamw_device_consts steps_taken", DType::kI64, ctx.device);
+  check_same_numel(a.out, "adamw_device_consts out", DType::kF32, 2 * kAdamWConstsFloats,
+                   ctx.device);
+  OCTET_CHECK(finite(a.lr) && a.lr >= 0.0f, "adamw: lr must be finite and >= 0, got ", a.lr);
+  OCTET_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "adamw: beta1 must be in [0, 1), got ", a.beta1);
+  OCTET_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "adamw: beta2 must be in [0, 1), got ", a.beta2);
+  OCTET_CHECK(finite(a.eps) && a.eps > 0.0f, "adamw: eps must be finite and > 0, got ", a.eps);
+  OCTET_CHECK(finite(a.weight_decay) && a.weight_decay >= 0.0f,
+              "adamw: weight_decay must be finite and >= 0, got ", a.weight_decay);
+  OCTET_DISPATCH(ctx, adamw_device_consts, ctx, a);
+}
+
+void adamw_advance_steps(Context& ctx, const Tensor& steps, const Tensor& skipped) {
+  check_scalar(steps, "adamw_advance_steps steps", DType::kI64, ctx.device);
+  if (skipped.data()) check_scalar(skipped, "adamw_advance_steps skipped", DType::kI32, ctx.device);
+  OCTET_DISPATCH(ctx, adamw_advance_steps, ctx, steps, skipped);
 }
 
 Tensor nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads) {

@@ -34,6 +34,10 @@ struct AdamWArgs {
   Tensor param_bf16;  // (N) bf16, optional: receives the updated weights for the forward pass
   Tensor grad_scale;  // (1) f32 on the device, optional: g *= grad_scale (global-norm clipping)
   Tensor found_inf;   // (1) int32 on the device, optional: nonzero skips the step
+  // (8) f32 on the device, optional: the step's constants as adamw_device_consts wrote them (lr,
+  // step and weight_decay below are then not used; beta1, beta2 and eps must match). What a
+  // replayed optimizer graph reads: the step count lives on the device.
+  Tensor consts;
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;  // DeepSeek-V3's value
@@ -85,5 +89,25 @@ Tensor grad_clip_coefficient(Context& ctx, const Tensor& norm, float max_norm);
 
 // (1) int32 on the device: 1 when any element of any tensor is NaN or +-inf, else 0.
 Tensor nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads);
+
+// The step's constants of the AdamW arithmetic above computed on the device from a step count that
+// lives there (steps_taken + 1 is this step's), for AdamWArgs::consts: out[0..7] with weight_decay,
+// out[8..15] without (the parameters without decay). The same formulas as the host's, in double
+// (the device's pow and sqrt), rounded to FP32. Enqueued only; reads nothing back.
+inline constexpr int kAdamWConstsFloats = 8;
+struct AdamWDeviceConstsArgs {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  Tensor steps_taken;  // (1) i64 on the device: applied steps before this one
+  Tensor out;          // (16) f32 on the device: written
+};
+void adamw_device_consts(Context& ctx, const AdamWDeviceConstsArgs& args);
+
+// steps += 1 unless skipped (the step's found_inf flag, (1) int32; undefined: never skipped). The
+// device-side step count of an optimizer whose skip is decided on the device.
+void adamw_advance_steps(Context& ctx, const Tensor& steps, const Tensor& skipped);
 
 }  // namespace octet

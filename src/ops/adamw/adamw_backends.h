@@ -19,6 +19,9 @@ struct AdamWConsts {
   float eps;
 };
 
+static_assert(sizeof(AdamWConsts) == kAdamWConstsFloats * sizeof(float),
+              "adamw_device_consts writes AdamWConsts as floats");
+
 // The fixed reduction shape of global_grad_norm (adamw.h).
 inline constexpr int kNormLanes = 256;
 inline constexpr int kNormRounds = 16;
@@ -31,7 +34,9 @@ inline constexpr float kClipEpsilon = 1e-6f;  // torch.nn.utils.clip_grad_norm_
                                  const BlockQuantOutput& out);                               \
   void global_grad_norm(Context& ctx, const std::vector<Tensor>& grads, Tensor& norm);       \
   void grad_clip_coefficient(Context& ctx, const Tensor& norm, float max_norm, Tensor& out); \
-  void nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads, Tensor& flag);
+  void nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads, Tensor& flag);         \
+  void adamw_device_consts(Context& ctx, const AdamWDeviceConstsArgs& args);                 \
+  void adamw_advance_steps(Context& ctx, const Tensor& steps, const Tensor& skipped);
 
 namespace cpu {
 OCTET_ADAMW_BACKEND_DECLS

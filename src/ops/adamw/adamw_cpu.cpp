@@ -1,5 +1,6 @@
 // CPU reference for adamw.h: one loop over the elements with the shared update (adamw_math.h), and
 // the global norm in the fixed chunk / lane / halving order that adamw.h states.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -8,8 +9,9 @@
 
 namespace octet::cpu {
 
-void adamw_step(Context&, const AdamWArgs& a, const AdamWConsts& k) {
+void adamw_step(Context&, const AdamWArgs& a, const AdamWConsts& host_k) {
   if (a.found_inf.data() && a.found_inf.data_as<const int32_t>()[0] != 0) return;
+  const AdamWConsts k = a.consts.data() ? *a.consts.data_as<const AdamWConsts>() : host_k;
   const int64_t n = a.param.numel();
   float* p = a.param.data_as<float>();
   const float* g = a.grad.data_as<const float>();
@@ -68,6 +70,29 @@ void nonfinite_flag(Context&, const std::vector<Tensor>& grads, Tensor& flag) {
       if ((float_bits(x[i]) & 0x7FFFFFFFu) >= 0x7F800000u) found = 1;
   }
   flag.data_as<int32_t>()[0] = found;
+}
+
+void adamw_device_consts(Context&, const AdamWDeviceConstsArgs& a) {
+  const double step = static_cast<double>(a.steps_taken.data_as<const int64_t>()[0] + 1);
+  const auto lr = static_cast<double>(a.lr);
+  auto* out = a.out.data_as<AdamWConsts>();
+  for (int i = 0; i < 2; ++i) {
+    const double wd = i == 0 ? static_cast<double>(a.weight_decay) : 0.0;
+    AdamWConsts k;
+    k.beta1 = a.beta1;
+    k.beta2 = a.beta2;
+    k.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+    k.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+    k.decay = static_cast<float>(1.0 - lr * wd);
+    k.step_size = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(a.beta1), step)));
+    k.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), step)));
+    k.eps = a.eps;
+    out[i] = k;
+  }
+}
+
+void adamw_advance_steps(Context&, const Tensor& steps, const Tensor& skipped) {
+  if (!skipped.data() || skipped.data_as<const int32_t>()[0] == 0) steps.data_as<int64_t>()[0] += 1;
 }
 
 }  // namespace octet::cpu

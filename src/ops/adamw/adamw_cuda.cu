@@ -24,10 +24,12 @@ struct AdamWSource {
   const float* scale;
   const int32_t* found_inf;
   AdamWConsts k;
+  const AdamWConsts* kd;  // the device's constants (adamw_device_consts), or null: k
 
-  __device__ __forceinline__ float update(int64_t i, bool skip, float s) const {
+  __device__ __forceinline__ float update(int64_t i, bool skip, float s,
+                                          const AdamWConsts& kk) const {
     if (skip) return p[i];
-    const kernels::StoredStep x = kernels::stored_update(p[i], g[i], m[i], v[i], scale, s, k);
+    const kernels::StoredStep x = kernels::stored_update(p[i], g[i], m[i], v[i], scale, s, kk);
     p[i] = x.p;
     m[i] = x.m;
     v[i] = x.v;
@@ -40,6 +42,7 @@ struct AdamWSource {
     static_assert(sizeof(Held) == 16, "the master weights are F32");
     const bool skip = found_inf && *found_inf != 0;
     const float s = scale ? *scale : 1.0f;
+    const AdamWConsts kk = kd ? *kd : k;
     float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (vec && r < rows && c < cols) {
       const int64_t i = r * cols + c;
@@ -50,7 +53,7 @@ struct AdamWSource {
       const kernels::StoredStep4 x =
           kernels::stored_update(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
                                  __ldg(reinterpret_cast<const uint2*>(m + i)),
-                                 __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, k);
+                                 __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, kk);
       *reinterpret_cast<float4*>(p + i) = x.p;
       *reinterpret_cast<uint2*>(m + i) = x.m;
       *reinterpret_cast<uint2*>(v + i) = x.v;
@@ -58,10 +61,39 @@ struct AdamWSource {
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      if (r < rows && c + e < cols) out[e] = update(r * cols + c + e, skip, s);
+      if (r < rows && c + e < cols) out[e] = update(r * cols + c + e, skip, s, kk);
     return make_float4(out[0], out[1], out[2], out[3]);
   }
 };
+
+const AdamWConsts* device_consts(const AdamWArgs& a) {
+  return a.consts.data() ? static_cast<const AdamWConsts*>(a.consts.data()) : nullptr;
+}
+
+// adamw_device_consts: the host's formulas of adamw.cpp in double on the device, rounded to FP32.
+__global__ void device_consts_kernel(float lr_f, float beta1, float beta2, float eps,
+                                     float weight_decay, const int64_t* steps_taken,
+                                     AdamWConsts* out) {
+  const double step = static_cast<double>(*steps_taken + 1);
+  const auto lr = static_cast<double>(lr_f);
+  for (int i = 0; i < 2; ++i) {
+    const double wd = i == 0 ? static_cast<double>(weight_decay) : 0.0;
+    AdamWConsts k;
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(beta1));
+    k.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(beta2));
+    k.decay = static_cast<float>(1.0 - lr * wd);
+    k.step_size = static_cast<float>(lr / (1.0 - pow(static_cast<double>(beta1), step)));
+    k.bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(beta2), step)));
+    k.eps = eps;
+    out[i] = k;
+  }
+}
+
+__global__ void advance_steps_kernel(int64_t* steps, const int32_t* skipped) {
+  if (!skipped || *skipped == 0) *steps += 1;
+}
 
 cudaStream_t stream_of(const Context& ctx) {
   return static_cast<cudaStream_t>(ctx.stream);
@@ -109,7 +141,8 @@ void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
             a.exp_avg_sq.data_as<uint2>(),
             a.param_bf16.data() ? a.param_bf16.data_as<uint2>() : nullptr,
             a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
-            a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n / 4, k);
+            a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n / 4, k,
+            device_consts(a));
     OCTET_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -118,7 +151,7 @@ void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
       a.exp_avg_sq.data_as<uint16_t>(),
       a.param_bf16.data() ? a.param_bf16.data_as<uint16_t>() : nullptr,
       a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
-      a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n, k);
+      a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr, n, k, device_consts(a));
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -131,7 +164,8 @@ void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWCons
                         a.exp_avg_sq.data_as<uint16_t>(),
                         a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
                         a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr,
-                        k};
+                        k,
+                        device_consts(a)};
   qk::TileParams p;
   p.rows = o.rows;
   p.cols = o.cols;
@@ -153,6 +187,19 @@ void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWCons
               " rows exceed the tile kernel's grid limit (65535 * 128)");
   qk::quantize_tile_kernel<float, AdamWSource>
       <<<grid, qk::kTileThreads, 0, stream_of(ctx)>>>(src, p);
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_device_consts(Context& ctx, const AdamWDeviceConstsArgs& a) {
+  device_consts_kernel<<<1, 1, 0, stream_of(ctx)>>>(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                                                    a.steps_taken.data_as<const int64_t>(),
+                                                    static_cast<AdamWConsts*>(a.out.data()));
+  OCTET_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_advance_steps(Context& ctx, const Tensor& steps, const Tensor& skipped) {
+  advance_steps_kernel<<<1, 1, 0, stream_of(ctx)>>>(
+      steps.data_as<int64_t>(), skipped.data() ? skipped.data_as<const int32_t>() : nullptr);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

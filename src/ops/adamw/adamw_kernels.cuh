@@ -77,9 +77,10 @@ template <typename P, typename M>
 __global__ void adamw_kernel(P* __restrict__ p, const P* __restrict__ g, M* __restrict__ m,
                              M* __restrict__ v, M* __restrict__ p_bf16,
                              const float* __restrict__ scale, const int32_t* __restrict__ found_inf,
-                             int64_t n, AdamWConsts k) {
+                             int64_t n, AdamWConsts k, const AdamWConsts* __restrict__ kd) {
   if (found_inf && *found_inf != 0) return;
   const float s = scale ? *scale : 1.0f;
+  if (kd) k = *kd;  // the step's constants computed on the device (adamw_device_consts)
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const auto r = stored_update(p[i], g[i], m[i], v[i], scale, s, k);

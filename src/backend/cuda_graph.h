@@ -1,0 +1,91 @@
+// CUDA graphs and pinned host staging for the training step (issue 11): work enqueued on a
+// context's stream captured once and replayed, and host-to-device uploads that never wait.
+// Nothing here includes CUDA headers; a build without CUDA links stubs (cuda_stub.cpp) that report
+// graphs unsupported and upload with a plain copy.
+//
+// Capture (CudaGraph::capture) runs `body` with the stream in capture mode: nothing executes, every
+// kernel, copy and memset is recorded. Allocations made by `body` become the graph's own memory
+// (cudaMallocAsync under capture makes memory nodes): freed inside the body, they are reused within
+// the graph; still alive at the end of the body (the graph's outputs), they keep one fixed address
+// for every replay, and each replay frees and re-makes them at that address (the graph is
+// instantiated with auto-free-on-launch). So a replay overwrites the previous replay's outputs:
+// copy what must survive. What cannot be captured fails the capture with one error naming it: a
+// host wait (synchronize, a device-to-host copy), a pageable host-to-device copy, a first-use
+// allocation that outlives the graph (run the body once eagerly before capturing, which makes the
+// plan caches, workspaces and constant tensors), and a free of memory made outside the body.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "core/context.h"
+
+namespace octet {
+
+class Backend;
+
+// Whether ctx can capture and replay graphs: a CUDA build and a CUDA context.
+bool cuda_graphs_supported(const Context& ctx);
+
+class CudaGraph {
+ public:
+  CudaGraph();
+  ~CudaGraph();
+  CudaGraph(CudaGraph&&) noexcept;
+  CudaGraph& operator=(CudaGraph&&) noexcept;
+
+  // Records what `body` enqueues on ctx's stream, replacing any earlier graph. On an error (thrown
+  // by body or by the capture itself) the capture is ended, nothing is kept and the error is
+  // rethrown with "CUDA graph capture of <what>: " before it.
+  void capture(Context& ctx, const char* what, const std::function<void()>& body);
+  // Enqueues one replay on ctx's stream (asynchronous, like the kernels it holds).
+  void replay(Context& ctx);
+  bool captured() const;
+  void reset();
+  int64_t replays() const { return replays_; }
+  int64_t nodes() const { return nodes_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t replays_ = 0;
+  int64_t nodes_ = 0;
+};
+
+// Host-to-device uploads through a ring of pinned host buffers: the bytes are copied into a pinned
+// slot and the device copy enqueued on ctx's stream, so upload() returns at once. A slot is reused
+// only after the device finished reading it (an event; with `slots` slots, the wait is for the
+// upload `slots` calls back, long done in a training loop). On the CPU a plain copy.
+class PinnedUploader {
+ public:
+  PinnedUploader(Context& ctx, int slots = 4);
+  ~PinnedUploader();
+  PinnedUploader(const PinnedUploader&) = delete;
+  PinnedUploader& operator=(const PinnedUploader&) = delete;
+
+  // dst (on ctx's device) <- src (host), src.nbytes() bytes; src may change after the call.
+  void upload(Context& ctx, const Tensor& dst, const Tensor& src);
+  // Host waits an upload made (a slot whose earlier copy had not finished): 0 in steady state.
+  int64_t waits() const { return waits_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t waits_ = 0;
+};
+
+// Around a capture (CudaGraph::capture calls it): while capturing, the CUDA backend holds back
+// frees of memory allocated before the capture and does them when it ends (a captured free may
+// only free what the capture allocated: a layer replacing its prepared weights under capture).
+void set_backend_capturing(Backend& be, bool on);
+
+// Clears the CUDA runtime's last error: after a failed capture, frees of the addresses it handed
+// out fail harmlessly and must not be reported by the next launch. A no-op without CUDA.
+void clear_cuda_last_error();
+
+// Bytes the device's stream-ordered pool holds from the driver (reserved, in use or cached) and
+// graph memory reserved for graphs; 0 on the CPU. What a step after the first must not grow.
+int64_t device_reserved_bytes(const Context& ctx);
+
+}  // namespace octet

@@ -1,0 +1,127 @@
+// GraphedSection and MicroBatchGraphs (step_graph.h).
+#include "train/step_graph.h"
+
+#include <sstream>
+
+#include "backend/backend.h"
+
+namespace octet::train {
+namespace {
+
+CopyKind same_device(const Context& ctx) {
+  return ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
+}
+
+// A copy of a device tensor the next replay will not overwrite.
+Tensor keep(Context& ctx, const Tensor& t) {
+  if (!t.defined() || t.data() == nullptr) return t;
+  Tensor out = Tensor::empty(ctx, t.shape(), t.dtype());
+  ctx.be().copy(out.data(), t.data(), t.nbytes(), same_device(ctx));
+  return out;
+}
+
+std::vector<Tensor> keep(Context& ctx, const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  out.reserve(ts.size());
+  for (const Tensor& t : ts) out.push_back(keep(ctx, t));
+  return out;
+}
+
+}  // namespace
+
+GraphedSection::Ran GraphedSection::run(Context& ctx, bool graphs, const std::string& key,
+                                        const std::function<void()>& body) {
+  if (!graphs || !failure_.empty() || !cuda_graphs_supported(ctx)) {
+    body();
+    return Ran::kEager;
+  }
+  if (key != key_) {
+    graph_.reset();
+    key_ = key;
+    seen_ = 0;
+  }
+  ++seen_;
+  if (graph_.captured()) {
+    graph_.replay(ctx);
+    if (ctx.casts)
+      for (const auto& [scope, c] : casts_)
+        for (int k = 0; k < kCastKindCount; ++k)
+          ctx.casts->by_scope[scope].n[static_cast<size_t>(k)] += c.n[static_cast<size_t>(k)];
+    return Ran::kReplayed;
+  }
+  if (seen_ == 1) {  // plans, workspaces and constants are made on this eager run
+    body();
+    return Ran::kEager;
+  }
+  std::map<std::string, CastCounts> before;
+  if (ctx.casts) before = ctx.casts->by_scope;
+  try {
+    graph_.capture(ctx, what_.c_str(), body);
+  } catch (const Error& e) {
+    failure_ = e.what();
+    graph_.reset();
+    if (ctx.casts) ctx.casts->by_scope = before;
+    body();                   // this step runs eagerly, and so does every later one
+    clear_cuda_last_error();  // the failed capture's addresses, freed by body's assignments
+    return Ran::kEager;
+  }
+  casts_.clear();
+  if (ctx.casts) {
+    for (auto& [scope, c] : ctx.casts->by_scope) {
+      CastCounts d = c;
+      const auto it = before.find(scope);
+      for (int k = 0; k < kCastKindCount && it != before.end(); ++k)
+        d.n[static_cast<size_t>(k)] -= it->second.n[static_cast<size_t>(k)];
+      casts_[scope] = d;
+    }
+  }
+  graph_.replay(ctx);  // the capture ran nothing: this is the step's work
+  return Ran::kCaptured;
+}
+
+void GraphedSection::invalidate() {
+  graph_.reset();
+  key_.clear();
+  seen_ = 0;
+}
+
+ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
+                                  const ModelBatch& host_batch, float grad_scale,
+                                  const std::string& weights_key) {
+  const Tensor& in = host_batch.inputs;
+  if (!ids_.defined() || ids_.shape() != in.shape()) {
+    section_.invalidate();
+    captured_ = ModelLosses{};
+    ids_ = Tensor::empty(ctx, in.shape(), DType::kI32);
+    targets_ = Tensor::empty(ctx, in.shape(), DType::kI32);
+  }
+  const int64_t vocab = model.config().vocab_size;
+  const auto* tok = in.data_as<const int32_t>();
+  for (int64_t i = 0; i < in.numel(); ++i)
+    OCTET_CHECK(tok[i] >= 0 && tok[i] < vocab, "model batch: token ", tok[i], " at ", i,
+                " is outside the vocabulary [0, ", vocab, ")");
+  uploader_.upload(ctx, ids_, in);
+  uploader_.upload(ctx, targets_, host_batch.targets);
+  std::ostringstream key;
+  key << shape_str(in.shape()) << " scale " << grad_scale << " weights " << weights_key << " model "
+      << static_cast<const void*>(&model);
+  ModelLosses out;
+  const GraphedSection::Ran ran = section_.run(ctx, graphs, key.str(), [&] {
+    out = model.step(ctx, {ids_, targets_}, Pass::kForwardBackward, grad_scale);
+  });
+  if (ran == GraphedSection::Ran::kEager) return out;
+  if (ran == GraphedSection::Ran::kCaptured) captured_ = std::move(out);
+  ModelLosses l;
+  l.main = keep(ctx, captured_.main);
+  l.mtp = keep(ctx, captured_.mtp);
+  l.aux = keep(ctx, captured_.aux);
+  l.expert_load = keep(ctx, captured_.expert_load);
+  return l;
+}
+
+void MicroBatchGraphs::invalidate() {
+  section_.invalidate();
+  captured_ = ModelLosses{};
+}
+
+}  // namespace octet::train

@@ -1,0 +1,260 @@
+// The training step as CUDA graphs (train/step_graph.h) on the GPU: a graphed run gives bit for bit
+// the losses, gradient norms and weights of an eager run (gradient accumulation 2, deepseek and
+// bf16), the safety nets work graphed (a non-finite step skipped on the device, a spike rolled
+// back), and the graphed steps after the first take no new device memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "backend/cuda_graph.h"
+#include "model/init.h"
+#include "model/model.h"
+#include "test_util.h"
+#include "tiny_model.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+#include "train/step_graph.h"
+#include "train/trainer.h"
+
+namespace octet::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("octet_graphs_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string write_corpus(const std::string& dir) {
+  std::ostringstream s;
+  for (int i = 0; i < 400; ++i)
+    s << "The quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 13
+      << ". Pack my box with five dozen liquor jugs.\n";
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream(path) << s.str();
+  return path;
+}
+
+// A tiny model on the GPU (widths the FP8 GEMMs take), two micro-batches per step.
+TrainConfig tiny_gpu(const std::string& run_dir, const std::string& corpus,
+                     const std::string& recipe, bool graphs) {
+  TrainConfig c;
+  for (const char* kv : {"steps=8",
+                         "checkpoint_every=4",
+                         "keep_checkpoints=3",
+                         "batch_size=2",
+                         "seq_len=64",
+                         "grad_accum=2",
+                         "log_every=1",
+                         "eval.every=4",
+                         "eval.batches=1",
+                         "optim.warmup_steps=2",
+                         "device=cuda",
+                         "model.hidden_size=64",
+                         "model.intermediate_size=192",
+                         "model.moe_intermediate_size=64",
+                         "model.num_attention_heads=4",
+                         "model.q_lora_rank=48",
+                         "model.kv_lora_rank=32",
+                         "model.qk_nope_head_dim=32",
+                         "model.qk_rope_head_dim=16",
+                         "model.v_head_dim=32",
+                         "model.max_position_embeddings=128"})
+    apply_set(c, kv);
+  apply_set(c, "recipe=" + recipe);
+  apply_set(c, "run_dir=" + run_dir);
+  apply_set(c, "data.text=\"" + corpus + "\"");
+  apply_set(c, std::string("cuda_graphs=") + (graphs ? "true" : "false"));
+  c.validate();
+  return c;
+}
+
+RunOptions quiet(const std::string& cache) {
+  RunOptions o;
+  o.cache_dir = cache;
+  return o;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+bool same_double(double a, double b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Records of two runs, bit for bit: loss, MTP losses, gradient norm, skip, validation loss.
+void expect_same_records(const std::string& a_dir, const std::string& b_dir) {
+  const std::vector<StepMetrics> a = read_metrics(a_dir + "/metrics.jsonl"),
+                                 b = read_metrics(b_dir + "/metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(same_double(a[i].loss, b[i].loss))
+        << "step " << a[i].step << ": " << a[i].loss << " vs " << b[i].loss;
+    EXPECT_TRUE(same_double(a[i].grad_norm, b[i].grad_norm)) << "step " << a[i].step;
+    EXPECT_EQ(a[i].skipped, b[i].skipped) << "step " << a[i].step;
+    ASSERT_EQ(a[i].mtp_loss.size(), b[i].mtp_loss.size());
+    for (size_t k = 0; k < a[i].mtp_loss.size(); ++k)
+      EXPECT_TRUE(same_double(a[i].mtp_loss[k], b[i].mtp_loss[k])) << "step " << a[i].step;
+    EXPECT_EQ(a[i].val_loss.has_value(), b[i].val_loss.has_value());
+    if (a[i].val_loss && b[i].val_loss)
+      EXPECT_TRUE(same_double(*a[i].val_loss, *b[i].val_loss)) << "step " << a[i].step;
+    EXPECT_EQ(a[i].moe_casts, b[i].moe_casts) << "step " << a[i].step;
+  }
+}
+
+// The trainer's closing line on the graphs: "cuda graphs: N replays".
+int64_t replays_in(const std::string& log) {
+  const auto at = log.find("cuda graphs: ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(log.substr(at + 13));
+}
+
+class StepGraphGpu : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StepGraphGpu, GraphedRunIsBitIdenticalToEager) {
+  OCTET_REQUIRE_GPU();
+  const std::string dir = temp_dir(std::string("same_") + GetParam());
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream eager_log, graph_log;
+  const RunResult e = run_training(tiny_gpu(dir + "/eager", corpus, GetParam(), false),
+                                   quiet(dir + "/c"), eager_log);
+  const RunResult g = run_training(tiny_gpu(dir + "/graph", corpus, GetParam(), true),
+                                   quiet(dir + "/c"), graph_log);
+  EXPECT_EQ(g.end, RunEnd::kCompleted) << graph_log.str();
+  EXPECT_EQ(graph_log.str().find("runs eagerly"), std::string::npos) << graph_log.str();
+  EXPECT_GT(replays_in(graph_log.str()), 0) << "nothing was replayed:\n" << graph_log.str();
+  EXPECT_EQ(replays_in(eager_log.str()), -1) << eager_log.str();
+  expect_same_records(dir + "/eager", dir + "/graph");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(file_bytes(dir + "/eager/checkpoints/step_00000008/" + f) ==
+                file_bytes(dir + "/graph/checkpoints/step_00000008/" + f))
+        << f << " differs";
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(StepGraph, StepGraphGpu,
+                         ::testing::Values("deepseek", "bf16", "fp8-flow"));
+
+// An absurd rate blows the weights up; the non-finite steps are skipped on the device (the
+// optimizer's flag) and the run goes on, graphed exactly as eager.
+TEST(StepGraphSafetyGpu, NonFiniteStepsAreSkippedWhenGraphed) {
+  OCTET_REQUIRE_GPU();
+  const std::string dir = temp_dir("nan");
+  const std::string corpus = write_corpus(dir);
+  std::ostringstream log;
+  for (const bool graphs : {false, true}) {
+    TrainConfig c = tiny_gpu(dir + (graphs ? "/graph" : "/eager"), corpus, "bf16", graphs);
+    for (const char* kv : {"optim.lr=1e30", "optim.grad_clip=0", "optim.weight_decay=0",
+                           "safety.max_skipped_in_a_row=0"})
+      apply_set(c, kv);
+    const RunResult r = run_training(c, quiet(dir + "/c"), log);
+    EXPECT_EQ(r.steps_done, 8);
+    EXPECT_GT(r.skipped_steps, 0) << log.str();
+  }
+  expect_same_records(dir + "/eager", dir + "/graph");
+  fs::remove_all(dir);
+}
+
+// A constant, far too high rate with a short spike window: spikes roll the weights back to the
+// last checkpoint, graphed exactly as eager.
+TEST(StepGraphSafetyGpu, SpikeRollbackWorksWhenGraphed) {
+  OCTET_REQUIRE_GPU();
+  const std::string dir = temp_dir("spike");
+  const std::string corpus = write_corpus(dir);
+  std::string logs[2];
+  for (const bool graphs : {false, true}) {
+    TrainConfig c = tiny_gpu(dir + (graphs ? "/graph" : "/eager"), corpus, "deepseek", graphs);
+    for (const char* kv :
+         {"steps=12", "optim.warmup_steps=0", "optim.lr=1.0", "optim.schedule=constant",
+          "safety.spike_window=3", "safety.spike_threshold=1", "checkpoint_every=2", "eval.every=0",
+          "safety.spike_action=rollback", "safety.shadow_bf16=3"})
+      apply_set(c, kv);
+    std::ostringstream log;
+    run_training(c, quiet(dir + "/c"), log);
+    logs[graphs ? 1 : 0] = log.str();
+  }
+  EXPECT_NE(logs[1].find("rolled back to"), std::string::npos) << logs[1];
+  EXPECT_GT(replays_in(logs[1]), 0) << logs[1];
+  expect_same_records(dir + "/eager", dir + "/graph");
+  // The BF16 shadow ran on the same steps with the same result.
+  const std::vector<StepMetrics> a = read_metrics(dir + "/eager/metrics.jsonl"),
+                                 b = read_metrics(dir + "/graph/metrics.jsonl");
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    ASSERT_EQ(a[i].shadow_bf16_loss.has_value(), b[i].shadow_bf16_loss.has_value());
+    if (a[i].shadow_bf16_loss)
+      EXPECT_TRUE(same_double(*a[i].shadow_bf16_loss, *b[i].shadow_bf16_loss));
+  }
+  fs::remove_all(dir);
+}
+
+// The graphed step (preparation + zeroing, forward + backward, AdamW) as the trainer runs it: once
+// the graphs replay, steps take nothing new from the driver (the pool's and the graphs' reserved
+// bytes stay put), the uploads never wait, and the step never waits for the device.
+TEST(StepGraphSafetyGpu, GraphedStepsAllocateNothingNewAndNeverWait) {
+  OCTET_REQUIRE_GPU();
+  Context gpu = make_context(Device::kCuda);
+  ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;
+  c.moe_intermediate_size = 64;
+  Model m(gpu, c, {recipe_preset("deepseek"), DType::kBF16});
+  m.load(gpu, init_parameters(c, 3));
+  AdamWOptimizer opt(gpu, m.parameters(), AdamWConfig{});
+  opt.set_graphs(true);
+  m.prepare(gpu);
+  opt.set_weight_outputs(gpu, m.weight_outputs(OutputCopies::kBf16Only));
+  ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
+  for (int64_t i = 0; i < b.inputs.numel(); ++i) {
+    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
+  }
+  GraphedSection pre("prepare");
+  MicroBatchGraphs micro(gpu);
+  int64_t generation = 0;
+  int64_t reserved_after_warmup = 0, waits_before = 0;
+  for (int step = 0; step < 10; ++step) {
+    if (step == 5) {
+      gpu.synchronize();
+      reserved_after_warmup = device_reserved_bytes(gpu);
+      waits_before = gpu.be().host_waits();
+    }
+    if (pre.run(gpu, true, "k", [&] {
+          m.prepare(gpu, PrepareScope::kNotFused);
+          opt.zero_grad(gpu);
+        }) != GraphedSection::Ran::kReplayed)
+      ++generation;
+    for (int micro_batch = 0; micro_batch < 2; ++micro_batch)
+      micro.run(gpu, true, m, b, 0.5f, std::to_string(generation));
+    opt.step(gpu, 1e-3f);
+    if (step < 5) opt.finish_step(gpu);
+  }
+  EXPECT_EQ(gpu.be().host_waits(), waits_before)
+      << "a graphed step (preparation, forward + backward, AdamW) waited for the device";
+  gpu.synchronize();
+  EXPECT_EQ(device_reserved_bytes(gpu), reserved_after_warmup)
+      << "graphed steps 6-10 reserved new device memory";
+  EXPECT_EQ(micro.failure(), "");
+  EXPECT_EQ(pre.failure(), "");
+  EXPECT_EQ(opt.graph_failure(), "");
+  EXPECT_GE(micro.replays(), 10);
+  EXPECT_GE(pre.replays(), 5);
+  EXPECT_GE(opt.graph_replays(), 5);
+  EXPECT_EQ(micro.upload_waits(), 0);
+  const StepStats st = opt.finish_step(gpu);
+  EXPECT_TRUE(std::isfinite(st.grad_norm));
+  EXPECT_EQ(opt.steps_taken(), 10);
+}
+
+}  // namespace
+}  // namespace octet::train
