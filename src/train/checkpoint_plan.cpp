@@ -19,6 +19,20 @@ int64_t elem_bytes(const CheckpointPlan& p, size_t file, size_t tensor) {
 // Adds [begin, end) of holding h, written by `rank`.
 void add_range(CheckpointPlan& p, const Holding& h, int64_t begin, int64_t end, int rank) {
   if (begin >= end) return;
+  const int64_t es = elem_bytes(p, h.file, h.tensor);
+  const void* data =
+      h.data == nullptr ? nullptr : static_cast<const uint8_t*>(h.data) + (begin - h.begin) * es;
+  if (!p.ranges.empty()) {  // continues the last range of the same writer: one range
+    WriteRange& last = p.ranges.back();
+    const void* last_end = last.data == nullptr ? nullptr
+                                                : static_cast<const uint8_t*>(last.data) +
+                                                      (last.end - last.begin) * es;
+    if (last.file == h.file && last.tensor == h.tensor && last.rank == rank && last.end == begin &&
+        last.on_host == h.on_host && last_end == data) {
+      last.end = end;
+      return;
+    }
+  }
   WriteRange r;
   r.file = h.file;
   r.tensor = h.tensor;
@@ -26,9 +40,7 @@ void add_range(CheckpointPlan& p, const Holding& h, int64_t begin, int64_t end, 
   r.end = end;
   r.rank = rank;
   r.on_host = h.on_host;
-  if (h.data != nullptr)
-    r.data =
-        static_cast<const uint8_t*>(h.data) + (begin - h.begin) * elem_bytes(p, h.file, h.tensor);
+  r.data = data;
   p.ranges.push_back(r);
 }
 

@@ -178,7 +178,9 @@ struct Run {
                                                  .world = dp.size()});
     SaveRequest req{.root = ckpt_root,
                     .name = step_dir_name(at),
-                    .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, dp.size())};
+                    .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, dp.size()),
+                    .rank0_files = {},
+                    .after_commit = {}};
     if (dp.writer()) {
       nlohmann::json st;
       st["step"] = at;

@@ -65,7 +65,7 @@ TEST(CheckpointPlan, EveryElementOnceOwnersWriteTheirPiecesReplicasShared) {
     // tensor per rank.
     std::map<std::pair<int, size_t>, int> per;
     for (const WriteRange& r : p.ranges)
-      if (r.file == 0) EXPECT_EQ(++per[{r.rank, r.tensor}], 1);
+      if (r.file == 0) EXPECT_EQ(++per[std::make_pair(r.rank, r.tensor)], 1);
     // Headers: one writer per file.
     ASSERT_EQ(p.header_writer.size(), 2u);
     EXPECT_EQ(p.layouts[0].file_bytes, static_cast<int64_t>(p.layouts[0].prefix.size()) + 6007 * 4);

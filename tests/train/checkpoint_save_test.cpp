@@ -75,7 +75,9 @@ struct RankState {
                                                  .shard_bytes = shard_bytes});
     SaveRequest req{.root = root,
                     .name = name,
-                    .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, world)};
+                    .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, world),
+                    .rank0_files = {},
+                    .after_commit = {}};
     if (rank == 0) {
       req.rank0_files.emplace_back(
           "config.json", [c = tc.config_json](const std::string& p) { write_model_config(p, c); });
@@ -173,7 +175,7 @@ TEST(CheckpointSave, AFailingRankFailsEveryRankAndThePreviousCheckpointStays) {
         saver.finish(ctx, ctx.comm.get());
         saver.before_write = [&](const std::string& file) {
           if (ctx.comm->rank() == 1 && file == "optimizer.safetensors")
-            throw Error("disk full (injected)");
+            throw std::runtime_error("disk full (injected)");
         };
         saver.save(ctx, ctx.comm.get(), s.request(ctx, root, "step_2", 60'000));
         saver.finish(ctx, ctx.comm.get());  // throws on every rank

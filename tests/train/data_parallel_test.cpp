@@ -222,7 +222,7 @@ TEST_F(DataParallelTrainer, ARankFailingToWriteFailsEveryRankAndTheRunResumes) {
           o.checkpoint_fault = [&](int rank, const std::string& file) {
             if (rank == 1 && file == "optimizer.safetensors" &&
                 fs::exists(r + "/checkpoints/step_00000004.partial"))
-              throw Error("no space left on device (injected)");
+              throw std::runtime_error("no space left on device (injected)");
           };
           std::ostringstream sink;
           run_training(c, o, sink);
