@@ -1,6 +1,8 @@
 // Dispatcher for init_normal.h: validates once, routes to cpu:: or cuda::.
 #include "ops/init/init_normal.h"
 
+#include <cmath>
+
 #include "backend/backend.h"
 #include "backend/dispatch.h"
 #include "ops/init/init_backends.h"
@@ -18,8 +20,8 @@ void check_out(const Context& ctx, const Tensor& t, const char* op) {
 
 InitNormalStats init_normal(Context& ctx, const InitNormalArgs& a) {
   check_out(ctx, a.out, "init_normal out");
-  OCTET_CHECK(a.std >= 0.0 && a.std < 1e30, "init_normal: std must be finite and >= 0, got ",
-              a.std);
+  OCTET_CHECK(std::isfinite(a.std) && a.std >= 0.0,
+              "init_normal: std must be finite and >= 0, got ", a.std);
   OCTET_CHECK(a.margin_log2 >= 8 && a.margin_log2 <= 50,
               "init_normal: margin_log2 must be in [8, 50], got ", a.margin_log2);
   if (a.out.numel() == 0) return {};
