@@ -18,6 +18,8 @@ using test::bitwise_equal;
 TEST(InitCuda, EveryParameterMatchesTheHostBitwise) {
   OCTET_REQUIRE_GPU();
   ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;  // GEMM-friendly widths, as model_gpu_test's
+  c.moe_intermediate_size = 64;
   c.extra["pad_token_id"] = 5;
   c.num_nextn_predict_layers = 2;
   Context gpu = make_context(Device::kCuda);
