@@ -1,4 +1,5 @@
 #include "io/safetensors.h"
+#include "io/safetensors_parts.h"
 
 #include "io/atomic_file.h"
 #include "io/json_keys.h"
@@ -336,29 +337,26 @@ int layout_rank(DType d) {
 
 // Indices of `tensors` in the reference writer's order (dtype rank, then name), after checking that
 // the set can be written.
-std::vector<size_t> checked_write_order(const NamedTensors& tensors, const std::string& path) {
+std::vector<size_t> checked_write_order(const std::vector<TensorDecl>& tensors,
+                                        const std::string& path) {
   std::vector<size_t> order(tensors.size());
   std::set<std::string> names;
   for (size_t i = 0; i < order.size(); ++i) {
-    const auto& [name, t] = tensors[i];
+    const std::string& name = tensors[i].name;
     OCTET_CHECK(!name.empty(), path, ": cannot write a tensor with an empty name");
     OCTET_CHECK(name != "__metadata__", path,
                 ": '__metadata__' is reserved and cannot name a tensor");
     OCTET_CHECK(names.insert(name).second, path, ": duplicate tensor name '", name, "'");
-    OCTET_CHECK(t.device() == Device::kCpu, tensor_where(path, name), ": is on ",
-                device_name(t.device()), "; copy it to the host before writing");
-    OCTET_CHECK(t.data() != nullptr || t.numel() == 0, tensor_where(path, name), ": has no data");
     order[i] = i;
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const int ra = layout_rank(tensors[a].second.dtype()),
-              rb = layout_rank(tensors[b].second.dtype());
-    return ra != rb ? ra < rb : tensors[a].first < tensors[b].first;
+    const int ra = layout_rank(tensors[a].dtype), rb = layout_rank(tensors[b].dtype);
+    return ra != rb ? ra < rb : tensors[a].name < tensors[b].name;
   });
   return order;
 }
 
-std::string build_header(const NamedTensors& tensors, const std::vector<size_t>& order,
+std::string build_header(const std::vector<TensorDecl>& tensors, const std::vector<size_t>& order,
                          const std::map<std::string, std::string>& metadata,
                          const std::string& path) {
   // Keys are appended to ordered_json's underlying vector: its operator[] searches every key
@@ -372,13 +370,13 @@ std::string build_header(const NamedTensors& tensors, const std::vector<size_t>&
   }
   uint64_t offset = 0;
   for (size_t i : order) {
-    const Tensor& t = tensors[i].second;
+    const TensorDecl& t = tensors[i];
     const auto bytes = static_cast<uint64_t>(t.nbytes());
     Json e = Json::object();
-    e["dtype"] = std::string(dtype_name(t.dtype()));
-    e["shape"] = t.shape();
+    e["dtype"] = std::string(dtype_name(t.dtype));
+    e["shape"] = t.shape;
     e["data_offsets"] = {offset, offset + bytes};
-    entries.emplace_back(tensors[i].first, std::move(e));
+    entries.emplace_back(t.name, std::move(e));
     offset += bytes;
   }
   std::string text;
@@ -395,19 +393,86 @@ std::string build_header(const NamedTensors& tensors, const std::vector<size_t>&
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout safetensors_layout(const std::vector<TensorDecl>& tensors,
+                                     const std::map<std::string, std::string>& metadata,
+                                     const std::string& path) {
   const std::vector<size_t> order = checked_write_order(tensors, path);
   const std::string header = build_header(tensors, order, metadata, path);
+  SafetensorsLayout l;
+  l.prefix.resize(8);
+  for (int i = 0; i < 8; ++i)
+    l.prefix[static_cast<size_t>(i)] = static_cast<char>(header.size() >> (8 * i));
+  l.prefix += header;
+  l.offset.assign(tensors.size(), 0);
+  int64_t at = static_cast<int64_t>(l.prefix.size());
+  for (size_t i : order) {
+    l.offset[i] = at;
+    at += tensors[i].nbytes();
+  }
+  l.file_bytes = at;
+  return l;
+}
 
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorDecl> decls;
+  decls.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    OCTET_CHECK(t.device() == Device::kCpu, tensor_where(path, name), ": is on ",
+                device_name(t.device()), "; copy it to the host before writing");
+    OCTET_CHECK(t.data() != nullptr || t.numel() == 0, tensor_where(path, name), ": has no data");
+    decls.push_back({name, t.dtype(), t.shape()});
+  }
+  const SafetensorsLayout l = safetensors_layout(decls, metadata, path);
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return l.offset[a] < l.offset[b]; });
   AtomicFile f(path);
-  unsigned char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(header.size() >> (8 * i));
-  f.write(len_bytes, 8);
-  f.write(header);
+  f.write(l.prefix);
   for (size_t i : order)
     f.write(tensors[i].second.data(), static_cast<size_t>(tensors[i].second.nbytes()));
   f.commit();
+}
+
+SafetensorsFile read_safetensors_ranges(const std::string& path, const ElementRanges& wanted) {
+  const uint64_t file_size = regular_file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  OCTET_CHECK(in.is_open(), path, ": cannot open: ", std::strerror(errno));
+  const ReadFn read = [&in](void* dst, uint64_t n) -> uint64_t {
+    in.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
+    return static_cast<uint64_t>(in.gcount());
+  };
+  const std::string text = read_header_text(read, file_size, path);
+  const uint64_t base = 8 + text.size();
+  Header h = parse_header(text, path, file_size - base);
+  SafetensorsFile out;
+  out.path = path;
+  out.metadata = std::move(h.metadata);
+  auto read_at = [&](void* dst, uint64_t at, uint64_t n, const std::string& name) {
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(at));
+    OCTET_CHECK(!n || read(dst, n) == n, tensor_where(path, name),
+                ": file ended while reading its data (truncated file?)");
+  };
+  for (const Entry& e : h.entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    const auto it = wanted.find(e.name);
+    if (it == wanted.end()) {
+      read_at(t.data(), base + e.begin, e.end - e.begin, e.name);
+    } else {
+      const auto es = static_cast<uint64_t>(dtype_size(e.dtype));
+      for (const auto& [lo, hi] : it->second) {
+        OCTET_CHECK(lo >= 0 && lo <= hi && hi <= t.numel(), tensor_where(path, e.name),
+                    ": elements [", lo, ", ", hi, ") asked for, but it has ", t.numel());
+        read_at(static_cast<uint8_t*>(t.data()) + static_cast<uint64_t>(lo) * es,
+                base + e.begin + static_cast<uint64_t>(lo) * es,
+                static_cast<uint64_t>(hi - lo) * es, e.name);
+      }
+    }
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace octet::io

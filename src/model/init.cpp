@@ -5,9 +5,12 @@
 #include <map>
 #include <optional>
 
+#include "backend/backend.h"
 #include "core/rng.h"
 #include "model/checkpoint.h"
+#include "model/model.h"
 #include "numerics/fp8.h"
+#include "ops/init/init_normal.h"
 
 namespace octet {
 namespace {
@@ -26,16 +29,8 @@ std::optional<int64_t> padding_row(const ModelConfig& c) {
   return id < 0 ? id + V : id;
 }
 
-// Element k of the tensor is std * z_k with z_k index k of the tensor's stream.
-void fill_normal(Tensor& t, const Rng& rng, double std) {
-  float* out = t.data_as<float>();
-  const int64_t n = t.numel();
-  double z[4];
-  for (int64_t base = 0; base < n; base += 4) {
-    rng.normal4(static_cast<uint64_t>(base) / 4, z);
-    const int64_t m = std::min<int64_t>(4, n - base);
-    for (int64_t j = 0; j < m; ++j) out[base + j] = static_cast<float>(std * z[j]);
-  }
+bool is_gaussian(TensorKind k) {
+  return k != TensorKind::kNorm && k != TensorKind::kRouterBias;
 }
 
 Tensor filled(const Shape& shape, float value) {
@@ -58,7 +53,9 @@ Tensor init_one(const TensorSpec& s, const ModelConfig& c, uint64_t seed) {
       break;
   }
   Tensor t = Tensor::empty(s.shape, DType::kF32);
-  fill_normal(t, Rng(seed, init_stream(s.name)), c.initializer_range);
+  Context host = make_context(Device::kCpu);
+  init_normal(host,
+              {.out = t, .seed = seed, .stream = init_stream(s.name), .std = c.initializer_range});
   if (s.kind == TensorKind::kEmbedding) {
     if (const auto row = padding_row(c)) {
       const int64_t D = t.cols();
@@ -80,6 +77,16 @@ Tensor to_bf16(const Tensor& f32) {
   uint16_t* o = out.data_as<uint16_t>();
   for (int64_t i = 0; i < f32.numel(); ++i) o[i] = float_to_bf16(in[i]);
   return out;
+}
+
+// Where `model` holds checkpoint tensor `s` (not an MTP copy): an F32 view of its elements.
+Tensor held_view(Model& model, const TensorSpec& s) {
+  Parameter& p = model.parameter(s.fused_name.empty() ? s.name : s.fused_name);
+  const int64_t n = shape_numel(s.shape);
+  OCTET_CHECK(p.value.dtype() == DType::kF32 && s.fused_offset + n <= p.value.numel(),
+              "init_model: parameter ", p.name, " does not hold ", s.name);
+  return Tensor::wrap(p.value.data_as<float>() + s.fused_offset, s.shape, DType::kF32,
+                      p.value.device());
 }
 
 }  // namespace
@@ -112,6 +119,27 @@ io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed, DType
     out.emplace_back(s.name, std::move(t));
   }
   return out;
+}
+
+void init_model(Context& ctx, Model& model, uint64_t seed) {
+  const ModelConfig& c = model.config();
+  const std::vector<TensorSpec> specs = expected_tensors(c);
+  for (const TensorSpec& s : specs) {
+    if (!s.copy_of.empty()) continue;  // the MTP modules read the shared embedding and head
+    Tensor t = held_view(model, s);
+    if (!is_gaussian(s.kind)) {
+      init_fill(ctx, t, s.kind == TensorKind::kNorm ? 1.0f : 0.0f);
+      continue;
+    }
+    init_normal(
+        ctx, {.out = t, .seed = seed, .stream = init_stream(s.name), .std = c.initializer_range});
+    if (s.kind == TensorKind::kEmbedding) {
+      if (const auto row = padding_row(c)) {
+        const int64_t D = t.cols();
+        ctx.be().memset(t.data_as<float>() + *row * D, 0, D * 4);
+      }
+    }
+  }
 }
 
 }  // namespace octet

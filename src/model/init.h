@@ -15,7 +15,12 @@
 // element k (row-major) from index k of that stream, as std * z in FP64 rounded once to FP32. A
 // tensor's values therefore depend on the seed, its name and its shape only: adding layers, MTP
 // depth or experts leaves every other tensor bit-for-bit the same, and a device implementation
-// can fill any element independently. Nothing is parallelised here.
+// can fill any element independently (ops/init/init_normal.h: the host loop runs on several
+// threads for large tensors, and the CUDA kernel gives the host's values bit for bit).
+//
+// init_model writes the same values straight into a model's parameters on its device: on CUDA the
+// Gaussian tensors are drawn by the kernel (no host loop, no upload), so a large model starts in
+// seconds where the single-threaded host loop took about a minute for 2.9B parameters.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,8 @@
 
 namespace octet {
 
+class Model;
+
 // Every tensor of expected_tensors(config), in that order, as host tensors of `dtype` (kF32 or
 // kBF16: FP32 values rounded to nearest even), except e_score_correction_bias in F32 always.
 io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed,
@@ -34,5 +41,10 @@ io::NamedTensors init_parameters(const ModelConfig& config, uint64_t seed,
 
 // The stream id tensor `name` draws from (FNV-1a of the name).
 uint64_t init_stream(const std::string& name);
+
+// Sets every parameter of `model` (F32 masters on ctx's device) to what
+// model.load(init_parameters(model.config(), seed)) would set, bit for bit, computing on the
+// model's device. Synchronises (CUDA: once per Gaussian tensor, to read its uncertified indices).
+void init_model(Context& ctx, Model& model, uint64_t seed);
 
 }  // namespace octet

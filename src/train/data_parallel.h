@@ -7,7 +7,8 @@
 //     single rank's average), so the skip, spike and rollback decisions agree;
 //   - the router's expert loads are summed over ranks before the bias update;
 //   - the gradient norm and the non-finite check are global (ZeroAdamW);
-//   - rank 0 alone writes (run directory, metrics, checkpoints), the others wait for it.
+//   - rank 0 alone writes the run directory and metrics; every rank writes its part of each
+//     checkpoint (train/checkpoint_save.h).
 #pragma once
 
 #include <memory>

@@ -110,6 +110,10 @@ class AdamWOptimizer {
   int64_t steps_taken() const { return steps_taken_; }
   const AdamWConfig& config() const { return config_; }
   const std::vector<Parameter*>& params() const { return params_; }
+  // Parameter i's moments (bf16, on the device; undefined for a frozen parameter), read by the
+  // checkpoint snapshot (train/checkpoint_plan.h).
+  const Tensor& exp_avg(size_t i) const { return moments_[i].exp_avg; }
+  const Tensor& exp_avg_sq(size_t i) const { return moments_[i].exp_avg_sq; }
 
   // Optimizer state as host tensors for a safetensors file: "<name>.exp_avg" and
   // "<name>.exp_avg_sq" (bf16, the parameter's shape) for each trainable parameter, in parameter

@@ -21,11 +21,14 @@
 #include "backend/backend.h"
 #include "core/cast_counter.h"
 #include "io/atomic_file.h"
+#include "io/safetensors_dir.h"
+#include "io/safetensors_parts.h"
 #include "model/checkpoint.h"
 #include "model/describe.h"
 #include "model/init.h"
 #include "model/model.h"
-#include "train/background_writer.h"
+#include "train/checkpoint_plan.h"
+#include "train/checkpoint_save.h"
 #include "train/data.h"
 #include "train/data_parallel.h"
 #include "train/expert_parallel.h"
@@ -106,13 +109,18 @@ struct Run {
   // Never `latest` as found on disk: after a resume from an earlier checkpoint, `latest` names one
   // of the stretch the resume abandoned.
   std::string rollback_dir;
-  // Checkpoint files, written in the background; declared after everything its jobs read, so that
-  // it is destroyed (waiting for the job) first.
-  BackgroundWriter writer;
+  // Checkpoints, written by every rank in the background (checkpoint_save.h); declared after
+  // everything its jobs read, so that it is destroyed (waiting for the job) first.
+  CheckpointSaver saver;
+  int64_t saved_optimizer_steps = 0;  // the snapshot's step count (a host value it reads)
 
   Run(const TrainConfig& c, std::ostream& o, Device device, const RunOptions& opt)
       : cfg(c), out(o), ctx(make_context(device, opt.device_index)), dp(opt.comm) {
     ctx.comm = opt.comm;
+    if (opt.checkpoint_fault)
+      saver.before_write = [f = opt.checkpoint_fault, r = dp.rank()](const std::string& file) {
+        f(r, file);
+      };
   }
 
   const ModelConfig& model_config() const { return cfg.model; }
@@ -171,49 +179,93 @@ struct Run {
     }
   }
 
-  // The checkpoint of the current step: a snapshot in host memory now (collective with several
-  // ranks: the moments are gathered from their shards), the files written by rank 0 in the
-  // background while training goes on (`writer`), into step_N.partial and renamed into place.
-  void save_checkpoint() {
-    const int64_t at = step;
-    const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
-    io::NamedTensors optim_state = ep_opt ? ep_opt->state_dict(ctx)
-                                   : zero ? zero->state_dict(ctx)
-                                          : optim->state_dict(ctx);
-    // Sharded experts are gathered over their group (collective): every rank exports.
-    io::NamedTensors weights;
-    if (dp.writer() || model->experts_sharded()) weights = model->export_tensors(ctx);
+  // Expert parallelism's checkpoint (not yet on the per-rank writer of checkpoint_save.h): the
+  // sharded experts and their optimizer state are gathered over their groups (collective), and
+  // rank 0 writes the same files synchronously, as one process would.
+  void save_checkpoint_gathered(int64_t at, const std::string& final_dir) {
+    io::NamedTensors optim_state = ep_opt->state_dict(ctx);
+    io::NamedTensors weights = model->export_tensors(ctx);
     last_checkpoint = final_dir;
-    rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
-    if (!dp.writer()) return;
-    nlohmann::json st;
-    st["step"] = at;
-    st["tokens_seen"] = tokens_seen;
-    const auto s = sampler->state().to_array();
-    st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
-    st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
-    writer.submit([this, at, final_dir, weights = std::move(weights),
-                   optim_state = std::move(optim_state), recipe = model->recipe_state(ctx),
-                   state = st.dump(1) + "\n"] {
+    rollback_dir = final_dir;
+    if (dp.writer()) {
+      nlohmann::json st;
+      st["step"] = at;
+      st["tokens_seen"] = tokens_seen;
+      const auto s = sampler->state().to_array();
+      st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
+      st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
       const std::string partial = final_dir + ".partial";
       std::error_code ec;
       fs::remove_all(partial, ec);
       write_checkpoint(partial, model_config(), weights);
       io::write_safetensors(partial + "/" + kOptimizerFile, optim_state);
-      io::write_safetensors(partial + "/" + kRecipeStateFile, recipe);
-      io::write_text_file_atomic(partial + "/" + kTrainerStateFile, state);
+      io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
+      io::write_text_file_atomic(partial + "/" + kTrainerStateFile, st.dump(1) + "\n");
       fs::remove_all(final_dir, ec);
       fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
       io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(at) + "\n");
       prune_checkpoints(at);
-    });
-  }
-
-  // Waits for the checkpoint being written; with several ranks, every rank waits for rank 0's.
-  void finish_checkpoint() {
-    writer.wait();
+    }
     dp.barrier(ctx);
   }
+
+  // The checkpoint of the current step (collective with several ranks): each rank snapshots what
+  // it writes (checkpoint_plan.h: its share of the weights, its ZeRO-1 moment shards) into pinned
+  // host memory behind the step's work, and writes it in the background into step_N.partial,
+  // which rank 0 renames into place once every rank has written its part (checkpoint_save.h).
+  void save_checkpoint() {
+    const int64_t at = step;
+    const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
+    if (ep_opt) {
+      save_checkpoint_gathered(at, final_dir);
+      return;
+    }
+    last_checkpoint = final_dir;
+    rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
+    saved_optimizer_steps = zero ? zero->steps_taken() : optim->steps_taken();
+    TrainingCheckpoint tc = training_checkpoint({.model = model.get(),
+                                                 .zero = zero.get(),
+                                                 .optim = optim.get(),
+                                                 .optimizer_steps = &saved_optimizer_steps,
+                                                 .rank = dp.rank(),
+                                                 .world = dp.size()});
+    SaveRequest req{.root = ckpt_root,
+                    .name = step_dir_name(at),
+                    .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, dp.size()),
+                    .rank0_files = {},
+                    .after_commit = {}};
+    if (dp.writer()) {
+      nlohmann::json st;
+      st["step"] = at;
+      st["tokens_seen"] = tokens_seen;
+      const auto s = sampler->state().to_array();
+      st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
+      st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
+      req.rank0_files.emplace_back("config.json", [c = tc.config_json](const std::string& path) {
+        write_model_config(path, c);
+      });
+      if (!tc.index_json.empty())
+        req.rank0_files.emplace_back(
+            io::kShardIndexName,
+            [t = tc.index_json](const std::string& p) { io::write_text_file_atomic(p, t); });
+      req.rank0_files.emplace_back(kRecipeStateFile,
+                                   [r = model->recipe_state(ctx)](const std::string& path) {
+                                     io::write_safetensors(path, r);
+                                   });
+      req.rank0_files.emplace_back(kTrainerStateFile,
+                                   [t = st.dump(1) + "\n"](const std::string& path) {
+                                     io::write_text_file_atomic(path, t);
+                                   });
+      req.after_commit = [this, at] {
+        io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(at) + "\n");
+        prune_checkpoints(at);
+      };
+    }
+    saver.save(ctx, dp.comm().get(), std::move(req));
+  }
+
+  // Waits for the checkpoint being written on every rank; every rank throws when one failed.
+  void finish_checkpoint() { saver.finish(ctx, dp.comm().get()); }
 
   // The run directory is this run's alone (run_dir.h), so every step_N here is. Checkpoints
   // after the current step are left alone: they are of a stretch this run abandoned by resuming
@@ -300,13 +352,15 @@ struct Run {
     const LoadedCheckpoint ck = read_checkpoint(dir, ro);
     for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
       out << "warning: " << w << "\n";
-    const io::NamedTensors optim_state = io::read_safetensors(dir + "/" + kOptimizerFile).tensors;
+    const std::string optim_file = dir + "/" + kOptimizerFile;
     if (ep_opt)
-      ep_opt->load_state_dict(ctx, optim_state);
-    else if (zero)
-      zero->load_state_dict(ctx, optim_state);
+      ep_opt->load_state_dict(ctx, io::read_safetensors(optim_file).tensors);
+    else if (zero)  // only the rows of this rank's pieces are read
+      zero->load_state_dict(
+          ctx,
+          io::read_safetensors_ranges(optim_file, zero_resume_ranges(*zero, dp.rank())).tensors);
     else
-      optim->load_state_dict(ctx, optim_state);
+      optim->load_state_dict(ctx, io::read_safetensors(optim_file).tensors);
     model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
     const std::string state_file = dir + "/" + kTrainerStateFile;
     std::error_code ec;
@@ -732,7 +786,11 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
     if (writer) start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else if (!target) {
-    run.model->load(run.ctx, init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
+    if (run.model->experts_sharded())  // each rank keeps its experts of the whole host init
+      run.model->load(run.ctx,
+                      init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
+    else
+      init_model(run.ctx, *run.model, static_cast<uint64_t>(cfg.seed));  // on the model's device
     // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
     std::string removed;
     if (writer) start_new_run(cfg.run_dir, opt.start, &removed);

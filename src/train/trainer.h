@@ -13,12 +13,15 @@
 //   optimizer.safetensors             AdamW moments (BF16) and step count
 //   recipe_state.safetensors          delayed scaling: every Linear's amax histories and scales
 //   trainer_state.json                step, sampler position, the spike window, tokens seen
-// written into step_N.partial/ and renamed into place (a crash leaves the previous checkpoints
-// intact); <run_dir>/checkpoints/latest names the newest; the last keep_checkpoints are kept.
+// written into step_N.partial/ by every rank in parallel, in the background from a host snapshot
+// (train/checkpoint_save.h), and renamed into place by rank 0 (a crash leaves the previous
+// checkpoints intact); <run_dir>/checkpoints/latest names the newest; the last keep_checkpoints
+// are kept. Any world size resumes any checkpoint.
 // A resumed run (resume_from) continues bit-identically: the same batches, the same losses.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -50,6 +53,9 @@ struct RunOptions {
   // with the same config; rank 0 writes the run directory, the others only read it.
   std::shared_ptr<Comm> comm;
   int device_index = 0;
+  // Test hook: called on each rank before it writes each of its checkpoint files (rank, file
+  // name); an exception from it fails that rank's write (train/checkpoint_save.h).
+  std::function<void(int rank, const std::string& file)> checkpoint_fault;
 };
 
 enum class RunEnd : uint8_t {

@@ -79,6 +79,12 @@ class ZeroAdamW {
   int64_t steps_taken() const { return steps_taken_; }
   const ZeroLayout& layout() const { return layout_; }
   int64_t shard_elems() const { return layout_.shard_elems[static_cast<size_t>(dp_->rank())]; }
+  // Read-only views for the checkpoint snapshot (train/checkpoint_plan.h): the trainable
+  // parameters in layout order (ZeroLayout::Piece::param indexes them), and this rank's moment
+  // shards (bf16, the pieces at their shard_offset).
+  const std::vector<Parameter*>& params() const { return params_; }
+  const Tensor& exp_avg_shard() const { return exp_avg_; }
+  const Tensor& exp_avg_sq_shard() const { return exp_avg_sq_; }
 
   // AdamWOptimizer::state_dict's tensors (whole moments), gathered from every rank's shards:
   // collective; every rank returns them (a caller writes them from one rank).

@@ -10,9 +10,12 @@
 #include <cstring>
 #include <map>
 
+#include "backend/backend.h"
 #include "core/rng.h"
 #include "model/checkpoint.h"
+#include "model/model.h"
 #include "numerics/fp8.h"
+#include "ops/init/init_normal.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -240,6 +243,38 @@ TEST(Init, PadTokenRowIsZero) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("pad_token_id must be in [-160, 160)"), std::string::npos)
         << e.what();
+  }
+}
+
+// init_model on the CPU writes init_parameters' values (today's, pinned by the test above) into
+// a model's parameters, fused ones included, bit for bit; the padding row too.
+TEST(Init, InitModelOnCpuIsInitParameters) {
+  ModelConfig c = tiny_config();
+  c.extra["pad_token_id"] = 3;
+  Context cpu = make_context(Device::kCpu);
+  Model m(cpu, c, Precision{recipe_preset("bf16"), DType::kBF16});
+  init_model(cpu, m, 99);
+  const io::NamedTensors want = init_parameters(c, 99), got = m.export_tensors(cpu);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(want[i].first, got[i].first);
+    EXPECT_TRUE(bitwise_equal(want[i].second, got[i].second)) << want[i].first;
+  }
+}
+
+// The host loop splits a large tensor over threads: every element is still its own definition.
+TEST(Init, ThreadedHostFillIsElementwiseDefinition) {
+  Context cpu = make_context(Device::kCpu);
+  const int64_t n = (int64_t{1} << 20) + 3;  // several threads, a partial last block
+  Tensor t = Tensor::empty({n}, DType::kF32);
+  const InitNormalStats st = init_normal(cpu, {.out = t, .seed = 5, .stream = 77, .std = 0.02});
+  EXPECT_EQ(st.host_elements, n);
+  const Rng rng(5, 77);
+  double z[4];
+  for (int64_t k = 0; k < n; ++k) {
+    if (k % 4 == 0) rng.normal4(k / 4, z);
+    ASSERT_EQ(t.data_as<float>()[k], static_cast<float>(0.02 * z[k % 4])) << k;
+    if (k % 4099 == 0) ASSERT_EQ(t.data_as<float>()[k], init_normal_value(5, 77, 0.02, k)) << k;
   }
 }
 
