@@ -161,7 +161,9 @@ TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
 
   // DP 2 for two steps, then DP 4 with one sequence per rank: the same global batch of 4
   // sequences, but the loss is the mean of four per-sequence means instead of two two-sequence
-  // ones, and gradients are summed in another order, so the losses agree to 1e-4 (relative).
+  // ones, gradients are summed in another order, and the experts' FP8 Wgrad operands are
+  // quantized in 128-row tiles of other rows (each micro-batch permutes its own tokens), so the
+  // losses agree to 1e-3 (relative; measured 1.3e-4, as the expert-parallel tests measure).
   const std::string r4 = dir_ + "/r4";
   TrainConfig two4 = tiny(r4, corpus_, 2, 1);
   two4.steps = 2;
@@ -170,7 +172,7 @@ TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
   const std::vector<double> got = losses(r4);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], 1e-4 * std::fabs(want[i])) << "step " << i + 1;
+    EXPECT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i])) << "step " << i + 1;
 }
 
 // A single-rank checkpoint resumes at two ranks: saved by ZeRO-1 at world size 1, bit for bit as

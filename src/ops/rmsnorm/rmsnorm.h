@@ -22,8 +22,10 @@
 // All tensors live on the context's device; leading dimensions of x are flattened into rows.
 // Determinism: the CUDA backward sums dw over a fixed partition of the rows (a function of the row
 // count and width only, not of the GPU) in a fixed order, so it is bitwise reproducible run to run
-// and across GPUs. The CPU reference sums in FP64; CPU and CUDA
-// agree to FP32 rounding, not bit for bit (different summation order).
+// and across GPUs. The CPU reference sums in FP64, rounds the sum to FP32 and adds it to dw in
+// FP32 (one rounding each, so accumulation over calls is an FP32 sum of per-call results, as a
+// reduction over ranks is); CPU and CUDA agree to FP32 rounding, not bit for bit (different
+// summation order).
 #pragma once
 
 #include "core/context.h"

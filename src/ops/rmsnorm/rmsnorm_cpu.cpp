@@ -50,7 +50,9 @@ void rmsnorm_backward(Context&, const RmsNormBackwardArgs& a) {
   }
   float* dweight = a.dweight.data_as<float>();
   for (int64_t j = 0; j < d; ++j)
-    dweight[j] = static_cast<float>(dweight[j] + dw[static_cast<size_t>(j)]);  // +=
+    // This call's sum rounded to FP32 once, then one FP32 addition: accumulating micro-batches in
+    // one process gives the bits of summing their results over data-parallel ranks.
+    dweight[j] += static_cast<float>(dw[static_cast<size_t>(j)]);
   if (a.residual_grad.defined()) add_residual(a.dx, a.residual_grad);
 }
 
