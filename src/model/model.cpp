@@ -104,6 +104,7 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   head_proj_.param = c.tie_word_embeddings ? embed_ : param(-1, ParamRole::kLmHead);
   head_.norm = {param(-1, ParamRole::kFinalNorm), static_cast<float>(c.rms_norm_eps)};
   head_.head = &head_proj_;
+  head_.chunk_tokens = c.head_chunk_tokens;
   layers_.resize(static_cast<size_t>(L));
   mtp_.resize(static_cast<size_t>(K));
   for (int64_t i = 0; i < L; ++i) build_layer(layers_[i], i);
@@ -118,6 +119,7 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
     build_layer(m.layer, layer);
     m.head.norm = {param(layer, ParamRole::kMtpHeadNorm), eps};
     m.head.head = &head_proj_;
+    m.head.chunk_tokens = c.head_chunk_tokens;
   }
   for (auto& l : layers_)
     if (l.moe) moe_layers_.push_back(&*l.moe);

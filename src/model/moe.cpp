@@ -90,23 +90,35 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }
-  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F)
+  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);     // (R, 2F)
+  s.expert_out = expert_down(ctx, p, s.gu, s.layout, s.down);  // (R, D)
+  Tensor y = moe_combine(
+      ctx, s.map,
+      {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
+  // Recomputed in backward from gu (moe.h): only gu stays across the step.
+  s.recomputed_down = recompute_down && !down_r.is_delayed();
+  if (s.recomputed_down) {
+    s.expert_out = Tensor();
+    s.down = GroupedLinearLayer::Saved{};
+  }
+  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+  return y.reshape(x.shape());
+}
+
+Tensor MoeLayer::expert_down(Context& ctx, const Precision& p, const Tensor& gu,
+                             const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved) {
+  const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   GroupedInput h;
   const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
   if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
     // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
     // copy, so only with power-of-2 scales (else down quantizes the BF16 output itself).
-    h.qx = swiglu_quantize(ctx, {.gate_up = s.gu, .format = hq.format, .rounding = hq.rounding});
+    h.qx = swiglu_quantize(ctx, {.gate_up = gu, .format = hq.format, .rounding = hq.rounding});
   } else {
-    h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
-    swiglu_forward(ctx, {.gate_up = s.gu, .h = h.x});
+    h.x = Tensor::empty(ctx, {gu.rows(), gu.cols() / 2}, gu.dtype());
+    swiglu_forward(ctx, {.gate_up = gu, .h = h.x});
   }
-  s.expert_out = down.forward(ctx, p, h, s.layout, s.down);  // (R, D)
-  Tensor y = moe_combine(
-      ctx, s.map,
-      {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
-  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
-  return y.reshape(x.shape());
+  return down.forward(ctx, p, h, layout, saved);
 }
 
 Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s) {
@@ -117,12 +129,23 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   if (p.recipe.fp8_flow) {
     std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
+    // The SwiGLU output and the down projection again, as the forward computed them (the same
+    // ops on the same gu: the same bits), unprobed (the forward recorded them).
+    GroupedLinearLayer::Saved down_saved;
+    Tensor expert_out = s.expert_out;
+    if (s.recomputed_down) {
+      Precision again = p;
+      again.probe = nullptr;
+      expert_out = expert_down(ctx, again, s.gu, s.layout, down_saved);
+    }
     const CombineGrads cg = moe_combine_backward(ctx, s.map,
                                                  {.d_out = dy2,
-                                                  .expert_out = s.expert_out,
+                                                  .expert_out = expert_out,
                                                   .topk_weight = s.route.topk_weight,
                                                   .d_expert_out_dtype = dy.dtype()});
-    const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
+    expert_out = Tensor();  // (R, D): freed before down's backward allocates
+    const Tensor dh =
+        down.backward(ctx, p, cg.d_expert_out, s.layout, s.recomputed_down ? down_saved : s.down);
     Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
     swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
     const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
