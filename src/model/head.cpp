@@ -52,7 +52,8 @@ OutputHead::Result OutputHead::run(Context& ctx, const Precision& p, const Tenso
   Tensor dxn;  // (rows, D): the chunks' dxn rows, or the one chunk's dxn itself
   if (dloss != nullptr) {
     // Every chunk's backward divides by the count of all rows: known before the first chunk.
-    cross_entropy_mean(ctx, {.targets = tg, .count = r.count});
+    cross_entropy_mean(ctx,
+                       {.losses = Tensor(), .targets = tg, .count = r.count, .loss = Tensor()});
     if (chunk < rows) dxn = Tensor::empty(ctx, xn.shape(), xn.dtype());
   }
   for (int64_t first = 0; first < rows; first += chunk) {

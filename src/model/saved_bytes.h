@@ -4,7 +4,7 @@
 // storage (released row-wise copies that keep only a shape) count nothing. Runs on any device: it
 // reads sizes only.
 //
-// docs/memory.md has the table per layer at the baseline shape. Tests and tools call it after a
+// docs/model.md (Memory) has the table per layer at the baseline shape. Call it after a
 // forward, before the backward releases the Saved.
 #pragma once
 
