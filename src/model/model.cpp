@@ -393,6 +393,7 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
     Tensor dh = mtp_dh[k];
     if (carry.defined() && carry.numel() > 0) add_into(ctx, dh, carry);
     const MtpModule::Grads g = mtp_[k].backward(ctx, p, rope_, dh, mtp_saved[k]);
+    mtp_saved[k] = MtpModule::Saved{};
     embedding_backward(
         ctx,
         {.ids = mtp_ids[k], .dout = g.d_emb, .dtable = embed_->grad});  // += (shared embedding)
@@ -400,7 +401,10 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
   }
   Tensor dh = main.dx;
   if (K > 0) add_into(ctx, dh, carry);
-  for (size_t l = layers_.size(); l-- > 0;) dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
+  for (size_t l = layers_.size(); l-- > 0;) {
+    dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
+    saved[l] = DecoderLayer::Saved{};  // this layer's activations: not read again
+  }
   embedding_backward(ctx, {.ids = ids, .dout = dh, .dtable = embed_->grad});  // +=
   return out;
 }

@@ -130,27 +130,35 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
     std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
     // The SwiGLU output and the down projection again, as the forward computed them (the same
-    // ops on the same gu: the same bits), unprobed (the forward recorded them).
-    GroupedLinearLayer::Saved down_saved;
-    Tensor expert_out = s.expert_out;
-    if (s.recomputed_down) {
-      Precision again = p;
-      again.probe = nullptr;
-      expert_out = expert_down(ctx, again, s.gu, s.layout, down_saved);
+    // ops on the same gu: the same bits), unprobed (the forward recorded them). Each (R, *)
+    // temporary is released as soon as its last reader is done, so that gate_up's backward runs
+    // with dgu alone beside the saved tensors.
+    Tensor dgu;
+    {
+      GroupedLinearLayer::Saved down_saved;
+      Tensor expert_out = s.expert_out;
+      if (s.recomputed_down) {
+        Precision again = p;
+        again.probe = nullptr;
+        expert_out = expert_down(ctx, again, s.gu, s.layout, down_saved);
+      }
+      CombineGrads cg = moe_combine_backward(ctx, s.map,
+                                             {.d_out = dy2,
+                                              .expert_out = expert_out,
+                                              .topk_weight = s.route.topk_weight,
+                                              .d_expert_out_dtype = dy.dtype()});
+      expert_out = Tensor();  // (R, D): freed before down's backward allocates
+      Tensor dh =
+          down.backward(ctx, p, cg.d_expert_out, s.layout, s.recomputed_down ? down_saved : s.down);
+      cg.d_expert_out = Tensor();
+      down_saved = GroupedLinearLayer::Saved{};
+      d_topk_weight = cg.d_topk_weight;
+      dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
+      swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
     }
-    const CombineGrads cg = moe_combine_backward(ctx, s.map,
-                                                 {.d_out = dy2,
-                                                  .expert_out = expert_out,
-                                                  .topk_weight = s.route.topk_weight,
-                                                  .d_expert_out_dtype = dy.dtype()});
-    expert_out = Tensor();  // (R, D): freed before down's backward allocates
-    const Tensor dh =
-        down.backward(ctx, p, cg.d_expert_out, s.layout, s.recomputed_down ? down_saved : s.down);
-    Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
-    swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
-    const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    dgu = Tensor();
     dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
-    d_topk_weight = cg.d_topk_weight;
   }
 
   // Router: through the combine weights (and the balance loss), not the selection or the bias.
