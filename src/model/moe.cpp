@@ -100,6 +100,15 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   if (s.recomputed_down) {
     s.expert_out = Tensor();
     s.down = GroupedLinearLayer::Saved{};
+    if (r.moe_swiglu_input == Storage::kFp8) {
+      QuantizeArgs qa;
+      qa.input = s.gu;
+      qa.format = Fp8Format::kE4M3;
+      qa.granularity = Granularity::k1x128;
+      qa.output = QuantizeOutput::kRowwise;
+      s.gu_fp8 = quantize(ctx, qa);
+      s.gu = Tensor();
+    }
   }
   if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
   return y.reshape(x.shape());
@@ -135,12 +144,14 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
     // with dgu alone beside the saved tensors.
     Tensor dgu;
     {
+      const Tensor gu =
+          s.gu.data() != nullptr ? s.gu : dequantize(ctx, s.gu_fp8, dy.dtype());  // (R, 2F)
       GroupedLinearLayer::Saved down_saved;
       Tensor expert_out = s.expert_out;
       if (s.recomputed_down) {
         Precision again = p;
         again.probe = nullptr;
-        expert_out = expert_down(ctx, again, s.gu, s.layout, down_saved);
+        expert_out = expert_down(ctx, again, gu, s.layout, down_saved);
       }
       CombineGrads cg = moe_combine_backward(ctx, s.map,
                                              {.d_out = dy2,
@@ -153,8 +164,8 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
       cg.d_expert_out = Tensor();
       down_saved = GroupedLinearLayer::Saved{};
       d_topk_weight = cg.d_topk_weight;
-      dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
-      swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
+      dgu = Tensor::empty(ctx, gu.shape(), dh.dtype());
+      swiglu_backward(ctx, {.dh = dh, .gate_up = gu, .d_gate_up = dgu});
     }
     Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
     dgu = Tensor();

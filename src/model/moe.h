@@ -18,7 +18,10 @@
 // kept: the backward computes h and down(h) again from gu (the same ops on the same inputs, so the
 // same bits) just before the combine's backward, which needs the outputs for the routing weights'
 // gradient. That costs one more down-projection Fprop per layer and saves (R, F) FP8 + (R, D)
-// BF16 per layer. Delayed scaling would record a second amax, so it keeps them.
+// BF16 per layer. Delayed scaling would record a second amax, so it keeps them. With the recipe's
+// moe_swiglu_input = fp8 (DeepSeek-V3's caching of the SwiGLU input in FP8), gu itself is kept as
+// 1x128 E4M3 (half the bytes) and dequantized in backward: then h, down(h) and dgu come from the
+// FP8 gu, no longer bitwise the forward's.
 //
 // fp8-flow (Recipe::fp8_flow, FP8-Flow-MoE, reference/fp8-facts.md section 5; moe_flow.cpp): the
 // same layer with every tensor between the dispatch and the combine in FP8, in both directions:
@@ -69,6 +72,7 @@ struct MoeLayer {
     GroupedLinearLayer::Saved gate_up, down;
     Tensor gu, expert_out;  // (R, 2F), (R, D); expert_out and down undefined when recomputed
     bool recomputed_down = false;
+    QuantTensor gu_fp8;  // Recipe::moe_swiglu_input fp8: gu (1x128 E4M3), and gu undefined
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
     Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)

@@ -3,7 +3,10 @@
 // with recompute_down the MoE keeps neither the experts' outputs nor the SwiGLU output.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <map>
+#include <tuple>
 
 #include "memory_test_util.h"
 #include "model/saved_bytes.h"
@@ -97,6 +100,66 @@ TEST(SavedBytes, RecomputedDownKeepsOnlyGu) {
         static_cast<long long>(b.norms), static_cast<long long>(b.mlp),
         static_cast<long long>(dropped));
   }
+}
+
+}  // namespace
+}  // namespace octet
+
+namespace octet {
+namespace {
+
+// moe_swiglu_input=fp8: gu kept as 1x128 E4M3 (one byte per element plus the scales); the forward
+// is unchanged (the same loss, bit for bit) and the gradients move by FP8 noise only.
+TEST(SavedBytes, Fp8SwigluInputHalvesGu) {
+  Context cpu = make_context(Device::kCpu);
+  const ModelConfig c = test::memory_test_config();
+  auto run = [&](const std::vector<std::string>& overrides) {
+    Model m(cpu, c, {resolve_recipe({.preset = "deepseek", .overrides = overrides}), DType::kBF16});
+    m.load(cpu, init_parameters(c, 3));
+    m.prepare(cpu);
+    m.zero_grad(cpu);
+    ModelBatch b{Tensor::empty({2, 32}, DType::kI32), Tensor::empty({2, 32}, DType::kI32)};
+    for (int64_t i = 0; i < 64; ++i) {
+      b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+      b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
+    }
+    const LossValues l = m.read_losses(cpu, m.step(cpu, b, Pass::kForwardBackward));
+    const Tensor x =
+        cast(cpu, test::random_tensor({64, c.hidden_size}, DType::kF32, 9), DType::kBF16);
+    DecoderLayer::Saved s;
+    m.layer(1).forward(cpu, m.precision(), m.rope(), x, 2, 32, s);
+    std::map<std::string, Tensor> g;
+    for (Parameter* p : m.parameters()) g[p->name] = p->grad.to_host(cpu);
+    return std::tuple{l, saved_bytes(s), s.moe.gu_fp8.data.defined() && s.moe.gu_fp8.data.data(),
+                      s.moe.gu.data() != nullptr ? s.moe.gu.nbytes() : 0, g};
+  };
+  const auto [l16, b16, q16, gu16, g16] = run({});
+  const auto [l8, b8, q8, gu8, g8] = run({"moe_swiglu_input=fp8"});
+  EXPECT_FALSE(q16);
+  EXPECT_TRUE(q8);
+  EXPECT_EQ(gu8, 0);
+  EXPECT_EQ(l8.main, l16.main);  // the forward does not read the cached copy
+  EXPECT_GT(b16.mlp - b8.mlp, gu16 / 2 - gu16 / 16) << "gu: BF16 -> FP8 + 1x128 scales";
+  double num = 0, den = 0;
+  for (const auto& [name, t] : g16)
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double a = g8.at(name).data_as<const float>()[i], b = t.data_as<const float>()[i];
+      num += (a - b) * (a - b);
+      den += b * b;
+    }
+  const double rel = std::sqrt(num / den);
+  std::printf("moe_swiglu_input=fp8: all gradients against BF16 gu, relative Frobenius %.4f\n",
+              rel);
+  EXPECT_GT(rel, 0.0);
+  EXPECT_LT(rel, 0.05);
+}
+
+TEST(SavedBytes, Fp8SwigluInputNeedsARecomputableDown) {
+  EXPECT_THROW(
+      resolve_recipe({.preset = "fp8-tensor-delayed", .overrides = {"moe_swiglu_input=fp8"}}),
+      Error);
+  EXPECT_THROW(resolve_recipe({.preset = "deepseek", .overrides = {"moe_swiglu_input=e5m6"}}),
+               Error);
 }
 
 }  // namespace
