@@ -64,6 +64,9 @@ struct ModelConfig {
   // Tokens per chunk of the output heads' projection + cross-entropy (model/head.h); 0: automatic
   // (at most 256 MiB of logits at a time).
   int64_t head_chunk_tokens = 0;
+  // The MoE backward recomputes the SwiGLU output and the experts' outputs from gu instead of
+  // keeping them (model/moe.h recompute_down): less memory, one more down-projection Fprop.
+  bool moe_recompute = true;
 
   nlohmann::json extra = nlohmann::json::object();  // unknown keys, written back unchanged
 

@@ -125,6 +125,7 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
     if (l.moe) moe_layers_.push_back(&*l.moe);
   for (auto& m : mtp_)
     if (m.layer.moe) moe_layers_.push_back(&*m.layer.moe);
+  for (MoeLayer* m : moe_layers_) m->recompute_down = c.moe_recompute;
   rope_ = make_rope_table(ctx, c.max_position_embeddings, c.qk_rope_head_dim, c.rope_theta);
   set_precision(ctx, precision_);
 }

@@ -132,7 +132,8 @@ struct Recipe {
   bool fp8_flow = false;                  // casting-free MoE dataflow between dispatch and combine
   // The routed experts' SwiGLU input gu as kept from forward to backward (model/moe.h): BF16, or
   // FP8 (E4M3, 1x128 tiles) as DeepSeek-V3 caches it; the backward dequantizes it and recomputes
-  // the SwiGLU output from it. fp8 needs the recomputed down projection (no delayed scaling there).
+  // the SwiGLU output from it. fp8 needs the recomputed down projection (no delayed scaling there;
+  // with the model key moe_recompute off it has no effect).
   Storage moe_swiglu_input = Storage::kBf16;
   Fp8Transpose fp8_transpose = Fp8Transpose::kScalingAware;  // column-wise copies of FP8 tensors
   // Delayed scaling (TransformerEngine's defaults).

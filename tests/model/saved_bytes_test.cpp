@@ -164,3 +164,25 @@ TEST(SavedBytes, Fp8SwigluInputNeedsARecomputableDown) {
 
 }  // namespace
 }  // namespace octet
+
+namespace octet {
+namespace {
+
+TEST(SavedBytes, ConfigTurnsTheMoeRecomputationOff) {
+  Context cpu = make_context(Device::kCpu);
+  ModelConfig c = test::memory_test_config();
+  EXPECT_TRUE(
+      Model(cpu, c, {recipe_preset("deepseek"), DType::kBF16}).layer(1).moe->recompute_down);
+  c.moe_recompute = false;
+  c.head_chunk_tokens = 512;
+  Model m(cpu, c, {recipe_preset("deepseek"), DType::kBF16});
+  EXPECT_FALSE(m.layer(1).moe->recompute_down);
+  EXPECT_FALSE(m.mtp(0).layer.moe->recompute_down);
+  EXPECT_EQ(m.head().chunk_tokens, 512);
+  const ModelConfig back = model_config_from_json(model_config_to_json(c));
+  EXPECT_FALSE(back.moe_recompute);
+  EXPECT_EQ(back.head_chunk_tokens, 512);
+}
+
+}  // namespace
+}  // namespace octet
