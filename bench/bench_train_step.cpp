@@ -17,6 +17,7 @@
 #include "bench.h"
 #include "model/init.h"
 #include "model/model.h"
+#include "model/saved_bytes.h"
 #include "ops/cast/cast.h"
 #include "train/optimizer.h"
 #include "train/step_graph.h"
@@ -184,6 +185,7 @@ int run(const std::vector<std::string>& argv) {
           m.layer(0).backward(ctx, m.precision(), m.rope(), y, s);
         },
         1, runs);
+    const double dense_saved = static_cast<double>(saved_bytes(s).total()) / (1 << 20);
     const int64_t moe_i = mc.first_k_dense_replace;
     const Timing moe = time_op(
         ctx,
@@ -192,6 +194,7 @@ int run(const std::vector<std::string>& argv) {
           m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
         },
         1, runs);
+    const double moe_saved = static_cast<double>(saved_bytes(s).total()) / (1 << 20);
     // The MoE feed-forward alone (router, dispatch, experts, combine, shared expert: where the
     // recipes' MoE dataflows differ), and the memory it adds over what was allocated before it.
     MoeLayer& ffn = *m.layer(moe_i).moe;
@@ -227,18 +230,20 @@ int run(const std::vector<std::string>& argv) {
     rows.push_back({r, fmt(step.median_ms), fmt(host), fmt(prep.median_ms), fmt(adam.median_ms),
                     fmt(fused.median_ms), fmt(fused8.median_ms), fmt(dense.median_ms),
                     fmt(moe.median_ms), fmt(moe_ffn.median_ms), fmt(moe_mib, 0),
-                    fmt(head.median_ms), fmt(blocks), fmt(static_cast<double>(N) / total, 0)});
+                    fmt(dense_saved, 0), fmt(moe_saved, 0), fmt(head.median_ms), fmt(blocks),
+                    fmt(static_cast<double>(N) / total, 0)});
   }
   print_table({"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "adamw+prepare fused",
-               "fused with fp8", "dense layer", "moe layer", "moe ffn", "moe ffn peak MiB", "head",
-               "blocks sum", "tokens/ms"},
+               "fused with fp8", "dense layer", "moe layer", "moe ffn", "moe ffn peak MiB",
+               "dense saved MiB", "moe saved MiB", "head", "blocks sum", "tokens/ms"},
               rows);
   std::printf(
       "tokens/ms = B T / (fwd+bwd + the faster fused column); fused: optim.fused_prepare (BF16 "
       "copies), with fp8: also fused_prepare_fp8 (the FP8 blocks); blocks sum = dense x %lld + moe "
       "x "
       "%lld + head (fwd+bwd each); moe ffn: the MoE feed-forward alone (fwd+bwd), its peak memory "
-      "above what was in use before it (CUDA; 0 on the CPU)\n",
+      "above what was in use before it (CUDA; 0 on the CPU); saved MiB: what one layer keeps "
+      "from its forward for its backward (model/saved_bytes.h)\n",
       static_cast<long long>(mc.first_k_dense_replace),
       static_cast<long long>(mc.num_hidden_layers - mc.first_k_dense_replace));
   print_table({"recipe", "cuda graphs", "whole step", "host per step", "host %", "replays",

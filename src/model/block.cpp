@@ -30,13 +30,25 @@ Tensor DecoderLayer::forward(Context& ctx, const Precision& p, const RopeTable& 
   Tensor h = attn.forward(ctx, p, rope, input_norm.forward(ctx, x, s.input_norm), B, T, s.attn);
   const Tensor hn = post_norm.forward(ctx, h, s.post_norm, x);  // h += x (residual), then the norm
   Tensor y = mlp ? mlp->forward(ctx, p, hn, s.mlp) : moe->forward(ctx, p, hn, B, s.moe);
+  // The MoE keeps its input for the router's (BF16) Wgrad; the backward recomputes it from the
+  // post-norm's saved input instead (the same op on the same bits: rmsnorm.h), so that no BF16
+  // copy of it lives across the step.
+  if (moe) s.moe.x = Tensor();
   add_into(ctx, y, h);  // residual
   return y;
 }
 
 Tensor DecoderLayer::backward(Context& ctx, const Precision& p, const RopeTable& rope,
                               const Tensor& dy, const Saved& s) {
-  const Tensor dhn = mlp ? mlp->backward(ctx, p, dy, s.mlp) : moe->backward(ctx, p, dy, s.moe);
+  Tensor dhn;
+  if (mlp) {
+    dhn = mlp->backward(ctx, p, dy, s.mlp);
+  } else {
+    MoeLayer::Saved ms = s.moe;  // handles: no copy of the tensors
+    NormLayer::Saved again;
+    ms.x = post_norm.forward(ctx, s.post_norm.x, again);
+    dhn = moe->backward(ctx, p, dy, ms);
+  }
   const Tensor dh = post_norm.backward(ctx, dhn, s.post_norm, dy);  // + dy (residual)
   const Tensor dxn = attn.backward(ctx, p, rope, dh, s.attn);
   return input_norm.backward(ctx, dxn, s.input_norm, dh);  // + dh (residual)

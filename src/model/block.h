@@ -3,7 +3,9 @@
 //   h = x + self_attn(input_layernorm(x))                    MLA (model/mla.h)
 //   y = h + mlp(post_attention_layernorm(h))                 dense SwiGLU or MoE (model/moe.h)
 //
-// The residual stream stays in the activation dtype (BF16); the norms compute in FP32.
+// The residual stream stays in the activation dtype (BF16); the norms compute in FP32. An MoE
+// layer's input (the post-attention norm's output) is not kept: the backward computes it again
+// from the norm's saved input.
 #pragma once
 
 #include <optional>

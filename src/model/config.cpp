@@ -205,6 +205,9 @@ void ModelConfig::validate() const {
               bias_update_rate);
   OCTET_CHECK(seq_aux_loss_alpha >= 0, "config: octet_seq_aux_loss_alpha must be >= 0, got ",
               seq_aux_loss_alpha);
+  OCTET_CHECK(head_chunk_tokens >= 0,
+              "config: octet_head_chunk_tokens must be >= 0 (0: automatic), got ",
+              head_chunk_tokens);
   try {
     resolve_recipe(recipe);
   } catch (const Error& e) {
@@ -259,6 +262,8 @@ ModelConfig model_config_from_json(const Json& j, const std::string& source) {
   r.get("octet_mtp_loss_weight", c.mtp_loss_weight);
   r.get("octet_bias_update_rate", c.bias_update_rate);
   r.get("octet_seq_aux_loss_alpha", c.seq_aux_loss_alpha);
+  r.get("octet_head_chunk_tokens", c.head_chunk_tokens);
+  r.get("octet_moe_recompute", c.moe_recompute);
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!r.seen(it.key())) c.extra[it.key()] = it.value();
   c.validate();
@@ -305,6 +310,8 @@ Json model_config_to_json(const ModelConfig& c) {
   j["octet_mtp_loss_weight"] = c.mtp_loss_weight;
   j["octet_bias_update_rate"] = c.bias_update_rate;
   j["octet_seq_aux_loss_alpha"] = c.seq_aux_loss_alpha;
+  j["octet_head_chunk_tokens"] = c.head_chunk_tokens;
+  j["octet_moe_recompute"] = c.moe_recompute;
   return j;
 }
 

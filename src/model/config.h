@@ -61,6 +61,12 @@ struct ModelConfig {
   double mtp_loss_weight = 0.3;        // lambda of DeepSeek-V3's MTP loss (0.3 early, 0.1 late)
   double bias_update_rate = 0.001;     // gamma of the auxiliary-loss-free balancing
   double seq_aux_loss_alpha = 0.0001;  // sequence-wise balance loss weight; 0 disables it
+  // Tokens per chunk of the output heads' projection + cross-entropy (model/head.h); 0: automatic
+  // (at most 256 MiB of logits at a time).
+  int64_t head_chunk_tokens = 0;
+  // The MoE backward recomputes the SwiGLU output and the experts' outputs from gu instead of
+  // keeping them (model/moe.h recompute_down): less memory, one more down-projection Fprop.
+  bool moe_recompute = true;
 
   nlohmann::json extra = nlohmann::json::object();  // unknown keys, written back unchanged
 

@@ -76,6 +76,13 @@ void check_prepared(GemmSite site, const PreparedWeight& w, const GemmRecipe& r,
 
 }  // namespace
 
+bool same_input_quantization(const GemmRecipe& a, const GemmRecipe& b) {
+  if (!a.is_fp8() || a.is_delayed() || a.precision != b.precision || b.is_delayed()) return false;
+  const GemmRecipe::Quantization x = a.quantization(GemmOperand::kActivation),
+                                 y = b.quantization(GemmOperand::kActivation);
+  return x.format == y.format && x.granularity == y.granularity && x.rounding == y.rounding;
+}
+
 QuantizeArgs quantize_args(const GemmRecipe& recipe, GemmOperand operand, const Tensor& input,
                            QuantizeOutput output) {
   const GemmRecipe::Quantization q = recipe.quantization(operand);
@@ -156,8 +163,20 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   }
   DelayedScaling* ds = r.is_delayed() ? &a.state->x : nullptr;
   const bool keep_fp8 = a.saved_storage == Storage::kFp8;
-  QuantTensor qx = quantize_both(ctx, a.x, r, GemmOperand::kActivation, ds,
-                                 keep_fp8 ? QuantizeOutput::kBoth : QuantizeOutput::kRowwise);
+  OCTET_CHECK(a.shared_x == nullptr || (keep_fp8 && !r.is_delayed()), "linear ",
+              gemm_site_name(a.site),
+              ": a shared quantization of x needs FP8 saved storage and no delayed scaling");
+  const bool reuse = a.shared_x != nullptr && a.shared_x->data.data() != nullptr;
+  QuantTensor qx = reuse
+                       ? *a.shared_x
+                       : quantize_both(ctx, a.x, r, GemmOperand::kActivation, ds,
+                                       keep_fp8 ? QuantizeOutput::kBoth : QuantizeOutput::kRowwise);
+  if (reuse)
+    OCTET_CHECK(qx.rows() == t && qx.cols() == w.in_features && qx.has_columnwise(), "linear ",
+                gemm_site_name(a.site), ": the shared quantization of x is ",
+                shape_str(qx.data.shape()), ", x is ", shape_str({t, w.in_features}));
+  else if (a.shared_x != nullptr)
+    *a.shared_x = qx;
   GemmFp8Args g;
   g.a = rowwise_operand(qx);     // (T, In)
   g.b = rowwise_operand(w.fp8);  // (Out, In)
@@ -166,9 +185,12 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   if (ds != nullptr)
     record_amax(ctx, *a.state, *ds, a.state->x_steps, qx.amax, r, GemmOperand::kActivation);
   if (!keep_fp8) {
-    // The site keeps x in a wider storage (DeepSeek-V3's E5M6 o_proj input); backward quantizes
-    // it for Wgrad.
-    saved.x = a.saved_storage == Storage::kE5M6 ? round_to_storage(ctx, a.x, kE5M6Format) : a.x;
+    // The site keeps x in a wider storage (DeepSeek-V3's E5M6 o_proj input); backward rounds it
+    // to that storage (E5M6: a pure function of x, so the same bits as rounding it here) and
+    // quantizes it for Wgrad. x itself is kept: the caller keeps it anyway (the attention output,
+    // which the attention backward reads), so the rounded copy lives only inside the backward.
+    saved.x = a.x;
+    saved.storage = a.saved_storage;
     return y;
   }
   // Wgrad reads only the column-wise copy: release the row-wise one, keep the logical shape.
@@ -233,10 +255,15 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   GemmFp8Args wgrad;
   wgrad.a = columnwise_operand(qdy);  // dy^T (Out, T), groups along T
   // x^T (In, T), groups along T: the saved FP8 copy, or quantized now from the wider storage.
-  const QuantTensor qx = saved_fp8 ? s.qx
-                                   : quantize_both(ctx, s.x, r, GemmOperand::kActivation,
-                                                   r.is_delayed() ? &a.state->x : nullptr,
-                                                   QuantizeOutput::kColumnwise);
+  QuantTensor qx;
+  if (saved_fp8) {
+    qx = s.qx;
+  } else {
+    const Tensor x_stored =
+        s.storage == Storage::kE5M6 ? round_to_storage(ctx, s.x, kE5M6Format) : s.x;
+    qx = quantize_both(ctx, x_stored, r, GemmOperand::kActivation,
+                       r.is_delayed() ? &a.state->x : nullptr, QuantizeOutput::kColumnwise);
+  }
   wgrad.b = columnwise_operand(qx);
   wgrad.d = grads.weight;  // (Out, In) f32
   wgrad.accumulate = Accumulate::kAdd;

@@ -109,8 +109,9 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& args);
 // What the forward keeps for the backward, in the site's storage precision.
 struct LinearSaved {
   GemmPrecision precision = GemmPrecision::kBf16;
-  Tensor x;        // (T, In) bf16 (f32 in the FP32 checking mode): bf16 recipe, or an FP8 recipe
-                   // whose saved_storage is kE5M6 / kBf16
+  Tensor x;  // (T, In) bf16 (f32 in the FP32 checking mode): bf16 recipe, or an FP8 recipe
+             // whose saved_storage is kE5M6 / kBf16 (x itself, shared with the caller)
+  Storage storage = Storage::kFp8;  // kE5M6: x is rounded to E5M6 in backward, before Wgrad
   QuantTensor qx;  // FP8 recipes: columnwise_data (In, T) with its scales; `data` keeps only the
                    // logical shape (T, In), the row-wise copy is released after Fprop
 };
@@ -123,11 +124,22 @@ struct LinearArgs {
   LinearScalingState* state = nullptr;   // delayed scaling only (x's history advances)
   // FP8 recipes: how x is kept for Wgrad. kFp8: the column-wise copy the forward's quantization
   // made (one read, one byte per element). kE5M6: x rounded to DeepSeek-V3's E5M6 with power-of-2
-  // 1x128 scales (ops/cast round_to_storage, held in BF16), quantized column-wise in backward.
+  // 1x128 scales (ops/cast round_to_storage, held in BF16), quantized column-wise in backward; the
+  // rounding is deterministic, so it is done in backward from x itself, which the caller keeps
+  // (the attention output): no second (T, In) BF16 tensor lives across the step.
   // kBf16: x itself, quantized in backward. Delayed scaling uses x's current scale for that second
   // quantization and records no amax for it. The bf16 recipe always keeps x.
   Storage saved_storage = Storage::kFp8;
+  // FP8 recipes, saved_storage kFp8, no delayed scaling: x's quantization (both copies) shared
+  // with other Linears that read the same x and quantize it alike (same_input_quantization), as
+  // MLA's q_a and kv_a read the normed layer input. Empty: filled by this call; filled: used as
+  // it is (no second quantization, and the saved column-wise copy is the same buffer).
+  QuantTensor* shared_x = nullptr;
 };
+
+// Whether two sites quantize their input identically (so one quantization of a shared x serves
+// both through LinearArgs::shared_x): FP8, no delayed scaling, the same format, groups, rounding.
+bool same_input_quantization(const GemmRecipe& a, const GemmRecipe& b);
 
 // y (x's leading dims, Out) bf16 = x W^T, written (=); fills `saved` (=).
 Tensor linear_forward(Context& ctx, const LinearArgs& args, LinearSaved& saved);

@@ -12,20 +12,28 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
   const int64_t N = B * T, H = heads, dqk = nope + rope;
   s.B = B;
   s.T = T;
+  // q_a (or q) and kv_a read the same x: one quantization and one saved FP8 copy when both sites
+  // quantize it alike (linear.h same_input_quantization); freed (its row-wise half) after kv_a.
+  LinearLayer& first = has_q_lora ? q_a : q;
+  QuantTensor shared_x;
+  QuantTensor* sx = same_input_quantization(p.recipe.at(first.site), p.recipe.at(kv_a.site))
+                        ? &shared_x
+                        : nullptr;
   Tensor qf;
   if (has_q_lora) {
-    const Tensor qa = q_a.forward(ctx, p, x, s.q_a);
+    const Tensor qa = q_a.forward(ctx, p, x, s.q_a, Storage::kFp8, sx);
     const Tensor qan = q_a_norm.forward(ctx, qa, s.q_a_norm);
     qf = q_b.forward(ctx, p, qan, s.q_b);
   } else {
-    qf = q.forward(ctx, p, x, s.q);
+    qf = q.forward(ctx, p, x, s.q, Storage::kFp8, sx);
   }
   s.q_rot = rope_forward(ctx, {.input = qf.reshape({B, T, H, dqk}),
                                .table = rope_table,
                                .pairing = pairing,
                                .offset = nope});
 
-  const Tensor kva = kv_a.forward(ctx, p, x, s.kv_a);  // (N, kv_lora + dr)
+  const Tensor kva = kv_a.forward(ctx, p, x, s.kv_a, Storage::kFp8, sx);  // (N, kv_lora + dr)
+  shared_x = QuantTensor{};
   const Tensor c = slice_columns(ctx, kva, 0, kv_lora, kva.dtype());
   const Tensor cn = kv_a_norm.forward(ctx, c, s.kv_a_norm);
   const Tensor kva_rot = rope_forward(ctx, {.input = kva.reshape({B, T, kv_lora + rope}),

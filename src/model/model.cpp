@@ -115,6 +115,7 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
   head_proj_.param = c.tie_word_embeddings ? embed_ : param(-1, ParamRole::kLmHead);
   head_.norm = {param(-1, ParamRole::kFinalNorm), static_cast<float>(c.rms_norm_eps)};
   head_.head = &head_proj_;
+  head_.chunk_tokens = c.head_chunk_tokens;
   layers_.resize(static_cast<size_t>(L));
   mtp_.resize(static_cast<size_t>(K));
   for (int64_t i = 0; i < L; ++i) build_layer(layers_[i], i);
@@ -129,11 +130,13 @@ Model::Model(Context& ctx, const ModelConfig& config, const Precision& precision
     build_layer(m.layer, layer);
     m.head.norm = {param(layer, ParamRole::kMtpHeadNorm), eps};
     m.head.head = &head_proj_;
+    m.head.chunk_tokens = c.head_chunk_tokens;
   }
   for (auto& l : layers_)
     if (l.moe) moe_layers_.push_back(&*l.moe);
   for (auto& m : mtp_)
     if (m.layer.moe) moe_layers_.push_back(&*m.layer.moe);
+  for (MoeLayer* m : moe_layers_) m->recompute_down = c.moe_recompute;
   rope_ = make_rope_table(ctx, c.max_position_embeddings, c.qk_rope_head_dim, c.rope_theta);
   set_precision(ctx, precision_);
 }
@@ -457,6 +460,7 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
     Tensor dh = mtp_dh[k];
     if (carry.defined() && carry.numel() > 0) add_into(ctx, dh, carry);
     const MtpModule::Grads g = mtp_[k].backward(ctx, p, rope_, dh, mtp_saved[k]);
+    mtp_saved[k] = MtpModule::Saved{};
     embedding_backward(
         ctx,
         {.ids = mtp_ids[k], .dout = g.d_emb, .dtable = embed_->grad});  // += (shared embedding)
@@ -464,7 +468,10 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
   }
   Tensor dh = main.dx;
   if (K > 0) add_into(ctx, dh, carry);
-  for (size_t l = layers_.size(); l-- > 0;) dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
+  for (size_t l = layers_.size(); l-- > 0;) {
+    dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
+    saved[l] = DecoderLayer::Saved{};  // this layer's activations: not read again
+  }
   embedding_backward(ctx, {.ids = ids, .dout = dh, .dtable = embed_->grad});  // +=
   return out;
 }

@@ -97,23 +97,44 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }
-  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F)
+  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);     // (R, 2F)
+  s.expert_out = expert_down(ctx, p, s.gu, s.layout, s.down);  // (R, D)
+  Tensor y = moe_combine(
+      ctx, s.map,
+      {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
+  // Recomputed in backward from gu (moe.h): only gu stays across the step.
+  s.recomputed_down = recompute_down && !down_r.is_delayed();
+  if (s.recomputed_down) {
+    s.expert_out = Tensor();
+    s.down = GroupedLinearLayer::Saved{};
+    if (r.moe_swiglu_input == Storage::kFp8) {
+      QuantizeArgs qa;
+      qa.input = s.gu;
+      qa.format = Fp8Format::kE4M3;
+      qa.granularity = Granularity::k1x128;
+      qa.output = QuantizeOutput::kRowwise;
+      s.gu_fp8 = quantize(ctx, qa);
+      s.gu = Tensor();
+    }
+  }
+  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+  return y.reshape(x.shape());
+}
+
+Tensor MoeLayer::expert_down(Context& ctx, const Precision& p, const Tensor& gu,
+                             const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved) {
+  const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   GroupedInput h;
   const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
   if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
     // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
     // copy, so only with power-of-2 scales (else down quantizes the BF16 output itself).
-    h.qx = swiglu_quantize(ctx, {.gate_up = s.gu, .format = hq.format, .rounding = hq.rounding});
+    h.qx = swiglu_quantize(ctx, {.gate_up = gu, .format = hq.format, .rounding = hq.rounding});
   } else {
-    h.x = Tensor::empty(ctx, {s.gu.rows(), s.gu.cols() / 2}, s.gu.dtype());
-    swiglu_forward(ctx, {.gate_up = s.gu, .h = h.x});
+    h.x = Tensor::empty(ctx, {gu.rows(), gu.cols() / 2}, gu.dtype());
+    swiglu_forward(ctx, {.gate_up = gu, .h = h.x});
   }
-  s.expert_out = down.forward(ctx, p, h, s.layout, s.down);  // (R, D)
-  Tensor y = moe_combine(
-      ctx, s.map,
-      {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
-  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
-  return y.reshape(x.shape());
+  return down.forward(ctx, p, h, layout, saved);
 }
 
 Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s) {
@@ -126,17 +147,38 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   } else if (p.recipe.fp8_flow) {
     std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
-    const CombineGrads cg = moe_combine_backward(ctx, s.map,
-                                                 {.d_out = dy2,
-                                                  .expert_out = s.expert_out,
-                                                  .topk_weight = s.route.topk_weight,
-                                                  .d_expert_out_dtype = dy.dtype()});
-    const Tensor dh = down.backward(ctx, p, cg.d_expert_out, s.layout, s.down);
-    Tensor dgu = Tensor::empty(ctx, s.gu.shape(), dh.dtype());
-    swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu});
-    const Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    // The SwiGLU output and the down projection again, as the forward computed them (the same
+    // ops on the same gu: the same bits), unprobed (the forward recorded them). Each (R, *)
+    // temporary is released as soon as its last reader is done, so that gate_up's backward runs
+    // with dgu alone beside the saved tensors.
+    Tensor dgu;
+    {
+      const Tensor gu =
+          s.gu.data() != nullptr ? s.gu : dequantize(ctx, s.gu_fp8, dy.dtype());  // (R, 2F)
+      GroupedLinearLayer::Saved down_saved;
+      Tensor expert_out = s.expert_out;
+      if (s.recomputed_down) {
+        Precision again = p;
+        again.probe = nullptr;
+        expert_out = expert_down(ctx, again, gu, s.layout, down_saved);
+      }
+      CombineGrads cg = moe_combine_backward(ctx, s.map,
+                                             {.d_out = dy2,
+                                              .expert_out = expert_out,
+                                              .topk_weight = s.route.topk_weight,
+                                              .d_expert_out_dtype = dy.dtype()});
+      expert_out = Tensor();  // (R, D): freed before down's backward allocates
+      Tensor dh =
+          down.backward(ctx, p, cg.d_expert_out, s.layout, s.recomputed_down ? down_saved : s.down);
+      cg.d_expert_out = Tensor();
+      down_saved = GroupedLinearLayer::Saved{};
+      d_topk_weight = cg.d_topk_weight;
+      dgu = Tensor::empty(ctx, gu.shape(), dh.dtype());
+      swiglu_backward(ctx, {.dh = dh, .gate_up = gu, .d_gate_up = dgu});
+    }
+    Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    dgu = Tensor();
     dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
-    d_topk_weight = cg.d_topk_weight;
   }
 
   // Router: through the combine weights (and the balance loss), not the selection or the bias.

@@ -12,6 +12,17 @@
 //                                                with power-of-2 scales by the fused kernel
 //   y      = combine(experts' down(h), w)  +  shared_experts(x)     BF16 combine, FP32 sums
 //
+// Saved across the step: gu (the SwiGLU input, BF16) and the column-wise FP8 copies of the
+// experts' inputs. With recompute_down (the default, for every recipe without delayed scaling at
+// the down site) the SwiGLU output h (FP8 in fp8-block) and the experts' outputs (R, D) are not
+// kept: the backward computes h and down(h) again from gu (the same ops on the same inputs, so the
+// same bits) just before the combine's backward, which needs the outputs for the routing weights'
+// gradient. That costs one more down-projection Fprop per layer and saves (R, F) FP8 + (R, D)
+// BF16 per layer. Delayed scaling would record a second amax, so it keeps them. With the recipe's
+// moe_swiglu_input = fp8 (DeepSeek-V3's caching of the SwiGLU input in FP8), gu itself is kept as
+// 1x128 E4M3 (half the bytes) and dequantized in backward: then h, down(h) and dgu come from the
+// FP8 gu, no longer bitwise the forward's.
+//
 // fp8-flow (Recipe::fp8_flow, FP8-Flow-MoE, reference/fp8-facts.md section 5; moe_flow.cpp): the
 // same layer with every tensor between the dispatch and the combine in FP8, in both directions:
 //
@@ -55,6 +66,7 @@ struct MoeLayer {
   // Expert parallelism (moe_ep.h): the EP group when it has more than one rank, else null (the
   // single-rank path, which never synchronises). gate_up / down then hold this rank's experts.
   Comm* ep = nullptr;
+  bool recompute_down = true;  // h and the experts' outputs recomputed in backward (see above)
 
   struct Saved {
     int64_t sequences = 1;
@@ -63,7 +75,9 @@ struct MoeLayer {
     PermuteMap map;
     GroupLayoutRef layout;
     GroupedLinearLayer::Saved gate_up, down;
-    Tensor gu, expert_out;  // (R, 2F), (R, D)
+    Tensor gu, expert_out;  // (R, 2F), (R, D); expert_out and down undefined when recomputed
+    bool recomputed_down = false;
+    QuantTensor gu_fp8;  // Recipe::moe_swiglu_input fp8: gu (1x128 E4M3), and gu undefined
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
     Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)
@@ -90,6 +104,10 @@ struct MoeLayer {
   Tensor ep_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
   std::pair<Tensor, Tensor> ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,
                                         const Saved& s);
+  // h = SwiGLU(gu) in down's input form, then down(h) (R, D); fills `saved` (forward and the
+  // backward's recomputation).
+  Tensor expert_down(Context& ctx, const Precision& p, const Tensor& gu,
+                     const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved);
   Tensor gate_w_;  // the router weight in the activation dtype
 };
 

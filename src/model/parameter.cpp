@@ -46,7 +46,7 @@ bool LinearLayer::weight_output(WeightOutput& out) const {
 }
 
 Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,
-                            Storage storage) {
+                            Storage storage, QuantTensor* shared_x) {
   LinearArgs a;
   a.site = site;
   a.x = x;
@@ -54,6 +54,7 @@ Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, L
   a.recipe = p.recipe.at(site);
   a.state = &state;
   a.saved_storage = storage;
+  a.shared_x = shared_x;
   if (p.probe != nullptr)
     p.probe->record(ctx, site, GemmOperand::kActivation, x, a.recipe,
                     a.recipe.is_delayed() ? &state.x.scale : nullptr);

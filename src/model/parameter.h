@@ -76,8 +76,9 @@ struct LinearLayer {
   // Where the optimizer can write this layer's prepared weight (BF16, or FP8 128x128 blocks);
   // false for the per-tensor FP8 recipes, whose preparation also records scaling state.
   bool weight_output(WeightOutput& out) const;
+  // shared_x: LinearArgs::shared_x (x quantized once for several Linears), or null.
   Tensor forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,
-                 Storage storage = Storage::kFp8);
+                 Storage storage = Storage::kFp8, QuantTensor* shared_x = nullptr);
   // dx (=); param->grad += dy^T x.
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const LinearSaved& saved);
 };

@@ -230,6 +230,12 @@ void Recipe::validate() const {
               "(gemm.router cannot be FP8)");
   const GemmRecipe& up = at(GemmSite::kExpertGateUp);
   OCTET_CHECK(moe_dispatch != Storage::kE5M6, "recipe ", n, ": moe_dispatch must be bf16 or fp8");
+  OCTET_CHECK(moe_swiglu_input != Storage::kE5M6, "recipe ", n,
+              ": moe_swiglu_input must be bf16 or fp8");
+  OCTET_CHECK(moe_swiglu_input == Storage::kBf16 || !at(GemmSite::kExpertDown).is_delayed(),
+              "recipe ", n,
+              ": moe_swiglu_input=fp8 needs the down projection recomputed in backward, which "
+              "delayed scaling at gemm.expert.down does not allow");
   OCTET_CHECK(moe_dispatch != Storage::kFp8 || up.precision == GemmPrecision::kFp8Block, "recipe ",
               n, ": an FP8 MoE dispatch carries 1x128 tiles, ",
               "so gemm.expert.gate_up must be fp8-block (it is ", gemm_precision_name(up.precision),
@@ -302,6 +308,9 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
   } else if (key == "moe_dispatch") {
     r.moe_dispatch =
         parse_choice<Storage>(key, value, {{"bf16", Storage::kBf16}, {"fp8", Storage::kFp8}});
+  } else if (key == "moe_swiglu_input") {
+    r.moe_swiglu_input =
+        parse_choice<Storage>(key, value, {{"bf16", Storage::kBf16}, {"fp8", Storage::kFp8}});
   } else if (key == "fp8_flow") {
     r.fp8_flow = parse_choice<bool>(key, value, {{"true", true}, {"false", false}});
   } else if (key == "fp8_transpose") {
@@ -318,10 +327,10 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
   } else if (key == "margin") {
     r.margin = static_cast<int>(parse_int(key, value));
   } else {
-    OCTET_THROW(
-        "recipe override: unknown key '", key,
-        "' (expected gemm.<site>, attn_out_input, "
-        "moe_dispatch, fp8_flow, fp8_transpose, amax_history_len, amax_reduction or margin)");
+    OCTET_THROW("recipe override: unknown key '", key,
+                "' (expected gemm.<site>, attn_out_input, "
+                "moe_dispatch, moe_swiglu_input, fp8_flow, fp8_transpose, amax_history_len, "
+                "amax_reduction or margin)");
   }
   r.spec.overrides.emplace_back(assignment);
   r.validate();
@@ -350,7 +359,8 @@ std::string recipe_table(const Recipe& r) {
     os << line;
   }
   os << "o_proj input cached as " << storage_name(r.attn_out_input) << "; MoE dispatch payload "
-     << storage_name(r.moe_dispatch) << "; column-wise copies of FP8 tensors by "
+     << storage_name(r.moe_dispatch) << "; MoE SwiGLU input cached as "
+     << storage_name(r.moe_swiglu_input) << "; column-wise copies of FP8 tensors by "
      << (r.fp8_transpose == Fp8Transpose::kScalingAware
              ? std::string("the scaling-aware transpose")
              : std::string("dequantize + requantize (") + fp8_transpose_name(r.fp8_transpose) + ")")

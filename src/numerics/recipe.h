@@ -130,6 +130,11 @@ struct Recipe {
   Storage attn_out_input = Storage::kBf16;  // input of o_proj, cached for its Wgrad
   Storage moe_dispatch = Storage::kBf16;  // MoE permute payload (and what the experts' Wgrad keeps)
   bool fp8_flow = false;                  // casting-free MoE dataflow between dispatch and combine
+  // The routed experts' SwiGLU input gu as kept from forward to backward (model/moe.h): BF16, or
+  // FP8 (E4M3, 1x128 tiles) as DeepSeek-V3 caches it; the backward dequantizes it and recomputes
+  // the SwiGLU output from it. fp8 needs the recomputed down projection (no delayed scaling there;
+  // with the model key moe_recompute off it has no effect).
+  Storage moe_swiglu_input = Storage::kBf16;
   Fp8Transpose fp8_transpose = Fp8Transpose::kScalingAware;  // column-wise copies of FP8 tensors
   // Delayed scaling (TransformerEngine's defaults).
   int64_t amax_history_len = 1024;

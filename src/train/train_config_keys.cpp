@@ -117,6 +117,8 @@ void add_model_keys(std::vector<Key>& k) {
   add("mtp_loss_weight", "lambda of the MTP loss", &M::mtp_loss_weight);
   add("bias_update_rate", "gamma of the aux-loss-free balancing", &M::bias_update_rate);
   add("seq_aux_loss_alpha", "sequence-wise balance loss; 0: off", &M::seq_aux_loss_alpha);
+  add("head_chunk_tokens", "tokens per output-head chunk; 0: automatic", &M::head_chunk_tokens);
+  add("moe_recompute", "MoE backward recomputes SwiGLU + down", &M::moe_recompute);
   // Keys of a config.json that octet keeps but does not use (architectures, bos_token_id, ...),
   // carried so that the checkpoint's config.json keeps them; written only when there are any.
   k.push_back(custom(

@@ -32,17 +32,42 @@ int64_t check_inputs(Context& ctx, const Tensor& logits, const Tensor& targets) 
 }  // namespace
 
 void cross_entropy_forward(Context& ctx, const CrossEntropyForwardArgs& args) {
+  cross_entropy_rows(
+      ctx,
+      {.logits = args.logits, .targets = args.targets, .losses = args.losses, .lse = args.lse});
+  cross_entropy_mean(
+      ctx,
+      {.losses = args.losses, .targets = args.targets, .count = args.count, .loss = args.loss});
+}
+
+void cross_entropy_rows(Context& ctx, const CrossEntropyRowsArgs& args) {
   const int64_t rows = check_inputs(ctx, args.logits, args.targets);
   check_tensor(ctx, args.losses, "cross_entropy losses", {DType::kF32}, {rows});
   check_tensor(ctx, args.lse, "cross_entropy lse", {DType::kF32}, {rows});
+  if (rows == 0) return;
+  OCTET_DISPATCH(ctx, cross_entropy_rows, ctx, args);
+}
+
+void cross_entropy_mean(Context& ctx, const CrossEntropyMeanArgs& args) {
+  OCTET_CHECK(args.targets.rank() == 1, "cross_entropy targets: expected shape (rows), got ",
+              shape_str(args.targets.shape()));
+  const int64_t rows = args.targets.size(0);
+  check_tensor(ctx, args.targets, "cross_entropy targets", {DType::kI32}, {rows});
   check_tensor(ctx, args.count, "cross_entropy count", {DType::kI32}, {1});
-  check_tensor(ctx, args.loss, "cross_entropy loss", {DType::kF32}, {1});
+  const bool with_loss = args.losses.defined();
+  OCTET_CHECK(with_loss == args.loss.defined(),
+              "cross_entropy_mean: losses and loss must both be given (the mean) or both be "
+              "undefined (the count only)");
+  if (with_loss) {
+    check_tensor(ctx, args.losses, "cross_entropy losses", {DType::kF32}, {rows});
+    check_tensor(ctx, args.loss, "cross_entropy loss", {DType::kF32}, {1});
+  }
   if (rows == 0) {  // nothing counts: loss 0, count 0 (both words all-zero bits)
     ctx.be().memset(args.count.data(), 0, sizeof(int32_t));
-    ctx.be().memset(args.loss.data(), 0, sizeof(float));
+    if (with_loss) ctx.be().memset(args.loss.data(), 0, sizeof(float));
     return;
   }
-  OCTET_DISPATCH(ctx, cross_entropy_forward, ctx, args);
+  OCTET_DISPATCH(ctx, cross_entropy_mean, ctx, args);
 }
 
 void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args) {

@@ -42,6 +42,29 @@ struct CrossEntropyForwardArgs {
 
 void cross_entropy_forward(Context& ctx, const CrossEntropyForwardArgs& args);
 
+// The two halves of cross_entropy_forward, for a head that computes its logits a chunk of rows at
+// a time (model/head.h): the per-row statistics of some rows, then the mean over all of them.
+// cross_entropy_forward is exactly rows + mean, so a chunked head gives the same bits.
+struct CrossEntropyRowsArgs {
+  Tensor logits;   // (rows, V) bf16 or f32
+  Tensor targets;  // (rows) i32
+  Tensor losses;   // (rows) f32: written (=)
+  Tensor lse;      // (rows) f32: written (=)
+};
+
+void cross_entropy_rows(Context& ctx, const CrossEntropyRowsArgs& args);
+
+struct CrossEntropyMeanArgs {
+  Tensor losses;   // (rows) f32 from cross_entropy_rows; undefined (Tensor()): count only
+  Tensor targets;  // (rows) i32
+  Tensor count;    // (1) i32: written (=)
+  Tensor loss;     // (1) f32: written (=); undefined when losses is
+};
+
+// count = rows not ignored; loss = sum of their losses (FP64) / count, 0 when count == 0. Without
+// losses only the count: what the backward of a chunk needs before the last chunk's forward.
+void cross_entropy_mean(Context& ctx, const CrossEntropyMeanArgs& args);
+
 struct CrossEntropyBackwardArgs {
   Tensor logits;   // (rows, V) bf16 or f32: the forward's logits
   Tensor targets;  // (rows) i32

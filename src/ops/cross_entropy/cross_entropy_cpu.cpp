@@ -20,10 +20,8 @@ int64_t checked_target(const Tensor& targets, int64_t r, int64_t vocab) {
 
 }  // namespace
 
-void cross_entropy_forward(Context&, const CrossEntropyForwardArgs& a) {
+void cross_entropy_rows(Context&, const CrossEntropyRowsArgs& a) {
   const int64_t rows = a.logits.rows(), vocab = a.logits.cols();
-  double sum = 0.0;
-  int32_t count = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = checked_target(a.targets, r, vocab);
     double m = -std::numeric_limits<double>::infinity();
@@ -34,10 +32,24 @@ void cross_entropy_forward(Context&, const CrossEntropyForwardArgs& a) {
     const double loss = t < 0 ? 0.0 : lse - load_f64(a.logits, r * vocab + t);
     a.lse.data_as<float>()[r] = static_cast<float>(lse);
     a.losses.data_as<float>()[r] = static_cast<float>(loss);
-    if (t >= 0) sum += loss, ++count;
+  }
+}
+
+// The stored (FP32) row losses summed in FP64, as the CUDA mean kernel sums them.
+void cross_entropy_mean(Context&, const CrossEntropyMeanArgs& a) {
+  const int64_t rows = a.targets.size(0);
+  const int32_t* targets = a.targets.data_as<const int32_t>();
+  const float* losses = a.losses.defined() ? a.losses.data_as<const float>() : nullptr;
+  double sum = 0.0;
+  int32_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnoreIndex) continue;
+    ++count;
+    if (losses != nullptr) sum += losses[r];
   }
   a.count.data_as<int32_t>()[0] = count;
-  a.loss.data_as<float>()[0] = count ? static_cast<float>(sum / count) : 0.0f;
+  if (losses != nullptr)
+    a.loss.data_as<float>()[0] = count ? static_cast<float>(sum / count) : 0.0f;
 }
 
 void cross_entropy_backward(Context&, const CrossEntropyBackwardArgs& a) {

@@ -38,7 +38,7 @@ unsigned row_blocks(int64_t rows) {
 }
 
 template <typename T>
-void forward_typed(Context& ctx, const CrossEntropyForwardArgs& a) {
+void rows_typed(Context& ctx, const CrossEntropyRowsArgs& a) {
   const int64_t rows = a.logits.rows(), vocab = a.logits.cols();
   const cudaStream_t st = stream_of(ctx);
   auto launch = [&](auto kernel) {
@@ -50,10 +50,6 @@ void forward_typed(Context& ctx, const CrossEntropyForwardArgs& a) {
     launch(k::cross_entropy_forward_kernel<T, true, kRowThreads>);
   else
     launch(k::cross_entropy_forward_kernel<T, false, kRowThreads>);
-  OCTET_CUDA_CHECK_LAUNCH();
-  k::cross_entropy_mean_kernel<kMeanThreads><<<1, kMeanThreads, 0, st>>>(
-      a.losses.data_as<const float>(), a.targets.data_as<const int32_t>(), rows,
-      a.count.data_as<int32_t>(), a.loss.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -75,11 +71,19 @@ void backward_typed(Context& ctx, const CrossEntropyBackwardArgs& a) {
 
 }  // namespace
 
-void cross_entropy_forward(Context& ctx, const CrossEntropyForwardArgs& a) {
+void cross_entropy_rows(Context& ctx, const CrossEntropyRowsArgs& a) {
   if (a.logits.dtype() == DType::kF32)
-    forward_typed<float>(ctx, a);
+    rows_typed<float>(ctx, a);
   else
-    forward_typed<uint16_t>(ctx, a);
+    rows_typed<uint16_t>(ctx, a);
+}
+
+void cross_entropy_mean(Context& ctx, const CrossEntropyMeanArgs& a) {
+  const bool with_loss = a.losses.defined();
+  k::cross_entropy_mean_kernel<kMeanThreads><<<1, kMeanThreads, 0, stream_of(ctx)>>>(
+      with_loss ? a.losses.data_as<const float>() : nullptr, a.targets.data_as<const int32_t>(),
+      a.targets.size(0), a.count.data_as<int32_t>(), with_loss ? a.loss.data_as<float>() : nullptr);
+  OCTET_CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& a) {

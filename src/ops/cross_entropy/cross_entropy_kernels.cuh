@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Single block: count = rows not ignored; loss = sum of their losses (FP64, fixed tree) / count.
+// losses and loss null: the count only.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_mean_kernel(const float* __restrict__ losses, const int32_t* __restrict__ targets,
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t c = 0;
   for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
     if (targets[r] == kIgnore) continue;
-    s += losses[r];
+    if (losses != nullptr) s += losses[r];
     ++c;
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kThreads)
   s = 0.0, c = 0;
   for (int w = 0; w < kThreads / 32; ++w) s += warp_sum[w], c += warp_count[w];
   *count = static_cast<int32_t>(c);
-  *loss = c > 0 ? static_cast<float>(s / static_cast<double>(c)) : 0.0f;
+  if (loss != nullptr) *loss = c > 0 ? static_cast<float>(s / static_cast<double>(c)) : 0.0f;
 }
 
 // dlogits = (exp(x - lse) - [v == t]) * dloss / count, 0 for ignored rows. Each thread reads a
