@@ -92,6 +92,13 @@ class Model {
   ModelLosses step(Context& ctx, const ModelBatch& batch, Pass pass, float grad_scale = 1.0f);
   LossValues read_losses(Context& ctx, const ModelLosses& l) const;
 
+  // Called by a kForwardBackward step with the parameters whose gradients that micro-batch adds
+  // nothing more to, in the order the backward finishes them (the same on every rank): the final
+  // norm and head after the main head, each MTP module's after its backward (last to first), each
+  // layer's after its backward, the embedding last. ZeroAdamW sends a gradient bucket from it.
+  using GradReady = std::function<void(const std::vector<Parameter*>&)>;
+  void set_grad_ready(GradReady fn) { grad_ready_ = std::move(fn); }
+
   // Auxiliary-loss-free balancing: each MoE layer's bias moves by `rate` toward balance, from the
   // loads of the step's micro-batches (summed).
   void update_router_bias(Context& ctx, const std::vector<ModelLosses>& micro_batches, float rate);
@@ -122,6 +129,8 @@ class Model {
   // Every Linear with its delayed-scaling state, named by its parameter.
   std::vector<LinearLayer*> delayed_linears();
   Tensor upload(Context& ctx, const Tensor& host) const;
+  // grad_ready_ with the parameters of `layer` (-1: those outside the layers but the embedding).
+  void layer_grads_ready(int64_t layer) const;
 
   ModelConfig config_;
   Precision precision_;
@@ -146,6 +155,7 @@ class Model {
   std::vector<MoeLayer*> moe_layers_;
   RopeTable rope_;
   std::map<float, Tensor> scalars_;
+  GradReady grad_ready_;
 };
 
 // Loads a checkpoint (read_checkpoint's result, F32 or dequantized) into the model. A

@@ -128,9 +128,14 @@ struct Run {
   void build(DataStreams data) {
     const ModelConfig mc = model_config();
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16});
-    if (dp.comm())  // any communicator, one rank included: the same norm at every world size
-      zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw());
-    else
+    if (dp.comm()) {  // any communicator, one rank included: the same norm at every world size
+      ZeroConfig z;
+      z.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.optim.bucket_mb * 262144.0));
+      zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw(), z);
+      // The last micro-batch's backward sends each gradient bucket as soon as it is final.
+      model->set_grad_ready(
+          [this](const std::vector<Parameter*>& ps) { zero->grads_ready(ctx, ps); });
+    } else
       optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
     sampler = std::make_unique<BatchSampler>(std::move(data.train),
                                              SamplerArgs{.batch_size = cfg.batch_size,
@@ -158,6 +163,7 @@ struct Run {
   void save_checkpoint() {
     const int64_t at = step;
     const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
+    if (zero) zero->gather_masters(ctx);  // the masters whole on every rank (collective)
     io::NamedTensors optim_state = zero ? zero->state_dict(ctx) : optim->state_dict(ctx);
     last_checkpoint = final_dir;
     rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
@@ -212,8 +218,22 @@ struct Run {
   // The GEMMs' copies of the weights for the next forward. With optim.fused_prepare the optimizer
   // wrote most of them in its update (Model::weight_outputs); only the rest is prepared here.
   void prepare_weights() {
-    if (!cfg.optim.fused_prepare || zero) {  // ZeRO-1 gathers the masters: prepare them all
+    // ZeRO-1 gathers the GEMM weights in their prepared form (FP8 blocks, BF16): after the first
+    // full preparation it writes them (zero_optimizer.h). With a tied head the embedding's master
+    // is read too: then it gathers the masters and every rank prepares them all.
+    const bool zero_outputs = zero && cfg.optim.fused_prepare && !cfg.model.tie_word_embeddings;
+    if (!cfg.optim.fused_prepare || (zero && !zero_outputs)) {
       model->prepare(ctx);
+      return;
+    }
+    if (zero_outputs) {
+      if (outputs_attached) {
+        model->prepare(ctx, PrepareScope::kNotFused);
+        return;
+      }
+      model->prepare(ctx);
+      zero->set_weight_outputs(ctx, model->weight_outputs(OutputCopies::kBf16AndFp8));
+      outputs_attached = true;
       return;
     }
     if (outputs_attached) {
@@ -284,6 +304,7 @@ struct Run {
                                        Precision{recipe_preset("bf16"), DType::kBF16});
     const CopyKind kind =
         ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
+    if (zero) zero->gather_masters(ctx);  // every rank runs the shadow (collective)
     for (Parameter* p : model->parameters()) {
       Parameter& s = shadow->parameter(p->name);
       ctx.be().copy(s.value.data(), p->value.data(), p->value.nbytes(), kind);
@@ -460,6 +481,7 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
   for (int64_t m = 0; m < cfg.grad_accum; ++m) {
     const TokenBatch b = run.sampler->next();
     if (m == 0) pass.first = b;
+    if (run.zero && m == cfg.grad_accum - 1) run.zero->begin_final_backward();
     pass.micro.push_back(
         run.model->step(run.ctx, {b.inputs, b.targets}, Pass::kForwardBackward, micro_scale));
   }
