@@ -184,7 +184,8 @@ void ZeroAdamW::gather_weights(Context& ctx) {
 void ZeroAdamW::gather_masters(Context& ctx) {
   const bool any = std::any_of(outputs_.begin(), outputs_.end(),
                                [](const WeightOutput& w) { return is_fp8(w) || is_bf16(w); });
-  if (!any) return;  // every rank, alike: the outputs are the same everywhere
+  if (!any) return;                 // every rank, alike: the outputs are the same everywhere
+  side_->compute_waits_for_side();  // a bucket in flight may still read the staging slot
   const int world = dp_->size(), me = dp_->rank();
   auto* send = static_cast<uint8_t*>(slots_[0].data());
   auto* recv = static_cast<uint8_t*>(recv_.data());

@@ -163,6 +163,7 @@ void ZeroAdamW::pack(Context& ctx, int rank, int64_t from, int64_t n, bool grads
 
 void ZeroAdamW::begin_final_backward() {
   armed_ = true;
+  sent_early_ = 0;
   ready_.clear();
   for (const auto& [param, buckets] : param_buckets_)
     for (int b : buckets) ++waiting_[static_cast<size_t>(b)];
