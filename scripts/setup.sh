@@ -7,6 +7,7 @@ debs=(build-essential cmake ninja-build libgtest-dev googletest nlohmann-json3-d
       python3 python3-pip python3-venv clang-format clang-tidy)
 debs+=(fortunes)  # the default training corpus: ~2.5 MB of English text (src/train/data.h)
 debs+=(clang libclang-rt-14-dev)  # scripts/fuzz.sh: clang++ and its libFuzzer and sanitizer runtimes
+debs+=(libopenmpi-dev openmpi-bin)  # the NCCL id's exchange under mpirun (src/dist/mpi_exchange.h)
 missing=()
 for p in "${debs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

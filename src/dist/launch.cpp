@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "dist/mpi_exchange.h"
 
 namespace octet {
 namespace {
@@ -86,12 +87,13 @@ LaunchEnv launch_env_from(const GetEnv& getenv) {
     e.master_addr = a;
   else if (const char* b = getenv("SLURM_LAUNCH_NODE_IPADDR"); e.launcher == "slurm" && b && *b)
     e.master_addr = b;
-  if (e.world_size > 1)
+  e.mpi = mpi_built() && launched_by_mpi(getenv);
+  if (e.world_size > 1 && !e.mpi)
     OCTET_CHECK(!e.master_addr.empty(), "MASTER_ADDR is not set: ", e.launcher, " launched ",
                 e.world_size,
                 " ranks and rank 0's host is needed for the "
                 "rendezvous (export MASTER_ADDR=<rank 0's hostname>)");
-  const bool port_required = e.launcher == "torchrun" && e.world_size > 1;
+  const bool port_required = e.launcher == "torchrun" && e.world_size > 1 && !e.mpi;
   e.master_port = port_required ? parse_int(getenv, "MASTER_PORT", 1, 65535)
                                 : parse_int_or(getenv, "MASTER_PORT", 1, 65535, 29500);
   return e;

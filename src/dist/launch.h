@@ -9,6 +9,9 @@
 //   OpenMPI mpirun: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //                   [OMPI_COMM_WORLD_LOCAL_SIZE]; MASTER_ADDR, MASTER_PORT (else 29500)
 //   none of these:  a single process (rank 0 of 1).
+// Under an MPI launcher (OMPI_COMM_WORLD_RANK or PMIX_RANK set: mpirun, or srun --mpi=pmix) in a
+// build with MPI, the NCCL id goes through MPI_Bcast (dist/mpi_exchange.h) and MASTER_ADDR is not
+// needed; otherwise through tcp_rendezvous below.
 // A malformed or inconsistent value is an error naming the variable.
 #pragma once
 
@@ -28,6 +31,7 @@ struct LaunchEnv {
   std::string master_addr;   // rank 0's host, for the rendezvous
   int master_port = 0;
   std::string launcher = "none";  // "torchrun", "slurm", "openmpi" or "none"
+  bool mpi = false;               // the id goes through MPI (launched by MPI, MPI built)
 };
 
 using GetEnv = std::function<const char*(const char*)>;

@@ -2,9 +2,9 @@
 // and MTP modules, and the backward in reverse order (model.h has the math).
 #include "model/model.h"
 
-#include <set>
-
+#include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "backend/backend.h"
 #include "model/checkpoint.h"
@@ -447,6 +447,7 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
   const Tensor d_main = device_scalar(ctx, grad_scale);
   const OutputHead::Result main = head_.run(ctx, p, h, targets, grad ? &d_main : nullptr);
   out.main = main.loss;
+  if (grad) layer_grads_ready(-1);
   for (size_t l = 0; l < layers_.size(); ++l)
     if (layers_[l].moe) collect_moe(saved[l].moe, out);
   for (int64_t k = 0; k < K; ++k)
@@ -465,15 +466,28 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
         ctx,
         {.ids = mtp_ids[k], .dout = g.d_emb, .dtable = embed_->grad});  // += (shared embedding)
     carry = g.d_h_prev;
+    if (grad) layer_grads_ready(c.num_hidden_layers + k);
   }
   Tensor dh = main.dx;
   if (K > 0) add_into(ctx, dh, carry);
   for (size_t l = layers_.size(); l-- > 0;) {
     dh = layers_[l].backward(ctx, p, rope_, dh, saved[l]);
     saved[l] = DecoderLayer::Saved{};  // this layer's activations: not read again
+    layer_grads_ready(static_cast<int64_t>(l));
   }
   embedding_backward(ctx, {.ids = ids, .dout = dh, .dtable = embed_->grad});  // +=
+  if (grad_ready_) grad_ready_({embed_});
   return out;
+}
+
+void Model::layer_grads_ready(int64_t layer) const {
+  if (!grad_ready_) return;
+  std::vector<Parameter*> ps;
+  for (auto it = by_role_.lower_bound({layer, ParamRole{}});
+       it != by_role_.end() && it->first.first == layer; ++it)
+    if (it->second != embed_ && std::find(ps.begin(), ps.end(), it->second) == ps.end())
+      ps.push_back(it->second);
+  if (!ps.empty()) grad_ready_(ps);
 }
 
 LossValues Model::read_losses(Context& ctx, const ModelLosses& l) const {

@@ -104,6 +104,13 @@ class Model {
   ModelLosses step(Context& ctx, const ModelBatch& batch, Pass pass, float grad_scale = 1.0f);
   LossValues read_losses(Context& ctx, const ModelLosses& l) const;
 
+  // Called by a kForwardBackward step with the parameters whose gradients that micro-batch adds
+  // nothing more to, in the order the backward finishes them (the same on every rank): the final
+  // norm and head after the main head, each MTP module's after its backward (last to first), each
+  // layer's after its backward, the embedding last. ZeroAdamW sends a gradient bucket from it.
+  using GradReady = std::function<void(const std::vector<Parameter*>&)>;
+  void set_grad_ready(GradReady fn) { grad_ready_ = std::move(fn); }
+
   // Auxiliary-loss-free balancing: each MoE layer's bias moves by `rate` toward balance, from the
   // loads of the step's micro-batches (summed).
   void update_router_bias(Context& ctx, const std::vector<ModelLosses>& micro_batches, float rate);
@@ -137,6 +144,8 @@ class Model {
   // MTP's inputs and targets k ahead, built on the device (model.cpp).
   Tensor shifted_tokens(Context& ctx, const Tensor& src, int64_t shift, int32_t fill);
   Tensor constant_tokens(Context& ctx, int32_t value, int64_t B, int64_t T);
+  // grad_ready_ with the parameters of `layer` (-1: those outside the layers but the embedding).
+  void layer_grads_ready(int64_t layer) const;
 
   ModelConfig config_;
   Precision precision_;
@@ -170,6 +179,7 @@ class Model {
   RopeTable rope_;
   std::map<float, Tensor> scalars_;
   std::map<std::tuple<int32_t, int64_t, int64_t>, Tensor> token_constants_;  // (value, B, T)
+  GradReady grad_ready_;
 };
 
 // Loads a checkpoint (read_checkpoint's result, F32 or dequantized) into the model. A

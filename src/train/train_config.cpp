@@ -649,6 +649,7 @@ void TrainConfig::validate() const {
               optim.beta2);
   OCTET_CHECK(std::isfinite(optim.eps) && optim.eps > 0, "optim.eps must be > 0, got ", optim.eps);
   in_range("optim.grad_clip", optim.grad_clip, 0, HUGE_VAL, ">= 0 (0: no clipping)");
+  in_range("optim.bucket_mb", optim.bucket_mb, 1.0 / 1024, 65536, "in [1/1024, 65536] MiB");
 
   OCTET_CHECK(data.text.empty() || data.shards.empty(),
               "data.text and data.shards are exclusive: set one (both are set)");

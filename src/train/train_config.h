@@ -50,6 +50,9 @@ struct OptimConfig {
   bool fused_prepare = true;
   // The same for the FP8 128x128 block weights (the fp8-block recipes' GEMM weights).
   bool fused_prepare_fp8 = false;
+  // Several ranks (ZeRO-1): the gradient reduce-scatter's bucket, in MiB of FP32 gradient; a bucket
+  // is sent as soon as its gradients are final, overlapping the rest of the backward.
+  double bucket_mb = 32;
 
   bool operator==(const OptimConfig&) const = default;
 };

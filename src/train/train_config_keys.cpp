@@ -194,6 +194,10 @@ std::vector<Key> make_keys() {
   k.push_back(field("optim.fused_prepare_fp8",
                     "with fused_prepare, also the FP8 128x128 block weights",
                     at(&C::optim, &O::fused_prepare_fp8)));
+  k.push_back(field("optim.bucket_mb",
+                    "several ranks: MiB of FP32 gradient per reduce-scatter bucket, sent during "
+                    "the backward",
+                    at(&C::optim, &O::bucket_mb)));
   k.push_back(
       enum_field("optim.schedule", "cosine or constant (after warmup)", at(&C::optim, &O::schedule),
                  {{"cosine", LrScheduleKind::kCosine}, {"constant", LrScheduleKind::kConstant}}));

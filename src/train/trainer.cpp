@@ -150,11 +150,16 @@ struct Run {
     ep = make_ep_groups(ctx, dp.comm(), cfg.parallel.ep, mc.n_routed_experts);
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16},
                                     ep.experts);
-    if (ep.experts)
+    if (ep.experts) {
       ep_opt = std::make_unique<EpAdamW>(ctx, dp.comm(), ep, *model, cfg.adamw());
-    else if (dp.comm())  // any communicator, one rank included: the same norm at every world size
-      zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw());
-    else
+    } else if (dp.comm()) {  // any communicator, one rank included: the same norm at every size
+      ZeroConfig z;
+      z.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.optim.bucket_mb * 262144.0));
+      zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw(), z);
+      // The last micro-batch's backward sends each gradient bucket as soon as it is final.
+      model->set_grad_ready(
+          [this](const std::vector<Parameter*>& ps) { zero->grads_ready(ctx, ps); });
+    } else
       optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
     graphs = graphs_apply();
     if (optim) optim->set_graphs(graphs);
@@ -223,6 +228,7 @@ struct Run {
     last_checkpoint = final_dir;
     rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
     saved_optimizer_steps = zero ? zero->steps_taken() : optim->steps_taken();
+    if (zero) zero->gather_masters(ctx);  // the masters whole on every rank (collective)
     TrainingCheckpoint tc = training_checkpoint({.model = model.get(),
                                                  .zero = zero.get(),
                                                  .optim = optim.get(),
@@ -305,7 +311,23 @@ struct Run {
       else
         optim->zero_grad(ctx);
     };
-    // ZeRO-1 (and expert parallelism's optimizer) gathers the masters: prepare them all.
+    // ZeRO-1 gathers the GEMM weights in their prepared form (FP8 blocks, BF16): after the first
+    // full preparation it writes them (zero_optimizer.h), and only the rest is prepared here. With
+    // a tied head the embedding's master is read too: then it gathers the masters and every rank
+    // prepares them all, as expert parallelism's optimizer does. (No graphs with a communicator.)
+    const bool zero_outputs = zero && cfg.optim.fused_prepare && !cfg.model.tie_word_embeddings;
+    if (zero_outputs) {
+      if (outputs_attached) {
+        model->prepare(ctx, PrepareScope::kNotFused);
+      } else {
+        model->prepare(ctx);
+        zero->set_weight_outputs(ctx, model->weight_outputs(OutputCopies::kBf16AndFp8));
+        outputs_attached = true;
+      }
+      zero_grads();
+      ++weights_generation;
+      return;
+    }
     const bool fused = cfg.optim.fused_prepare && !zero && !ep_opt;
     if (fused && !outputs_attached) {
       model->prepare(ctx);
@@ -389,6 +411,7 @@ struct Run {
                                        Precision{recipe_preset("bf16"), DType::kBF16}, ep.experts);
     const CopyKind kind =
         ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
+    if (zero) zero->gather_masters(ctx);  // every rank runs the shadow (collective)
     for (Parameter* p : model->parameters()) {
       Parameter& s = shadow->parameter(p->name);
       ctx.be().copy(s.value.data(), p->value.data(), p->value.nbytes(), kind);
@@ -562,7 +585,8 @@ StepPass forward_backward(Run& run, StepMetrics& sm) {
     const TokenBatch b = run.sampler->next();
     if (m == 0) pass.first = b;
     // The batch goes up from pinned memory without a wait; graphed unless probing (the probe reads
-    // values to the host).
+    // values to the host). ZeRO-1: the last micro-batch's backward sends the gradient buckets.
+    if (run.zero && m == cfg.grad_accum - 1) run.zero->begin_final_backward();
     pass.micro.push_back(run.micro->run(run.ctx, run.graphs && !probe_step, *run.model,
                                         {b.inputs, b.targets}, micro_scale,
                                         std::to_string(run.weights_generation)));

@@ -4,34 +4,49 @@
 // same checkpoint state (state_dict), so a checkpoint does not depend on the world size.
 //
 // Layout. The trainable parameters, in order, are cut into pieces of at most piece_elems elements
-// (a parameter never shares a piece). The pieces are dealt to the ranks in contiguous runs of
-// about equal element counts: rank r owns pieces [first_r, first_{r+1}). The cut does not depend
-// on the world size; only the dealing does.
+// (a parameter never shares a piece); the cut does not depend on the world size nor on the bucket
+// size. Consecutive pieces form buckets of at most bucket_elems elements (a piece larger than that
+// is a bucket alone). Within a bucket the pieces are dealt to the ranks in contiguous runs of about
+// equal element counts; rank r's shard is its part of every bucket, each part padded to the
+// bucket's largest part (every rank receives the same count in each collective).
 //
-// One step (step(), collective: every rank of `dp` calls it):
-//   1. reduce-scatter, bucket by bucket (bucket_elems elements of every rank's shard at a time):
-//      rank r receives the sum over ranks of its pieces' gradients. The in-process communicator
-//      sums in rank order, so with one micro-batch per rank the sum is the one a single rank
-//      accumulating the same micro-batches in that order computes, bit for bit.
-//   2. the global gradient norm, independent of the world size: each rank takes the L2 norm of
-//      each of its pieces (ops/adamw global_grad_norm, FP32); the piece norms are summed across
-//      ranks (every entry is nonzero on one rank only, so the sum is exact) and every rank
-//      computes norm = FP32(sqrt(sum over pieces in order of double(n_p)^2)). The clipping
+// One step (collective: every rank of `dp` calls the same functions in the same order):
+//   1. reduce-scatter, bucket by bucket: rank r receives the sum over ranks of its pieces'
+//      gradients. A bucket is sent as soon as every gradient in it is final for the step: during
+//      the last micro-batch's backward (begin_final_backward(), then grads_ready() from the
+//      model's hook, Model::set_grad_ready), on CUDA on a side stream (dist/side_stream.h) so that
+//      it overlaps the rest of the backward; step() sends the buckets not sent yet (all of them
+//      without the hook). The in-process communicator sums in rank order, so with one micro-batch
+//      per rank the sum is the one a single rank accumulating the same micro-batches in that
+//      order computes, bit for bit, whatever the buckets.
+//   2. the global gradient norm, independent of the world size and the buckets: each rank takes
+//      the L2 norm of each of its pieces (ops/adamw global_grad_norm, FP32); the piece norms are
+//      summed across ranks (every entry is nonzero on one rank only, so the sum is exact) and every
+//      rank computes norm = FP32(sqrt(sum over pieces in order of double(n_p)^2)). The clipping
 //      coefficient follows from it as in AdamWOptimizer; a non-finite norm skips the update on
 //      every rank alike.
 //   3. AdamW on the owned pieces (moment shards, master slices in place).
-//   4. all-gather of the updated masters, bucket by bucket, into every rank's parameters.
+//   4. all-gather of the updated weights, bucket by bucket. A parameter with a weight output
+//      (set_weight_outputs: the GEMM's prepared copy, Model::weight_outputs) travels in that form:
+//      FP8 128x128 blocks as the owner quantizes its rows (the bytes plus one FP32 scale per block,
+//      1.0002 bytes per element), BF16 copies as 2 bytes; every rank writes them into the layer's
+//      prepared copy and derives the column-wise FP8 copy locally by transposing the bytes and
+//      the scales (the same 128x128 blocks, so the same bits as quantizing the transpose). Their
+//      masters are then current on the owner only until gather_masters(). The other parameters
+//      (norms, embedding, router) travel as FP32 masters.
 // The step synchronises once (the piece norms to the host), like AdamWOptimizer::finish_step.
-// What is not here yet: overlapping the reduce-scatter with the backward (buckets are sent after
-// it), gathering FP8 weights in FP8 (the FP32 masters are gathered and every rank prepares its
-// GEMM weights), and sharding the masters themselves (each rank keeps them whole as the model's
-// weights; ZeRO-1 as DeepSpeed's stage 1 shards the optimizer state).
+// Pieces of a matrix start at a multiple of 128 rows (the FP8 blocks never straddle two owners).
+// What is not here yet: sharding the masters' memory (each rank keeps the tensors whole).
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/side_stream.h"
 #include "io/safetensors.h"
 #include "model/parameter.h"
 #include "train/optimizer.h"
@@ -45,19 +60,31 @@ struct ZeroLayout {
     int64_t numel = 0;
     int rank = 0;              // owner
     int64_t shard_offset = 0;  // first element within the owner's shard
+    int bucket = 0;
+  };
+  struct Bucket {
+    int first = 0, end = 0;    // pieces [first, end)
+    int64_t shard_offset = 0;  // where every rank's part starts in its shard
+    int64_t part = 0;          // elements per rank (the largest rank's part; the others padded)
   };
   std::vector<Piece> pieces;
-  std::vector<int64_t> shard_elems;  // per rank
-  int64_t max_shard = 0;
+  std::vector<Bucket> buckets;
+  std::vector<int64_t> shard_elems;  // per rank: the elements it owns
+  int64_t max_shard = 0;             // every rank's padded shard: the sum of the buckets' parts
+  int64_t max_part = 0;              // the largest bucket part
 
-  // Pure function of the trainable parameters' sizes, the piece size and the world size.
+  // Pure function of the trainable parameters' sizes, the piece size, the world size and the
+  // bucket size (by default one bucket: every piece dealt over the whole model).
+  // row_block: per parameter, a piece of it holds a multiple of that many elements (128 rows of
+  // a matrix), except its last; empty: any cut.
   static ZeroLayout make(const std::vector<int64_t>& param_elems, int64_t piece_elems,
-                         int world_size);
+                         int world_size, int64_t bucket_elems = INT64_MAX,
+                         const std::vector<int64_t>& row_block = {});
 };
 
 struct ZeroConfig {
   int64_t piece_elems = int64_t{1} << 22;   // 4 Mi elements (16 MiB of FP32 gradient)
-  int64_t bucket_elems = int64_t{1} << 24;  // per rank and collective: 64 MiB of FP32 gradient
+  int64_t bucket_elems = int64_t{1} << 23;  // 8 Mi elements: 32 MiB of FP32 gradient a bucket
 };
 
 class ZeroAdamW {
@@ -74,7 +101,35 @@ class ZeroAdamW {
   // dp, in piece order), then stages 2-4 at the given global norm.
   std::vector<float> reduce_grads(Context& ctx);
   StepStats apply(Context& ctx, float lr, float grad_norm);
+  // Zeroes the gradients (after the buckets in flight have read them) and forgets which were final.
   void zero_grad(Context& ctx);
+
+  // The next backward is the step's last micro-batch: from here on grads_ready() sends a bucket as
+  // soon as every parameter in it was named. Every rank names the same parameters in the same
+  // order (the model's backward is the same code everywhere), so the collectives match.
+  void begin_final_backward();
+  // These parameters' gradients are final for the step (others, and calls before
+  // begin_final_backward, are ignored). Sends the buckets this completes, the highest first.
+  void grads_ready(Context& ctx, const std::vector<Parameter*>& params);
+  // Buckets sent during the backward in the last step (the rest went in step()).
+  int64_t buckets_sent_early() const { return sent_early_; }
+
+  // Where the prepared GEMM weights live (Model::weight_outputs after a full prepare): from the
+  // next step on, those parameters are gathered in that form (FP8 blocks or BF16) instead of as
+  // FP32 masters. A parameter whose pieces do not fall on its FP8 blocks, or that is not
+  // trainable here, is refused. Every rank passes the same list (collective in effect).
+  void set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs);
+  // Every rank's masters whole again (collective): before reading them (a checkpoint, the BF16
+  // shadow). Without weight outputs they are whole already and this does nothing.
+  void gather_masters(Context& ctx);
+  // Bytes this rank sent in the last step's weight all-gather (padded parts included), and what
+  // the same gather of FP32 masters would send.
+  int64_t gathered_bytes() const { return gathered_bytes_; }
+  int64_t gathered_bytes_f32() const { return layout_.max_shard * 4; }
+  // Over every rank: the elements of the parameters gathered as FP8 blocks (index 0) and as BF16
+  // copies (1), and their bytes in the gather (FP8: about 1 per element, BF16: 2; FP32: 4).
+  int64_t output_elems(int bf16) const { return output_elems_[bf16]; }
+  int64_t output_bytes(int bf16) const { return output_bytes_[bf16]; }
 
   int64_t steps_taken() const { return steps_taken_; }
   const ZeroLayout& layout() const { return layout_; }
@@ -99,15 +154,41 @@ class ZeroAdamW {
   void pack(Context& ctx, int rank, int64_t from, int64_t n, bool grads, uint8_t* buf,
             bool to_shard) const;
 
+  // The updated weights of every rank, in their gathered forms (stage 4).
+  void gather_weights(Context& ctx);
+  // Reduce-scatters bucket b's gradients into grad_shard_ (on the side stream).
+  void send_bucket(Context& ctx, int b);
+  // Sends every bucket not sent yet, highest first, and orders the compute stream after them.
+  void finish_buckets(Context& ctx);
+
   std::shared_ptr<Comm> dp_;
   std::vector<Parameter*> params_;  // the trainable ones, in order
   AdamWConfig config_;
   ZeroConfig zero_;
   ZeroLayout layout_;
-  int64_t bucket_ = 0;
   Tensor grad_shard_;            // (shard) f32: this rank's reduced gradients
   Tensor exp_avg_, exp_avg_sq_;  // (shard) bf16
-  Tensor send_, recv_;           // staging: world * bucket f32 each
+  Tensor recv_;                  // staging of the all-gather: world * max_part f32
+  // The reduce-scatter's staging: one slot (world * max_part f32) per bucket in flight, each
+  // reused once the side stream's collective that read it is done (slot_free_ marks).
+  std::vector<Tensor> slots_;
+  std::vector<int> slot_free_;
+  size_t next_slot_ = 0;
+  std::unique_ptr<SideStream> side_;
+  // Overlap bookkeeping: the buckets of each parameter, the parameters still to come per bucket.
+  std::map<const Parameter*, std::vector<int>> param_buckets_;
+  std::vector<int> waiting_;  // per bucket: parameters not yet final
+  std::vector<bool> sent_;    // per bucket
+  std::set<const Parameter*> ready_;
+  bool armed_ = false;
+  int64_t sent_early_ = 0;
+  // Weight outputs per parameter (index into params_; undefined: the FP32 master), each piece's
+  // byte offset within its owner's part of the gather, each bucket's part in bytes.
+  std::vector<WeightOutput> outputs_;
+  std::vector<int64_t> gather_offset_;
+  std::vector<int64_t> gather_part_;
+  Tensor gather_send_, gather_recv_;  // u8 staging
+  int64_t gathered_bytes_ = 0, output_elems_[2] = {0, 0}, output_bytes_[2] = {0, 0};
   int64_t steps_taken_ = 0;
 };
 

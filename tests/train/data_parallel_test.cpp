@@ -144,6 +144,35 @@ TEST_F(DataParallelTrainer, DpTwoAndFourMatchOneRankBitForBit) {
   }
 }
 
+// Buckets sent during the backward (optim.bucket_mb small: many buckets, each sent once the model
+// names its layer's gradients final) give the same bits as one bucket sent at the end of it: with
+// MTP (the head's parameter takes its last addition in the main head, after the MTP heads'),
+// gradient accumulation 2, deepseek and bf16; and the bf16 recipe at DP 2 against one rank.
+TEST_F(DataParallelTrainer, GradientBucketsDuringTheBackwardChangeNoBit) {
+  for (const char* recipe : {"deepseek", "bf16"}) {
+    const std::string r = recipe;
+    auto cfg = [&](const std::string& dir, double mb, int64_t accum, bool mtp) {
+      TrainConfig c = tiny(dir, corpus_, 2, accum);
+      apply_set(c, "recipe=" + r);
+      apply_set(c, "optim.bucket_mb=" + std::to_string(mb));
+      if (mtp) apply_set(c, "model.num_nextn_predict_layers=1");
+      c.steps = 3;
+      c.validate();
+      return c;
+    };
+    const std::string small = dir_ + "/small_" + r, big = dir_ + "/big_" + r;
+    run_ranks(2, cfg(small, 0.005, 2, true), cache_);  // 1310 elements a bucket
+    run_ranks(2, cfg(big, 4096, 2, true), cache_);
+    EXPECT_EQ(losses(small), losses(big)) << recipe;
+    expect_bitwise(weights(small, 2), weights(big, 2), std::string("buckets, ") + recipe);
+    const std::string one = dir_ + "/one_" + r, dp = dir_ + "/dp_" + r;
+    run_ranks(1, cfg(one, 32, 2, false), cache_);
+    run_ranks(2, cfg(dp, 0.005, 1, false), cache_);
+    EXPECT_EQ(losses(one), losses(dp)) << recipe;
+    expect_bitwise(weights(one, 2), weights(dp, 2), std::string("DP 2 vs one rank, ") + recipe);
+  }
+}
+
 TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
   const std::string straight = dir_ + "/straight";
   run_ranks(1, tiny(straight, corpus_, 2, 2), cache_);

@@ -96,8 +96,12 @@ struct Outcome {
   std::vector<float> norms;
   io::NamedTensors state;
 };
+// With `hook`, the last local micro-batch adds the parameters' gradients last to first and names
+// each to grads_ready() once added (as the model's backward does), so buckets go out early; the
+// sends must then all have happened before step().
 Outcome run(int world, int global, int first_step, int steps, float clip,
-            const io::NamedTensors* load = nullptr, const std::vector<Tensor>* start = nullptr) {
+            const io::NamedTensors* load = nullptr, const std::vector<Tensor>* start = nullptr,
+            ZeroConfig z = {kPiece, 777}, bool hook = false) {
   Outcome out;
   run_inprocess_ranks_or_throw(
       world,
@@ -106,22 +110,26 @@ Outcome run(int world, int global, int first_step, int steps, float clip,
         if (start)
           for (size_t i = 0; i < p.storage.size(); ++i)
             std::memcpy(p.storage[i].value.data(), (*start)[i].data(), (*start)[i].nbytes());
-        ZeroConfig z;
-        z.piece_elems = kPiece;
-        z.bucket_elems = 777;  // several buckets per step
         ZeroAdamW opt(ctx, ctx.comm, p.ptrs, adamw(clip), z);
         if (load) opt.load_state_dict(ctx, *load);
         const int me = ctx.comm->rank();
         std::vector<float> norms;
         for (int s = first_step; s < first_step + steps; ++s) {
           opt.zero_grad(ctx);
-          for (int m = me; m < global; m += world)
-            for (size_t i = 0; i < p.storage.size(); ++i) {
+          for (int m = me; m < global; m += world) {
+            const bool last = m + world >= global;
+            if (hook && last) opt.begin_final_backward();
+            for (size_t j = 0; j < p.storage.size(); ++j) {
+              const size_t i = hook ? p.storage.size() - 1 - j : j;
               const Tensor g = grad_of(static_cast<int64_t>(i), m, s);
               float* d = p.storage[i].grad.data_as<float>();
               for (int64_t k = 0; k < g.numel(); ++k) d[k] += g.data_as<const float>()[k];
+              if (hook) opt.grads_ready(ctx, {&p.storage[i]});
             }
+          }
           norms.push_back(opt.step(ctx, 1e-2f).grad_norm);
+          if (hook)
+            EXPECT_EQ(opt.buckets_sent_early(), static_cast<int64_t>(opt.layout().buckets.size()));
         }
         io::NamedTensors state = opt.state_dict(ctx);  // collective
         if (me == 0) {
@@ -150,6 +158,75 @@ TEST(ZeroAdamW, SameWeightsBitForBitAtEveryWorldSize) {
     const Outcome one = run(1, world, 0, 3, 1.0f);
     const Outcome many = run(world, world, 0, 3, 1.0f);
     expect_same(one, many, "world " + std::to_string(world));
+  }
+}
+
+TEST(ZeroLayout, BucketsHoldWholeConsecutivePiecesAndEveryRankAPaddedPart) {
+  for (int w : {1, 2, 4})
+    for (int64_t bucket : {int64_t{1}, int64_t{777}, int64_t{2500}, INT64_MAX}) {
+      const ZeroLayout l = ZeroLayout::make(kSizes, kPiece, w, bucket);
+      const ZeroLayout one = ZeroLayout::make(kSizes, kPiece, 1);
+      ASSERT_EQ(l.pieces.size(), one.pieces.size());
+      int next = 0;
+      int64_t shard = 0;
+      for (size_t b = 0; b < l.buckets.size(); ++b) {
+        const ZeroLayout::Bucket& k = l.buckets[b];
+        EXPECT_EQ(k.first, next);
+        EXPECT_LT(k.first, k.end);
+        EXPECT_EQ(k.shard_offset, shard);
+        int64_t n = 0;
+        std::vector<int64_t> part(static_cast<size_t>(w), 0);
+        for (int i = k.first; i < k.end; ++i) {
+          const ZeroLayout::Piece& c = l.pieces[static_cast<size_t>(i)];
+          EXPECT_EQ(c.numel, one.pieces[static_cast<size_t>(i)].numel);
+          EXPECT_EQ(c.bucket, static_cast<int>(b));
+          EXPECT_EQ(c.shard_offset, k.shard_offset + part[static_cast<size_t>(c.rank)]);
+          part[static_cast<size_t>(c.rank)] += c.numel;
+          n += c.numel;
+        }
+        // At most bucket_elems, unless one piece alone is larger.
+        EXPECT_TRUE(n <= bucket || k.end - k.first == 1) << "bucket " << b;
+        EXPECT_EQ(k.part, *std::max_element(part.begin(), part.end()));
+        next = k.end;
+        shard += k.part;
+      }
+      EXPECT_EQ(next, static_cast<int>(l.pieces.size()));
+      EXPECT_EQ(l.max_shard, shard);
+      if (bucket == 1) EXPECT_EQ(l.buckets.size(), l.pieces.size());  // a bucket per piece
+      if (bucket == INT64_MAX) EXPECT_EQ(l.buckets.size(), 1u);
+    }
+  EXPECT_THROW(ZeroLayout::make(kSizes, kPiece, 2, 0), Error);
+}
+
+// The buckets change what travels together and when, never a bit of the result: every bucket size,
+// sent after the backward or during it (the hook), at DP 2 and 4, equals one rank with one bucket,
+// with one micro-batch per rank and with gradient accumulation (2 per rank). One bucket per
+// parameter: pieces as large as the largest parameter and buckets of one element.
+TEST(ZeroAdamW, BucketsSentDuringTheBackwardGiveTheSameBits) {
+  const int64_t whole = 3 * 4096 + 5;
+  for (const int64_t piece : {kPiece, whole}) {
+    for (int world : {2, 4}) {
+      for (int accum : {1, 2}) {
+        const int global = world * accum;
+        const Outcome ref = run(1, global, 0, 3, 0.5f, nullptr, nullptr, {piece, INT64_MAX});
+        const Outcome unbucketed =
+            run(world, global, 0, 3, 0.5f, nullptr, nullptr, {piece, INT64_MAX});
+        expect_same(ref, unbucketed, "one bucket, world " + std::to_string(world));
+        for (int64_t bucket : {int64_t{1}, int64_t{777}, int64_t{5000}, INT64_MAX})
+          for (bool hook : {false, true}) {
+            const Outcome got =
+                run(world, global, 0, 3, 0.5f, nullptr, nullptr, {piece, bucket}, hook);
+            const std::string what = "piece " + std::to_string(piece) + ", world " +
+                                     std::to_string(world) + ", accum " + std::to_string(accum) +
+                                     ", bucket " + std::to_string(bucket) +
+                                     (hook ? ", during the backward" : ", after it");
+            if (accum == 1)
+              expect_same(ref, got, what);  // one rank sums the micro-batches in rank order too
+            else
+              expect_same(unbucketed, got, what);
+          }
+      }
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/check.h"
+#include "dist/mpi_exchange.h"
 #include "dist/nccl_comm.h"
 
 namespace octet::cli {
@@ -137,7 +138,16 @@ std::shared_ptr<Comm> join_launch(const LaunchEnv& env) {
     const NcclId id = nccl_unique_id();
     id_bytes.assign(id.bytes.begin(), id.bytes.end());
   }
-  id_bytes = tcp_rendezvous(env, id_bytes, timeout);
+  if (env.mpi) {
+    id_bytes = mpi_broadcast_bytes(env, id_bytes);
+  } else {
+    if (env.rank == 0 && launched_by_mpi([](const char* n) { return std::getenv(n); }))
+      std::fprintf(stderr,
+                   "note: launched by MPI, but this build has no MPI (libopenmpi-dev): the NCCL id "
+                   "goes through the TCP rendezvous on %s:%d\n",
+                   env.master_addr.c_str(), env.master_port);
+    id_bytes = tcp_rendezvous(env, id_bytes, timeout);
+  }
   NcclId id;
   OCTET_CHECK(id_bytes.size() == id.bytes.size(), "rank ", env.rank, ": the rendezvous returned ",
               id_bytes.size(), " bytes, not an NCCL id");
