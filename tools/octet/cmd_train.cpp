@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -138,8 +139,12 @@ int run_train(const std::vector<std::string>& argv) {
   const train::RunResult r = train::run_training(cfg, opt, out);
   if (launch.rank != 0) return r.end == train::RunEnd::kCompleted ? 0 : 1;
   std::cout << "trained " << r.steps_done << " steps; final loss " << r.final_loss
-            << ", final val loss " << r.final_val_loss << ", skipped " << r.skipped_steps
-            << "; run directory " << cfg.run_dir << "\n";
+            << ", final val loss ";
+  if (std::isnan(r.final_val_loss))
+    std::cout << "n/a (no evaluation)";
+  else
+    std::cout << r.final_val_loss;
+  std::cout << ", skipped " << r.skipped_steps << "; run directory " << cfg.run_dir << "\n";
   std::cout.flush();
   const std::string where = r.last_checkpoint.empty() ? "no checkpoint written by this process"
                                                       : "last checkpoint " + r.last_checkpoint;
