@@ -1,7 +1,11 @@
 #include "test_util.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 
@@ -72,6 +76,25 @@ void poison(Tensor& t, uint8_t byte) {
          << mismatches << " of " << expected.numel() << " elements differ; first at (row "
          << first / cols << ", col " << first % cols << "): expected " << hex(a + first * es)
          << ", got " << hex(b + first * es);
+}
+
+std::string fresh_temp_dir(const std::string& prefix, const std::string& name) {
+  const std::filesystem::path p =
+      std::filesystem::temp_directory_path() /
+      ("octet_" + prefix + "_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+std::string write_pangram_corpus(const std::string& dir, int lines) {
+  std::ostringstream s;
+  for (int i = 0; i < lines; ++i)
+    s << "The quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 13
+      << ". Pack my box with five dozen liquor jugs.\n";
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream(path) << s.str();
+  return path;
 }
 
 }  // namespace octet::test

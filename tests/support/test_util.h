@@ -34,4 +34,10 @@ void poison(Tensor& t, uint8_t byte = 0xA5);
 // the first differing (row, col) of the matrix view and both values in hex.
 ::testing::AssertionResult bitwise_equal(const Tensor& expected, const Tensor& actual);
 
+// An empty directory <system temp>/octet_<prefix>_<name>_<pid> (removed first if it exists).
+std::string fresh_temp_dir(const std::string& prefix, const std::string& name);
+// dir/corpus.txt: `lines` lines of pangrams with varying numbers, a small English text a tiny
+// model learns from; returns its path.
+std::string write_pangram_corpus(const std::string& dir, int lines);
+
 }  // namespace octet::test

@@ -28,11 +28,7 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 std::string temp_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("octet_ckpt_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+  return test::fresh_temp_dir("ckpt", name);
 }
 
 std::string bytes_of(const fs::path& p) {

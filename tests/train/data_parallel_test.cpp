@@ -23,21 +23,11 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 std::string temp_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("octet_dp_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+  return test::fresh_temp_dir("dp", name);
 }
 
 std::string write_corpus(const std::string& dir) {
-  std::ostringstream s;
-  for (int i = 0; i < 300; ++i)
-    s << "The quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 13
-      << ". Pack my box with five dozen liquor jugs.\n";
-  const std::string path = dir + "/corpus.txt";
-  std::ofstream(path) << s.str();
-  return path;
+  return test::write_pangram_corpus(dir, 300);
 }
 
 TrainConfig tiny(const std::string& run_dir, const std::string& corpus, int64_t batch,

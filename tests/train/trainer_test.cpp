@@ -11,6 +11,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "test_util.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -20,22 +21,11 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("octet_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+  return test::fresh_temp_dir("trainer", name);
 }
 
-// A small English text (repeated with variations so the model has something to learn).
 std::string write_corpus(const std::string& dir) {
-  std::ostringstream s;
-  for (int i = 0; i < 400; ++i)
-    s << "The quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 13
-      << ". Pack my box with five dozen liquor jugs.\n";
-  const std::string path = dir + "/corpus.txt";
-  std::ofstream(path) << s.str();
-  return path;
+  return test::write_pangram_corpus(dir, 400);
 }
 
 TrainConfig tiny(const std::string& run_dir, const std::string& corpus, const std::string& recipe) {
