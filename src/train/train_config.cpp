@@ -510,9 +510,8 @@ std::string init_checkpoint_dir(const std::string& path) {
 
 bool resume_may_change(const std::string& key) {
   static const std::set<std::string> safe = {
-      "steps",      "checkpoint_every", "keep_checkpoints",    "log_every",
-      "sites_every", "device",          "eval.every",          "eval.batches",
-      "optim.fused_prepare", "cuda_graphs",
+      "steps",      "checkpoint_every", "keep_checkpoints", "log_every",           "sites_every",
+      "device",     "eval.every",       "eval.batches",     "optim.fused_prepare", "cuda_graphs",
       "parallel.ep"};  // the same model and batch: a checkpoint does not depend on the grid
   return safe.count(key) > 0 || section_of(key) == "safety";
 }
