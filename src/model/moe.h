@@ -100,6 +100,11 @@ struct MoeLayer {
   Tensor flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
   std::pair<Tensor, Tensor> flow_backward(Context& ctx, const Precision& p, const Tensor& dy2,
                                           const Saved& s);
+  // fp8-flow's experts backward from the dispatched FP8 dy (R rows of s.layout): the down
+  // projection, dSwiGLU fused with d_gate_up's quantization, gate/up. Returns the permuted rows'
+  // dx (R, D) and the routing weights' gradient per row (R) f32. Shared with the EP path.
+  std::pair<Tensor, Tensor> flow_experts_backward(Context& ctx, const Precision& p,
+                                                  const GroupedInput& dyp, const Saved& s);
   // The routed experts across the EP group (moe_ep.cpp), same contracts as the flow pair.
   Tensor ep_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
   std::pair<Tensor, Tensor> ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,

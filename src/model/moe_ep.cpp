@@ -168,7 +168,6 @@ Tensor MoeLayer::ep_forward(Context& ctx, const Precision& p, const Tensor& x2, 
 
 std::pair<Tensor, Tensor> MoeLayer::ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,
                                                 const Saved& s) {
-  const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   const EpRoute& route = *s.ep;
   auto to_sources = [&](const Tensor& local_rows, DType dtype) {
@@ -182,18 +181,8 @@ std::pair<Tensor, Tensor> MoeLayer::ep_backward(Context& ctx, const Precision& p
     const GroupedInput dyp{
         .x = Tensor(),
         .qx = moe_permute(ctx, route.local, ep_exchange(ctx, *ep, route, dyq, true))};
-    const Tensor dh = down.backward(ctx, p, dyp, s.layout, s.down);
-    const GemmRecipe::Quantization gq = up_r.quantization(GemmOperand::kGradient);
-    const SwigluBackwardQuantizeResult dg = swiglu_backward_quantize(ctx, {.dh = dh,
-                                                                           .gate_up = s.gu,
-                                                                           .row_weight = s.w_rows,
-                                                                           .format = gq.format,
-                                                                           .rounding = gq.rounding,
-                                                                           .epsilon = 0.0f});
-    const Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = dg.d_gate_up},
-                                        s.layout, s.gate_up);
+    const auto [dxp, dw] = flow_experts_backward(ctx, p, dyp, s);
     const Tensor dx_src = to_sources(dxp, dy2.dtype());
-    const Tensor dw = dg.d_row_weight;
     const Tensor dw_src = to_sources(dw.reshape({dw.numel(), 1}), DType::kF32);
     return {moe_permute_backward(ctx, s.map, dx_src, dy2.dtype()),
             moe_permute_weights_backward(ctx, s.map, dw_src.reshape({dw_src.rows()}))};

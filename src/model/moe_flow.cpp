@@ -36,7 +36,6 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
 
 std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision& p,
                                                   const Tensor& dy2, const Saved& s) {
-  const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   // Cast 2 of 2: dy quantized once and dispatched in FP8, fused as in the forward. The combine's
   // backward is a copy of dy to each of the token's rows (no weight to apply), so the dispatch moves
@@ -45,6 +44,14 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
                          .qx = moe_permute_quantize(ctx, s.map,
                                                     quantize_args(down_r, GemmOperand::kGradient,
                                                                   dy2, QuantizeOutput::kRowwise))};
+  const auto [dxp, d_row_weight] = flow_experts_backward(ctx, p, dyp, s);
+  return {moe_permute_backward(ctx, s.map, dxp, dy2.dtype()),
+          moe_permute_weights_backward(ctx, s.map, d_row_weight)};
+}
+
+std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Precision& p,
+                                                          const GroupedInput& dyp, const Saved& s) {
+  const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   const Tensor dh = down.backward(ctx, p, dyp, s.layout, s.down);  // (R, F) bf16; grad +=
   // dSwiGLU through the weighted output, fused with the quantization of d_gate_up.
   const GemmRecipe::Quantization gq = up_r.quantization(GemmOperand::kGradient);
@@ -54,10 +61,9 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
                                                                          .format = gq.format,
                                                                          .rounding = gq.rounding,
                                                                          .epsilon = 0.0f});
-  const Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = dg.d_gate_up},
-                                      s.layout, s.gate_up);  // grad +=
-  return {moe_permute_backward(ctx, s.map, dxp, dy2.dtype()),
-          moe_permute_weights_backward(ctx, s.map, dg.d_row_weight)};
+  Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = dg.d_gate_up}, s.layout,
+                                s.gate_up);  // grad +=
+  return {dxp, dg.d_row_weight};
 }
 
 }  // namespace octet
