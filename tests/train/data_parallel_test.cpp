@@ -12,6 +12,7 @@
 
 #include "dist/inprocess_comm.h"
 #include "io/safetensors.h"
+#include "rank_runs.h"
 #include "test_util.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -53,55 +54,6 @@ TrainConfig tiny(const std::string& run_dir, const std::string& corpus, int64_t 
   return c;
 }
 
-std::vector<double> losses(const std::string& run_dir) {
-  std::vector<double> out;
-  for (const StepMetrics& m : read_metrics(run_dir + "/metrics.jsonl")) out.push_back(m.loss);
-  return out;
-}
-
-io::NamedTensors weights(const std::string& run_dir, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08d", step);
-  io::NamedTensors out;
-  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints" / name)) {
-    const std::string f = e.path().filename().string();
-    if (f.rfind("model", 0) == 0 && e.path().extension() == ".safetensors")
-      for (auto& t : io::read_safetensors(e.path().string()).tensors) out.push_back(std::move(t));
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return out;
-}
-
-// Every rank runs the trainer; rank 0's result is returned.
-RunResult run_ranks(int world, const TrainConfig& cfg, const std::string& cache,
-                    const std::string& resume = "", bool allow_change = false,
-                    const std::function<void(int, const std::string&)>& fault = {}) {
-  RunResult r0;
-  run_inprocess_ranks_or_throw(
-      world,
-      [&](Context& ctx) {
-        RunOptions o;
-        o.cache_dir = cache;
-        o.comm = ctx.comm;
-        o.resume_from = resume;
-        o.allow_config_change = allow_change;
-        o.checkpoint_fault = fault;
-        std::ostringstream sink;
-        const RunResult r = run_training(cfg, o, sink);
-        if (ctx.comm->rank() == 0) r0 = r;
-      },
-      milliseconds(120000));
-  return r0;
-}
-
-void expect_bitwise(const io::NamedTensors& a, const io::NamedTensors& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].first, b[i].first);
-    EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second)) << what << ": " << a[i].first;
-  }
-}
-
 class DataParallelTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -121,12 +73,13 @@ TEST_F(DataParallelTrainer, DpTwoAndFourMatchOneRankBitForBit) {
     const RunResult b = run_ranks(world, tiny(many, corpus_, 2, 1), cache_);
     EXPECT_EQ(a.steps_done, 4);
     EXPECT_EQ(b.steps_done, 4);
-    const std::vector<double> la = losses(one), lb = losses(many);
+    const std::vector<double> la = logged_losses(one), lb = logged_losses(many);
     ASSERT_EQ(la.size(), 4u);
     EXPECT_EQ(la, lb) << "DP " << world;
     EXPECT_TRUE(std::isfinite(la.back()));
     EXPECT_LT(la.back(), la.front());
-    expect_bitwise(weights(one, 4), weights(many, 4), "DP " + std::to_string(world));
+    expect_bitwise(checkpoint_tensors(one, 4, "model"), checkpoint_tensors(many, 4, "model"),
+                   "DP " + std::to_string(world));
     // The optimizer state is written in the single-rank form, whole.
     const auto sa = io::read_safetensors(one + "/checkpoints/step_00000004/optimizer.safetensors");
     const auto sb = io::read_safetensors(many + "/checkpoints/step_00000004/optimizer.safetensors");
@@ -153,20 +106,22 @@ TEST_F(DataParallelTrainer, GradientBucketsDuringTheBackwardChangeNoBit) {
     const std::string small = dir_ + "/small_" + r, big = dir_ + "/big_" + r;
     run_ranks(2, cfg(small, 0.005, 2, true), cache_);  // 1310 elements a bucket
     run_ranks(2, cfg(big, 4096, 2, true), cache_);
-    EXPECT_EQ(losses(small), losses(big)) << recipe;
-    expect_bitwise(weights(small, 2), weights(big, 2), std::string("buckets, ") + recipe);
+    EXPECT_EQ(logged_losses(small), logged_losses(big)) << recipe;
+    expect_bitwise(checkpoint_tensors(small, 2, "model"), checkpoint_tensors(big, 2, "model"),
+                   std::string("buckets, ") + recipe);
     const std::string one = dir_ + "/one_" + r, dp = dir_ + "/dp_" + r;
     run_ranks(1, cfg(one, 32, 2, false), cache_);
     run_ranks(2, cfg(dp, 0.005, 1, false), cache_);
-    EXPECT_EQ(losses(one), losses(dp)) << recipe;
-    expect_bitwise(weights(one, 2), weights(dp, 2), std::string("DP 2 vs one rank, ") + recipe);
+    EXPECT_EQ(logged_losses(one), logged_losses(dp)) << recipe;
+    expect_bitwise(checkpoint_tensors(one, 2, "model"), checkpoint_tensors(dp, 2, "model"),
+                   std::string("DP 2 vs one rank, ") + recipe);
   }
 }
 
 TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
   const std::string straight = dir_ + "/straight";
   run_ranks(1, tiny(straight, corpus_, 2, 2), cache_);
-  const std::vector<double> want = losses(straight);
+  const std::vector<double> want = logged_losses(straight);
 
   // DP 2 for two steps, then one rank (grad_accum 2: the same global batch) for the rest.
   const std::string r1 = dir_ + "/r1";
@@ -175,8 +130,9 @@ TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
   run_ranks(2, two, cache_);
   TrainConfig one = tiny(r1, corpus_, 2, 2);
   run_ranks(1, one, cache_, r1, /*allow_change=*/true);
-  EXPECT_EQ(losses(r1), want);
-  expect_bitwise(weights(straight, 4), weights(r1, 4), "resumed at one rank");
+  EXPECT_EQ(logged_losses(r1), want);
+  expect_bitwise(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(r1, 4, "model"),
+                 "resumed at one rank");
 
   // DP 2 for two steps, then DP 4 with one sequence per rank: the same global batch of 4
   // sequences, but the loss is the mean of four per-sequence means instead of two two-sequence
@@ -188,7 +144,7 @@ TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
   two4.steps = 2;
   run_ranks(2, two4, cache_);
   run_ranks(4, tiny(r4, corpus_, 1, 1), cache_, r4, /*allow_change=*/true);
-  const std::vector<double> got = losses(r4);
+  const std::vector<double> got = logged_losses(r4);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i])) << "step " << i + 1;
@@ -201,15 +157,16 @@ TEST_F(DataParallelTrainer, SavedAtTwoResumesAtOneAndFour) {
 TEST_F(DataParallelTrainer, SavedAtOneResumesAtTwo) {
   const std::string straight = dir_ + "/straight";
   run_ranks(1, tiny(straight, corpus_, 2, 2), cache_);
-  const std::vector<double> want = losses(straight);
+  const std::vector<double> want = logged_losses(straight);
 
   const std::string r = dir_ + "/zero1";
   TrainConfig one = tiny(r, corpus_, 2, 2);
   one.steps = 2;
   run_ranks(1, one, cache_);
   run_ranks(2, tiny(r, corpus_, 2, 1), cache_, r, /*allow_change=*/true);
-  EXPECT_EQ(losses(r), want);
-  expect_bitwise(weights(straight, 4), weights(r, 4), "ZeRO-1 at 1, resumed at 2");
+  EXPECT_EQ(logged_losses(r), want);
+  expect_bitwise(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(r, 4, "model"),
+                 "ZeRO-1 at 1, resumed at 2");
 
   const std::string p = dir_ + "/plain";
   TrainConfig plain = tiny(p, corpus_, 2, 2);
@@ -221,7 +178,7 @@ TEST_F(DataParallelTrainer, SavedAtOneResumesAtTwo) {
     EXPECT_EQ(run_training(plain, o, sink).steps_done, 2);
   }
   run_ranks(2, tiny(p, corpus_, 2, 1), cache_, p, /*allow_change=*/true);
-  const std::vector<double> got = losses(p);
+  const std::vector<double> got = logged_losses(p);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << "step " << i + 1;

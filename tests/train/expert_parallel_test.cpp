@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "model/init.h"
 #include "model/model.h"
+#include "rank_runs.h"
 #include "test_util.h"
 #include "train/expert_parallel.h"
 #include "train/metrics.h"
@@ -74,44 +75,6 @@ TrainConfig tiny(const std::string& run_dir, const std::string& corpus, const st
   return c;
 }
 
-std::vector<double> losses(const std::string& run_dir) {
-  std::vector<double> out;
-  for (const StepMetrics& m : read_metrics(run_dir + "/metrics.jsonl")) out.push_back(m.loss);
-  return out;
-}
-
-io::NamedTensors read_dir(const std::string& run_dir, int step, const std::string& prefix) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08d", step);
-  io::NamedTensors out;
-  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints" / name)) {
-    const std::string f = e.path().filename().string();
-    if (f.rfind(prefix, 0) == 0 && e.path().extension() == ".safetensors")
-      for (auto& t : io::read_safetensors(e.path().string()).tensors) out.push_back(std::move(t));
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return out;
-}
-
-RunResult run_ranks(int world, const TrainConfig& cfg, const std::string& cache,
-                    const std::string& resume = "", bool allow_change = false) {
-  RunResult r0;
-  run_inprocess_ranks_or_throw(
-      world,
-      [&](Context& ctx) {
-        RunOptions o;
-        o.cache_dir = cache;
-        o.comm = ctx.comm;
-        o.resume_from = resume;
-        o.allow_config_change = allow_change;
-        std::ostringstream sink;
-        const RunResult r = run_training(cfg, o, sink);
-        if (ctx.comm->rank() == 0) r0 = r;
-      },
-      milliseconds(120000));
-  return r0;
-}
-
 // The largest |a - b| over every element of same-named tensors (same names and shapes required).
 double max_diff(const io::NamedTensors& a, const io::NamedTensors& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -125,14 +88,6 @@ double max_diff(const io::NamedTensors& a, const io::NamedTensors& b) {
                                                 b[i].second.data_as<const float>()[k]));
   }
   return worst;
-}
-
-void expect_bitwise(const io::NamedTensors& a, const io::NamedTensors& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].first, b[i].first);
-    EXPECT_TRUE(test::bitwise_equal(a[i].second, b[i].second)) << what << ": " << a[i].first;
-  }
 }
 
 class ExpertParallelTrainer : public ::testing::Test {
@@ -176,7 +131,7 @@ TEST_F(ExpertParallelTrainer, EpTwoFourAndTwoByTwoMatchOneRank) {
       if (!fs::exists(one)) run_ranks(1, tiny(one, corpus_, recipe, 2, g.world, 1), cache_);
       const RunResult b = run_ranks(g.world, tiny(many, corpus_, recipe, 2, 1, g.ep), cache_);
       EXPECT_EQ(b.steps_done, 4) << tag;
-      const std::vector<double> la = losses(one), lb = losses(many);
+      const std::vector<double> la = logged_losses(one), lb = logged_losses(many);
       ASSERT_EQ(la.size(), 4u) << tag;
       ASSERT_EQ(lb.size(), 4u) << tag;
       EXPECT_EQ(la[0], lb[0]) << tag << ": the first step's loss is bit for bit";
@@ -184,11 +139,13 @@ TEST_F(ExpertParallelTrainer, EpTwoFourAndTwoByTwoMatchOneRank) {
         EXPECT_NEAR(lb[i], la[i], loss_rel(recipe) * std::fabs(la[i])) << tag << " step " << i + 1;
       EXPECT_LT(lb.back(), lb.front()) << tag;
       // The checkpoint is the single-rank form (every expert, whole), the weights close.
-      const double dw = max_diff(read_dir(one, 4, "model"), read_dir(many, 4, "model"));
+      const double dw =
+          max_diff(checkpoint_tensors(one, 4, "model"), checkpoint_tensors(many, 4, "model"));
       EXPECT_LE(dw, weight_abs(recipe)) << tag;
       std::cout << "[ measured ] " << tag << ": max |weight difference| " << dw << ", last loss "
                 << la.back() << " vs " << lb.back() << "\n";
-      const auto sa = read_dir(one, 4, "optimizer"), sb = read_dir(many, 4, "optimizer");
+      const auto sa = checkpoint_tensors(one, 4, "optimizer"),
+                 sb = checkpoint_tensors(many, 4, "optimizer");
       ASSERT_EQ(sa.size(), sb.size()) << tag;
       for (size_t i = 0; i < sa.size(); ++i) {
         EXPECT_EQ(sa[i].first, sb[i].first) << tag;
@@ -209,10 +166,11 @@ TEST_F(ExpertParallelTrainer, SavedAtEpTwoResumesAtTwoBitForBitAndAtOne) {
   half.steps = 2;
   run_ranks(2, half, cache_);
   run_ranks(2, tiny(again, corpus_, recipe, 2, 1, 2), cache_, again);
-  EXPECT_EQ(losses(again), losses(straight));
-  expect_bitwise(read_dir(straight, 4, "model"), read_dir(again, 4, "model"), "EP 2 -> EP 2");
-  expect_bitwise(read_dir(straight, 4, "optimizer"), read_dir(again, 4, "optimizer"),
-                 "EP 2 -> EP 2, optimizer state");
+  EXPECT_EQ(logged_losses(again), logged_losses(straight));
+  expect_bitwise(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(again, 4, "model"),
+                 "EP 2 -> EP 2");
+  expect_bitwise(checkpoint_tensors(straight, 4, "optimizer"),
+                 checkpoint_tensors(again, 4, "optimizer"), "EP 2 -> EP 2, optimizer state");
 
   // EP 2 for two steps, then one rank with grad_accum 2 (the same global batch).
   const std::string to_one = dir_ + "/to_one";
@@ -220,14 +178,15 @@ TEST_F(ExpertParallelTrainer, SavedAtEpTwoResumesAtTwoBitForBitAndAtOne) {
   h1.steps = 2;
   run_ranks(2, h1, cache_);
   run_ranks(1, tiny(to_one, corpus_, recipe, 2, 2, 1), cache_, to_one, /*allow_change=*/true);
-  const std::vector<double> got = losses(to_one), want = losses(straight);
+  const std::vector<double> got = logged_losses(to_one), want = logged_losses(straight);
   ASSERT_EQ(got.size(), 4u);
   // Step 3 is the first one rank computes: its forward from the EP checkpoint's weights is the EP
   // run's bit for bit (so the checkpoint held every expert); step 4 follows an update.
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
   EXPECT_NEAR(got[3], want[3], loss_rel(recipe) * std::fabs(want[3]));
-  EXPECT_LE(max_diff(read_dir(straight, 4, "model"), read_dir(to_one, 4, "model")),
-            weight_abs(recipe));
+  EXPECT_LE(
+      max_diff(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(to_one, 4, "model")),
+      weight_abs(recipe));
 }
 
 TEST_F(ExpertParallelTrainer, SavedAtOneResumesAtEpTwo) {
@@ -239,11 +198,12 @@ TEST_F(ExpertParallelTrainer, SavedAtOneResumesAtEpTwo) {
   half.steps = 2;
   run_ranks(1, half, cache_);
   run_ranks(2, tiny(r, corpus_, recipe, 2, 1, 2), cache_, r, /*allow_change=*/true);
-  const std::vector<double> got = losses(r), want = losses(straight);
+  const std::vector<double> got = logged_losses(r), want = logged_losses(straight);
   ASSERT_EQ(got.size(), 4u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;  // step 3: one
   EXPECT_NEAR(got[3], want[3], loss_rel(recipe) * std::fabs(want[3]));            // after an update
-  EXPECT_LE(max_diff(read_dir(straight, 4, "model"), read_dir(r, 4, "model")), weight_abs(recipe));
+  EXPECT_LE(max_diff(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(r, 4, "model")),
+            weight_abs(recipe));
 }
 
 // The model alone, one micro-batch per rank against one rank accumulating them in rank order:
