@@ -21,7 +21,7 @@ bool is_routed_expert(const TensorSpec& s) {
 
 // The moments' holdings of one ZeRO-1 optimizer: piece c of parameter c.param is elements
 // [base + c.offset, ...) of file tensor first[c.param] (+1 for exp_avg_sq), written by world rank
-// world_rank(c.rank); `mine` says whether that is this rank (whose shards hold the data).
+// world_rank(c.rank); the data is this rank's shards where that is `rank`.
 void add_moment_holdings(std::vector<Holding>& out, size_t file, const ZeroAdamW& zero,
                          const std::vector<size_t>& first, int64_t base_experts,
                          const std::function<int(int)>& world_rank, int rank) {

@@ -183,6 +183,17 @@ struct Run {
     }
   }
 
+  // The model and optimizer, for the checkpoint writer and reader (checkpoint_plan.h).
+  TrainingSources sources() {
+    return {.model = model.get(),
+            .zero = zero.get(),
+            .ep = ep_opt.get(),
+            .optim = optim.get(),
+            .optimizer_steps = &saved_optimizer_steps,
+            .rank = dp.rank(),
+            .world = dp.size()};
+  }
+
   // The checkpoint of the current step (collective with several ranks): each rank snapshots what
   // it writes (checkpoint_plan.h: its share of the weights, its ZeRO-1 moment shards, with
   // expert parallelism its own experts) into pinned host memory behind the step's work, and
@@ -198,13 +209,7 @@ struct Run {
                                      : optim->steps_taken();
     if (zero) zero->gather_masters(ctx);  // the masters whole on every rank (collective)
     if (ep_opt) ep_opt->gather_masters(ctx);
-    TrainingCheckpoint tc = training_checkpoint({.model = model.get(),
-                                                 .zero = zero.get(),
-                                                 .ep = ep_opt.get(),
-                                                 .optim = optim.get(),
-                                                 .optimizer_steps = &saved_optimizer_steps,
-                                                 .rank = dp.rank(),
-                                                 .world = dp.size()});
+    TrainingCheckpoint tc = training_checkpoint(sources());
     SaveRequest req{.root = ckpt_root,
                     .name = step_dir_name(at),
                     .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, dp.size()),
@@ -342,13 +347,7 @@ struct Run {
     finish_checkpoint();       // a rollback may read the checkpoint being written
     outputs_attached = false;  // the masters change: the next step prepares everything
     // Each rank reads what it holds: its experts, its ZeRO-1 pieces' moments (checkpoint_plan.h).
-    for (const std::string& w : load_training_checkpoint(ctx, dir,
-                                                         {.model = model.get(),
-                                                         .zero = zero.get(),
-                                                         .ep = ep_opt.get(),
-                                                         .optim = optim.get(),
-                                                         .rank = dp.rank(),
-                                                         .world = dp.size()}))
+    for (const std::string& w : load_training_checkpoint(ctx, dir, sources()))
       out << "warning: " << w << "\n";
     model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
     const std::string state_file = dir + "/" + kTrainerStateFile;
