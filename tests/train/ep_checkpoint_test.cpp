@@ -91,17 +91,7 @@ class CountingComm : public Comm {
   std::shared_ptr<Comm> inner_;
 };
 
-class EpCheckpoint : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = test::fresh_temp_dir("epck",
-                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    corpus_ = test::write_pangram_corpus(dir_, 300);
-    cache_ = dir_ + "/cache";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string dir_, corpus_, cache_;
-};
+class EpCheckpoint : public MoeRunTest {};
 
 TEST(EpInit, EachRankDrawsItsOwnExpertsAsOneRank) {
   const ModelConfig mc = moe_model_config();

@@ -36,24 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-std::string temp_dir(const std::string& name) {
-  return test::fresh_temp_dir("ep", name);
-}
-
-std::string write_corpus(const std::string& dir) {
-  return test::write_pangram_corpus(dir, 300);
-}
-
-class ExpertParallelTrainer : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    corpus_ = write_corpus(dir_);
-    cache_ = dir_ + "/cache";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string dir_, corpus_, cache_;
-};
+class ExpertParallelTrainer : public MoeRunTest {};
 
 // Tolerances over 4 steps of this model (lr 3e-3 after one warm-up step). The first loss is bit
 // for bit; the later ones follow updates whose expert gradients differ: in bf16 in the FP32

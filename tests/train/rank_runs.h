@@ -124,6 +124,20 @@ inline double max_abs_diff(const io::NamedTensors& a, const io::NamedTensors& b)
   return worst;
 }
 
+// A fixture with a fresh directory per test (removed after it), a small corpus in it and a data
+// cache, for the runs of the MoE model above.
+class MoeRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::fresh_temp_dir("moe",
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    corpus_ = test::write_pangram_corpus(dir_, 300);
+    cache_ = dir_ + "/cache";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_, corpus_, cache_;
+};
+
 inline void expect_bitwise(const io::NamedTensors& a, const io::NamedTensors& b,
                            const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
