@@ -96,19 +96,25 @@ int run(const std::vector<std::string>& argv) {
             ctx, [&] { attention_forward(ctx, {.q = q, .k = k, .v = v, .softmax_scale = 0.0f}); },
             warmup, runs)
             .median_ms;
-    const double bwd = time_op(
-                           ctx,
-                           [&] {
-                             attention_backward(ctx, {.q = q,
-                                                      .k = k,
-                                                      .v = v,
-                                                      .o = f.o,
-                                                      .lse = f.lse,
-                                                      .grad_o = dO,
-                                                      .softmax_scale = 0.0f});
-                           },
-                           warmup, runs)
-                           .median_ms;
+    // The backward both ways: cuDNN's deterministic algorithm (the default) and the one that sums
+    // dQ with FP32 atomics (model.deterministic_attention = false).
+    const auto time_bwd = [&](bool deterministic) {
+      return time_op(
+                 ctx,
+                 [&] {
+                   attention_backward(ctx, {.q = q,
+                                            .k = k,
+                                            .v = v,
+                                            .o = f.o,
+                                            .lse = f.lse,
+                                            .grad_o = dO,
+                                            .softmax_scale = 0.0f,
+                                            .deterministic = deterministic});
+                 },
+                 warmup, runs)
+          .median_ms;
+    };
+    const double bwd = time_bwd(true), bwd_atomics = time_bwd(false);
     const double pairs =
         static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
     const double fwd_flops = 2 * pairs * static_cast<double>(dqk + dv),
@@ -119,11 +125,12 @@ int run(const std::vector<std::string>& argv) {
     const AttentionWorkspace ws = attention_workspace(ctx, B, T, H, dqk, dv);
     table.push_back(
         {shape, fmt(fwd, 3), fmt(fwd_flops / (fwd * 1e-3) / 1e12, 1), fmt(bwd, 3),
-         fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2),
+         fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2), fmt(bwd_atomics, 3),
+         fmt(bwd_flops / (bwd_atomics * 1e-3) / 1e12, 1),
          fmt(ws.forward_bytes / 1048576.0, 1) + " / " + fmt(ws.backward_bytes / 1048576.0, 1)});
   }
   print_table({"B x T x H (Dqk, Dv)", "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS", "bwd/fwd",
-               "workspace MiB fwd / bwd"},
+               "bwd ms (atomics)", "TFLOPS (atomics)", "workspace MiB fwd / bwd"},
               table);
   if (dev == "cuda")
     rope_table(ctx, shapes.front().B, shapes.front().T, shapes.front().H, warmup, runs);

@@ -67,6 +67,9 @@ struct ModelConfig {
   // The MoE backward recomputes the SwiGLU output and the experts' outputs from gu instead of
   // keeping them (model/moe.h recompute_down): less memory, one more down-projection Fprop.
   bool moe_recompute = true;
+  // Attention's backward on CUDA: cuDNN's deterministic algorithm (bitwise reproducible runs,
+  // resumes and graph replays) or, false, the faster one that sums dQ with FP32 atomics.
+  bool deterministic_attention = true;
 
   nlohmann::json extra = nlohmann::json::object();  // unknown keys, written back unchanged
 

@@ -68,8 +68,13 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
                           const Tensor& dy, const Saved& s) {
   const int64_t B = s.B, T = s.T, N = B * T, H = heads, dqk = nope + rope;
   const Tensor d_out = o.backward(ctx, p, dy, s.o).reshape({B, T, H, v_dim});
-  const AttentionGrads g = attention_backward(
-      ctx, {.q = s.q_rot, .k = s.k, .v = s.v, .o = s.out, .lse = s.lse, .grad_o = d_out});
+  const AttentionGrads g = attention_backward(ctx, {.q = s.q_rot,
+                                                    .k = s.k,
+                                                    .v = s.v,
+                                                    .o = s.out,
+                                                    .lse = s.lse,
+                                                    .grad_o = d_out,
+                                                    .deterministic = deterministic});
 
   // k and v came from kv (per head) and the shared rope key: route their gradients back.
   Tensor dkv = Tensor::empty(ctx, {N * H, nope + v_dim}, dy.dtype());

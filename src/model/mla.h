@@ -30,6 +30,7 @@ namespace octet {
 struct MlaLayer {
   int64_t heads = 0, nope = 0, rope = 0, v_dim = 0, kv_lora = 0;
   bool has_q_lora = false;
+  bool deterministic = true;  // attention backward: ops/attention/attention.h
   RopePairing pairing = RopePairing::kInterleave;
   LinearLayer q_a, q_b, q;  // q_a + q_b with q_lora_rank, q without
   NormLayer q_a_norm;

@@ -509,10 +509,13 @@ std::string init_checkpoint_dir(const std::string& path) {
 }
 
 bool resume_may_change(const std::string& key) {
+  // The same model and batch: a checkpoint depends neither on the grid (parallel.ep) nor on how
+  // attention's backward sums (model.deterministic_attention).
   static const std::set<std::string> safe = {
-      "steps",      "checkpoint_every", "keep_checkpoints", "log_every",           "sites_every",
-      "device",     "eval.every",       "eval.batches",     "optim.fused_prepare", "cuda_graphs",
-      "parallel.ep"};  // the same model and batch: a checkpoint does not depend on the grid
+      "steps",       "checkpoint_every", "keep_checkpoints",
+      "log_every",   "sites_every",      "device",
+      "eval.every",  "eval.batches",     "optim.fused_prepare",
+      "cuda_graphs", "parallel.ep",      "model.deterministic_attention"};
   return safe.count(key) > 0 || section_of(key) == "safety";
 }
 
@@ -606,7 +609,7 @@ void TrainConfig::validate() const {
   };
   OCTET_CHECK(!run_dir.empty(), "run_dir must not be empty");
   at_least("steps", steps, 1);
-  at_least("checkpoint_every", checkpoint_every, 0);
+  at_least("checkpoint_every", checkpoint_every, -1);
   at_least("keep_checkpoints", keep_checkpoints, 0);
   at_least("seed", seed, 0);
   at_least("batch_size", batch_size, 1);

@@ -106,7 +106,7 @@ ModelConfig default_model_config();
 struct TrainConfig {
   std::string run_dir = "runs/default";
   int64_t steps = 150;             // optimizer steps
-  int64_t checkpoint_every = 100;  // 0: only at the end
+  int64_t checkpoint_every = 100;  // 0: only at the end; -1: never (benchmarks)
   int64_t keep_checkpoints = 2;    // most recent K kept; 0 keeps all
   int64_t seed = 1234;
   DeviceChoice device = DeviceChoice::kAuto;

@@ -119,6 +119,8 @@ void add_model_keys(std::vector<Key>& k) {
   add("seq_aux_loss_alpha", "sequence-wise balance loss; 0: off", &M::seq_aux_loss_alpha);
   add("head_chunk_tokens", "tokens per output-head chunk; 0: automatic", &M::head_chunk_tokens);
   add("moe_recompute", "MoE backward recomputes SwiGLU + down", &M::moe_recompute);
+  add("deterministic_attention", "cuDNN's deterministic attention backward; false: atomics",
+      &M::deterministic_attention);
   // Keys of a config.json that octet keeps but does not use (architectures, bos_token_id, ...),
   // carried so that the checkpoint's config.json keeps them; written only when there are any.
   k.push_back(custom(
@@ -139,7 +141,7 @@ std::vector<Key> make_keys() {
   std::vector<Key> k;
   k.push_back(field("run_dir", "checkpoints, metrics and config.toml go here", at(&C::run_dir)));
   k.push_back(field("steps", "optimizer steps", at(&C::steps)));
-  k.push_back(field("checkpoint_every", "steps between checkpoints; 0: only at the end",
+  k.push_back(field("checkpoint_every", "steps between checkpoints; 0: only at the end; -1: never",
                     at(&C::checkpoint_every)));
   k.push_back(field("keep_checkpoints", "most recent checkpoints kept; 0 keeps all",
                     at(&C::keep_checkpoints)));

@@ -908,14 +908,17 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     measure_step(run, pass, t0, sm);
     record_step(run, rec, sm);
     if (diverged(cfg, nets, rec, sm)) break;
-    if ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) ||
-        run.step == cfg.steps || run.agree_stop(opt))
+    const bool saves = cfg.checkpoint_every >= 0;  // -1: a benchmark that writes nothing
+    if (saves && ((cfg.checkpoint_every > 0 && run.step % cfg.checkpoint_every == 0) ||
+                  run.step == cfg.steps || run.agree_stop(opt)))
       run.save_checkpoint();
   }
   // Stopped before this process ran a step (a signal during start-up): a new run writes the state
   // it starts from, so that --resume continues it like any stopped run (a resumed run has the
   // checkpoint it started from).
-  if (run.stop_seen && rec.steps_run == 0 && !target && run.step < cfg.steps) run.save_checkpoint();
+  if (run.stop_seen && rec.steps_run == 0 && !target && run.step < cfg.steps &&
+      cfg.checkpoint_every >= 0)
+    run.save_checkpoint();
   run.finish_checkpoint();  // the last checkpoint is on disk when the run returns
   if (run.graphs)
     out << "cuda graphs: "

@@ -61,6 +61,17 @@ TEST(ModelConfig, RoundTripsThroughAFile) {
   EXPECT_EQ(back.extra.at("eos_token_id"), 1);
 }
 
+// The attention backward's algorithm choice: deterministic unless config.json says otherwise, and
+// it survives the round trip.
+TEST(ModelConfig, DeterministicAttentionKey) {
+  Json j = small_hf_config();
+  EXPECT_TRUE(model_config_from_json(j).deterministic_attention);
+  j["octet_deterministic_attention"] = false;
+  const ModelConfig c = model_config_from_json(j);
+  EXPECT_FALSE(c.deterministic_attention);
+  EXPECT_FALSE(model_config_from_json(model_config_to_json(c)).deterministic_attention);
+}
+
 TEST(ModelConfig, RecipeOverridesRoundTripThroughConfigJson) {
   Json j = small_hf_config();
   const ModelConfig plain = model_config_from_json(j);

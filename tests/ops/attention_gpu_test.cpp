@@ -128,12 +128,13 @@ using Param = std::tuple<int64_t /*T*/, int64_t /*H*/, Dims>;
 class AttentionGpu : public ::testing::TestWithParam<Param> {};
 
 void compare_with_cpu(int64_t B, int64_t T, int64_t H, Dims d, float scale, float q_gain,
-                      uint64_t seed) {
+                      uint64_t seed, bool deterministic = true) {
   auto& [cpu, gpu] = devices();
   const Inputs in = make_inputs(B, T, H, d.dqk, d.dv, seed, q_gain);
-  const std::string where = "T=" + std::to_string(T) + " H=" + std::to_string(H) +
-                            " Dqk=" + std::to_string(d.dqk) + " Dv=" + std::to_string(d.dv) +
-                            " scale=" + std::to_string(scale) + " q_gain=" + std::to_string(q_gain);
+  const std::string where =
+      "T=" + std::to_string(T) + " H=" + std::to_string(H) + " Dqk=" + std::to_string(d.dqk) +
+      " Dv=" + std::to_string(d.dv) + " scale=" + std::to_string(scale) +
+      " q_gain=" + std::to_string(q_gain) + (deterministic ? "" : " (atomics)");
   const auto want =
       attention_forward(cpu, {.q = in.q, .k = in.k, .v = in.v, .softmax_scale = scale});
   const Tensor qg = in.q.to(gpu, Device::kCuda), kg = in.k.to(gpu, Device::kCuda),
@@ -163,7 +164,8 @@ void compare_with_cpu(int64_t B, int64_t T, int64_t H, Dims d, float scale, floa
                                            .o = want.o.to(gpu, Device::kCuda),
                                            .lse = want.lse.to(gpu, Device::kCuda),
                                            .grad_o = dog,
-                                           .softmax_scale = scale});
+                                           .softmax_scale = scale,
+                                           .deterministic = deterministic});
   double e_dq = 0, e_dk = 0, e_dv = 0;
   ASSERT_TRUE(rel_frobenius(gw.grad_q, gg.grad_q.to_host(gpu), 1e-2, "dq", &e_dq)) << where;
   ASSERT_TRUE(rel_frobenius(gw.grad_k, gg.grad_k.to_host(gpu), 1e-2, "dk", &e_dk)) << where;
@@ -191,6 +193,15 @@ TEST(AttentionGpuSpecial, OtherHeadDims) {
   for (Dims d : {Dims{8, 8}, Dims{16, 16}, Dims{40, 24}, Dims{128, 128}, Dims{256, 256},
                  Dims{256, 64}, Dims{48, 208}, Dims{160, 96}, Dims{32, 256}, Dims{200, 136}})
     compare_with_cpu(1, 131, 2, d, 0.0f, 1.0f, 77 + d.dqk + d.dv);
+}
+
+// The non-deterministic backward (FP32 atomics over key blocks, `deterministic = false`) within
+// the same bounds of the FP64 oracle, at the model's head dims and odd lengths.
+TEST(AttentionGpuSpecial, AtomicsBackwardMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  for (int64_t T : {1, 129, 1000})
+    for (Dims d : {Dims{96, 64}, Dims{192, 128}})
+      compare_with_cpu(2, T, 3, d, 0.0f, 1.0f, 500 + T + d.dqk, /*deterministic=*/false);
 }
 
 // Several heads and batches at a prime T: the strides that describe (B, T, H, D) to cuDNN.

@@ -258,7 +258,7 @@ TEST(TrainConfig, ValidateNamesTheKey) {
   EXPECT_MESSAGE_HAS(invalid("seq_len=0"), "seq_len must be >= 1");
   EXPECT_MESSAGE_HAS(invalid("seq_len=4096"),
                      "seq_len (4096) must be <= model.max_position_embeddings (512)");
-  EXPECT_MESSAGE_HAS(invalid("checkpoint_every=-1"), "checkpoint_every must be >= 0");
+  EXPECT_MESSAGE_HAS(invalid("checkpoint_every=-2"), "checkpoint_every must be >= -1");
   EXPECT_MESSAGE_HAS(invalid("grad_accum=0"), "grad_accum must be >= 1");
   EXPECT_MESSAGE_HAS(invalid("optim.min_lr=1.0"), "optim.min_lr must be in [0, optim.lr]");
   EXPECT_MESSAGE_HAS(invalid("optim.beta2=1.0"), "optim.beta2 must be in [0, 1)");

@@ -214,6 +214,25 @@ TEST(Trainer, NonFiniteLossSkipsTheStepAndGoesOn) {
   fs::remove_all(dir);
 }
 
+// checkpoint_every = -1 (a benchmark): the run trains and writes no checkpoint, not even the last.
+TEST(Trainer, CheckpointsOffWritesNone) {
+  const std::string dir = temp_dir("nockpt");
+  const std::string corpus = write_corpus(dir);
+  TrainConfig c = tiny(dir + "/run", corpus, "bf16");
+  apply_set(c, "checkpoint_every=-1");
+  c.validate();
+  std::ostringstream log;
+  const RunResult r = run_training(c, quiet(dir + "/cache"), log);
+  EXPECT_EQ(r.steps_done, 6);
+  EXPECT_EQ(losses(dir + "/run").size(), 6u);
+  EXPECT_FALSE(fs::exists(dir + "/run/checkpoints") && !fs::is_empty(dir + "/run/checkpoints"))
+      << log.str();
+  TrainConfig bad = c;
+  bad.checkpoint_every = -2;
+  EXPECT_THROW(bad.validate(), Error);
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, BadInputsFailBeforeAnyWork) {
   const std::string dir = temp_dir("bad");
   const std::string corpus = write_corpus(dir);

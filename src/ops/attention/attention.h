@@ -19,7 +19,7 @@
 // CPU: plain loops in FP64, one score row at a time (the oracle). CUDA: cuDNN's fused flash
 // attention (SDPA) through the cuDNN frontend, on this (B, T, H, D) layout by strides; memory
 // linear in T; one graph per shape cached in the context; the backward is cuDNN's deterministic
-// algorithm, so results are bitwise reproducible run to run. CUDA builds without cuDNN refuse
+// algorithm unless the call asks otherwise, so results are bitwise reproducible run to run. CUDA builds without cuDNN refuse
 // attention on the GPU with one clear error.
 #pragma once
 
@@ -50,6 +50,10 @@ struct AttentionBackwardArgs {
   Tensor lse;                  // (B, H, T) f32, the forward's lse
   Tensor grad_o;               // (B, T, H, Dv) dL/do
   float softmax_scale = 0.0f;  // the forward's
+  // CUDA: true runs cuDNN's deterministic backward (bitwise reproducible); false the one that
+  // sums dQ over key blocks with FP32 atomics (faster; the last bits vary run to run). The CPU
+  // oracle is deterministic either way.
+  bool deterministic = true;
 };
 
 struct AttentionGrads {

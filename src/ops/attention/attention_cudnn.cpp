@@ -8,8 +8,9 @@
 //
 // The forward asks cuDNN for its softmax statistics ("Stats": max + log(sum exp), natural log,
 // FP32, (B, H, T, 1)), which is exactly attention.h's lse; the backward reads them back. The
-// backward runs cuDNN's deterministic algorithm (no floating-point atomics across key blocks), so
-// two runs give bitwise-identical gradients.
+// backward runs cuDNN's deterministic algorithm by default (no floating-point atomics across key
+// blocks), so two runs give bitwise-identical gradients; `deterministic = false` selects the one
+// that accumulates dQ with FP32 atomics (faster, bits vary run to run). Each is its own graph.
 #include <cudnn.h>
 
 #include <cstring>
@@ -33,7 +34,8 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-enum class Pass : uint8_t { kForward, kBackward };
+// kBackwardAtomics: the non-deterministic backward (AttentionBackwardArgs::deterministic false).
+enum class Pass : uint8_t { kForward, kBackward, kBackwardAtomics };
 
 // Tensor uids of the variant packs.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
@@ -114,7 +116,7 @@ std::unique_ptr<AttentionGraph> build_graph(cudnnHandle_t handle, Pass pass,
                        .set_name("attention_backward")
                        .set_causal_mask(true)
                        .set_attn_scale(s.scale)
-                       .set_deterministic_algorithm(true);
+                       .set_deterministic_algorithm(pass == Pass::kBackward);
     auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dO, stats, options);
     set_output(dq, kDQ, s, s.dqk);
     set_output(dk, kDK, s, s.dqk);
@@ -209,7 +211,8 @@ void attention_backward(Context& ctx, const AttentionBackwardArgs& args, const A
                   CopyKind::kDeviceToDevice);
     return;
   }
-  AttentionGraph& plan = graph_for(ctx, Pass::kBackward, s);
+  AttentionGraph& plan =
+      graph_for(ctx, args.deterministic ? Pass::kBackward : Pass::kBackwardAtomics, s);
   std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(args.q.data())},
                                           {kK, const_cast<void*>(args.k.data())},
                                           {kV, const_cast<void*>(args.v.data())},
