@@ -48,6 +48,7 @@ void add_moment_holdings(std::vector<Holding>& out, size_t file, const ZeroAdamW
 std::vector<size_t> firsts(const std::vector<Parameter*>& params,
                            const std::map<std::string, size_t>& first_by_name) {
   std::vector<size_t> out;
+  out.reserve(params.size());
   for (const Parameter* p : params) out.push_back(first_by_name.at(p->name));
   return out;
 }
