@@ -53,19 +53,19 @@ struct BalanceScratch {
   Tensor counts;     // (B, E) int32
 };
 
-BalanceScratch balance_stats(Context& ctx, const SeqBalanceLossArgs& a) {
+BalanceScratch balance_stats(Context& ctx, const SeqBalanceLossArgs& a, float* share) {
   const int64_t rows = a.logits.rows(), E = a.logits.cols(), k = a.topk_idx.cols();
   BalanceScratch s{Tensor::empty(ctx, {rows}, DType::kF32),
                    Tensor::empty(ctx, {a.num_sequences, E}, DType::kI32)};
   OCTET_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.nbytes(), stream_of(ctx)));
   const int tile = kernels::balance_tile_tokens(static_cast<int>(E));
-  const size_t smem = sizeof(float) * (static_cast<size_t>(tile) * static_cast<size_t>(E + 1) +
+  const size_t smem = sizeof(float) * (static_cast<size_t>(tile) * static_cast<size_t>(E + 2) +
                                        kernels::kBalanceHist);
   kernels::balance_stats_kernel<<<blocks_for(rows, tile), kernels::kBalanceThreads, smem,
                                   stream_of(ctx)>>>(
       a.logits.data_as<const float>(), a.topk_idx.data_as<const int32_t>(), rows,
       static_cast<int>(E), static_cast<int>(k), rows / a.num_sequences,
-      s.score_sum.data_as<float>(), s.counts.data_as<int32_t>());
+      s.score_sum.data_as<float>(), s.counts.data_as<int32_t>(), share);
   OCTET_CUDA_CHECK_LAUNCH();
   return s;
 }
@@ -112,14 +112,14 @@ void moe_router_bias_update(Context& ctx, const RouterBiasUpdateArgs& args) {
 void moe_seq_balance_loss_forward(Context& ctx, const SeqBalanceLossArgs& args, Tensor& loss) {
   const int64_t rows = args.logits.rows(), E = args.logits.cols(), k = args.topk_idx.cols();
   const int64_t B = args.num_sequences;
-  const BalanceScratch s = balance_stats(ctx, args);
+  Tensor share = Tensor::empty(ctx, {rows, E}, DType::kF32);
+  const BalanceScratch s = balance_stats(ctx, args, share.data_as<float>());
   Tensor terms = Tensor::empty(ctx, {B * E}, DType::kI64);  // FP64 storage (no F64 dtype)
   OCTET_CHECK(B <= 0x7FFFFFFF, "balance loss: ", B, " sequences exceed the grid limit");
   const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>(ceil_div(E, int64_t{32})));
   kernels::balance_terms_kernel<<<grid, kernels::kBalanceThreads, 0, stream_of(ctx)>>>(
-      args.logits.data_as<const float>(), s.score_sum.data_as<const float>(),
-      s.counts.data_as<const int32_t>(), static_cast<int>(E), static_cast<int>(k), rows / B,
-      terms.data_as<double>());
+      share.data_as<const float>(), s.counts.data_as<const int32_t>(), static_cast<int>(E),
+      static_cast<int>(k), rows / B, terms.data_as<double>());
   OCTET_CUDA_CHECK_LAUNCH();
   kernels::balance_sum_kernel<<<1, 256, 0, stream_of(ctx)>>>(terms.data_as<const double>(), B * E,
                                                              static_cast<double>(args.alpha), B,
@@ -131,7 +131,7 @@ void moe_seq_balance_loss_backward(Context& ctx, const SeqBalanceLossArgs& args,
                                    Tensor& d_logits) {
   const int64_t rows = args.logits.rows(), E = args.logits.cols(), k = args.topk_idx.cols();
   const int64_t B = args.num_sequences, T = rows / B;
-  const BalanceScratch s = balance_stats(ctx, args);
+  const BalanceScratch s = balance_stats(ctx, args, nullptr);
   // The same FP64 operations, in the same order, as the CPU reference.
   const double num = rn::mul(rn::mul(static_cast<double>(d_loss), static_cast<double>(args.alpha)),
                              static_cast<double>(E));

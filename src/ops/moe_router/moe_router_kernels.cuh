@@ -192,15 +192,17 @@ __device__ inline void balance_stage_scores(const float* __restrict__ logits, in
 inline constexpr int kBalanceHist = 2048;  // (sequence, expert) counters a block keeps in shared
 
 // Pass 1: S_t (expert order) and the (sequence, expert) counts (in shared memory when the tile's
-// sequences x E fit, then one global atomic per nonzero counter).
+// sequences x E fit, then one global atomic per nonzero counter); with `share` (the forward) also
+// every token's normalised scores s_{t,e} / S_t (FP32), the operands of pass 2's sums.
 __global__ void balance_stats_kernel(const float* __restrict__ logits,
                                      const int32_t* __restrict__ idx, int64_t rows, int experts,
                                      int k, int64_t seq_len, float* __restrict__ score_sum,
-                                     int32_t* __restrict__ counts) {
+                                     int32_t* __restrict__ counts, float* __restrict__ share) {
   extern __shared__ float balance_smem[];
   const int tile_tokens = balance_tile_tokens(experts);
   float* tile = balance_smem;
-  auto* hist = reinterpret_cast<int32_t*>(balance_smem + tile_tokens * (experts + 1));
+  float* sums = balance_smem + tile_tokens * (experts + 1);
+  auto* hist = reinterpret_cast<int32_t*>(sums + tile_tokens);
   const int64_t t0 = int64_t{blockIdx.x} * tile_tokens;
   const int nt = static_cast<int>(rows - t0 < tile_tokens ? rows - t0 : tile_tokens);
   const int64_t b0 = t0 / seq_len;
@@ -216,6 +218,7 @@ __global__ void balance_stats_kernel(const float* __restrict__ logits,
     float sum = 0.0f;
     for (int e = 0; e < experts; ++e) sum = rn::add(sum, sig[e]);
     score_sum[t0 + threadIdx.x] = sum;
+    sums[threadIdx.x] = sum;
   }
   for (int i = static_cast<int>(threadIdx.x); i < nt * k; i += static_cast<int>(blockDim.x)) {
     const int e = idx[t0 * k + i];
@@ -226,35 +229,40 @@ __global__ void balance_stats_kernel(const float* __restrict__ logits,
     else
       atomicAdd(counts + b * experts + e, 1);
   }
-  if (local) {
-    __syncthreads();
+  __syncthreads();
+  if (share != nullptr) {
+    for (int i = static_cast<int>(threadIdx.x); i < nt * experts;
+         i += static_cast<int>(blockDim.x)) {
+      const int tt = i / experts, e = i % experts;
+      share[(t0 + tt) * experts + e] = rn::div(tile[tt * (experts + 1) + e], sums[tt]);
+    }
+  }
+  if (local)
     for (int i = static_cast<int>(threadIdx.x); i < nb * experts; i += static_cast<int>(blockDim.x))
       if (hist[i] != 0) atomicAdd(counts + b0 * experts + i, hist[i]);
-  }
 }
 
 // Pass 2, one block per (sequence b, 32 experts): f_{b,e} * P_{b,e} in FP64, P summed over the
 // sequence's tokens in token order (the CPU reference's order, so the result is bitwise the same).
-// Warps 1..7 compute the next tile's shares s_{t,e} / S_t (FP32) into shared memory while warp 0,
-// lane e, adds the current tile's in order: the sequential FP64 chain is the only serial part.
+// Warps 1..7 stage the next tile of shares in shared memory while warp 0, lane e, adds the current
+// tile's in order: the sequential FP64 chain is the only serial part.
 inline constexpr int kTermsTile = 64;
 
-__global__ void balance_terms_kernel(const float* __restrict__ logits,
-                                     const float* __restrict__ score_sum,
+__global__ void balance_terms_kernel(const float* __restrict__ share,
                                      const int32_t* __restrict__ counts, int experts, int k,
                                      int64_t seq_len, double* __restrict__ terms) {
-  __shared__ float share[2][kTermsTile][32];
+  __shared__ float buf_smem[2][kTermsTile][32];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
   const int64_t b = blockIdx.x;
   const int e = static_cast<int>(blockIdx.y) * 32 + lane;
   const int64_t tiles = (seq_len + kTermsTile - 1) / kTermsTile;
   auto fill = [&](int64_t tile, int buf, int w0, int nw) {
+#pragma unroll 4
     for (int r = warp - w0; r < kTermsTile; r += nw) {
       const int64_t tt = tile * kTermsTile + r;
-      if (tt >= seq_len || e >= experts) continue;
-      const int64_t t = b * seq_len + tt;
-      share[buf][r][lane] = rn::div(rn::sigmoid_rn(logits[t * experts + e]), score_sum[t]);
+      if (tt < seq_len && e < experts)
+        buf_smem[buf][r][lane] = share[(b * seq_len + tt) * experts + e];
     }
   };
   fill(0, 0, 0, warps);
@@ -265,7 +273,14 @@ __global__ void balance_terms_kernel(const float* __restrict__ logits,
     if (warp == 0) {
       const int n = static_cast<int>(
           seq_len - tile * kTermsTile < kTermsTile ? seq_len - tile * kTermsTile : kTermsTile);
-      for (int r = 0; r < n; ++r) p = rn::add(p, static_cast<double>(share[buf][r][lane]));
+      for (int r0 = 0; r0 < n; r0 += 16) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = buf_smem[buf][(r0 + i) % kTermsTile][lane];
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (r0 + i < n) p = rn::add(p, static_cast<double>(v[i]));
+      }
     } else if (tile + 1 < tiles) {
       fill(tile + 1, 1 - buf, 1, warps - 1);
     }
