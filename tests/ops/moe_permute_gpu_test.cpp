@@ -227,6 +227,7 @@ const Case kCases[] = {
     {300, 4, 16, 0, 1000},
     {200, 1, 8, 7, 256},
     {777, 6, 64, 40, 520},
+    {500, 8, 3000, 0, 16},  // more experts than the offsets scan's block: chunks with a carry
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePermuteGpu, ::testing::ValuesIn(kCases));

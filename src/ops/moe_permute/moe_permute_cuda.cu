@@ -141,7 +141,7 @@ void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& m) {
     OCTET_CUDA_CHECK_LAUNCH();
   }
   Tensor sorted_start = Tensor::empty(ctx, {m.num_experts}, DType::kI32);
-  kernels::permute_offsets_kernel<<<1, 32, 0, st>>>(
+  kernels::permute_offsets_kernel<<<1, 1024, 0, st>>>(
       m.counts.data_as<const int32_t>(), E, m.padding == PermutePadding::kTo128,
       m.group_sizes.data_as<int32_t>(), m.offsets.data_as<int32_t>(),
       sorted_start.data_as<int32_t>());

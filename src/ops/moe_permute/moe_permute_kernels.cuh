@@ -44,24 +44,53 @@ __global__ void permute_keys_kernel(const int32_t* __restrict__ idx, int64_t n, 
   }
 }
 
-// One thread: group sizes (padded or not), offsets, and where each expert starts in the sorted
-// order. E is small (256 for DeepSeek-V3), so a serial scan costs less than a launch of a parallel
-// one.
+// One block: group sizes (padded or not), offsets, and where each expert starts in the sorted
+// order, as block-wide exclusive scans (integers: exact in any order) over chunks of blockDim
+// experts with a running carry. A serial loop would wait for one global load per expert.
 __global__ void permute_offsets_kernel(const int32_t* __restrict__ counts, int experts, bool pad128,
                                        int32_t* __restrict__ sizes, int32_t* __restrict__ offsets,
                                        int32_t* __restrict__ sorted_start) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  int32_t off = 0, pos = 0;
-  for (int e = 0; e < experts; ++e) {
-    const int32_t c = counts[e];
+  __shared__ int32_t warp_size[32], warp_count[32];
+  __shared__ int32_t carry_size, carry_count;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  if (threadIdx.x == 0) carry_size = carry_count = 0;
+  __syncthreads();
+  for (int base = 0; base < experts; base += static_cast<int>(blockDim.x)) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    const int32_t c = e < experts ? counts[e] : 0;
     const int32_t size = pad128 ? (c + 127) / 128 * 128 : c;
-    sizes[e] = size;
-    offsets[e] = off;
-    sorted_start[e] = pos;
-    off += size;
-    pos += c;
+    int32_t is = size, ic = c;  // inclusive scans within the warp
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t a = __shfl_up_sync(0xFFFFFFFFu, is, o), b = __shfl_up_sync(0xFFFFFFFFu, ic, o);
+      if (lane >= o) is += a, ic += b;
+    }
+    if (lane == 31) warp_size[warp] = is, warp_count[warp] = ic;
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan of the warp totals
+      const int32_t ws = lane < warps ? warp_size[lane] : 0,
+                    wc = lane < warps ? warp_count[lane] : 0;
+      int32_t xs = ws, xc = wc;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t a = __shfl_up_sync(0xFFFFFFFFu, xs, o),
+                      b = __shfl_up_sync(0xFFFFFFFFu, xc, o);
+        if (lane >= o) xs += a, xc += b;
+      }
+      if (lane < warps) warp_size[lane] = xs - ws, warp_count[lane] = xc - wc;
+    }
+    __syncthreads();
+    const int32_t end_size = carry_size + warp_size[warp] + is;
+    const int32_t end_count = carry_count + warp_count[warp] + ic;
+    if (e < experts) {
+      sizes[e] = size;
+      offsets[e] = end_size - size;
+      sorted_start[e] = end_count - c;
+    }
+    __syncthreads();  // every thread has read the carries
+    if (threadIdx.x == blockDim.x - 1) carry_size = end_size, carry_count = end_count;
+    __syncthreads();
   }
-  offsets[experts] = off;
+  if (threadIdx.x == 0) offsets[experts] = carry_size;
 }
 
 // Sorted position p (stable by assignment index) -> its row in the layout.
@@ -91,8 +120,21 @@ __global__ void gather_rows_kernel(const V* __restrict__ src, const int32_t* __r
     const int32_t t = token_of[r];
     V* dst = out + r * row_elems;
     if (t >= 0) {
+      // Four accesses per thread in flight (their loads issued before any store).
       const V* s = src + t * row_elems;
-      for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = s[i];
+      for (int64_t i0 = threadIdx.x; i0 < row_elems; i0 += 4 * int64_t{blockDim.x}) {
+        V v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t i = i0 + u * int64_t{blockDim.x};
+          if (i < row_elems) v[u] = s[i];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t i = i0 + u * int64_t{blockDim.x};
+          if (i < row_elems) dst[i] = v[u];
+        }
+      }
     } else {
       for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
         if constexpr (sizeof(V) == 16)

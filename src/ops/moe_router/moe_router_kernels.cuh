@@ -180,12 +180,21 @@ __host__ __device__ inline int balance_tile_tokens(int experts) {
   return t < 1 ? 1 : (t > 64 ? 64 : t);
 }
 
-// Sigmoids of tokens [t0, t0 + nt) into tile[tt * (E + 1) + e].
+// Sigmoids of tokens [t0, t0 + nt) into tile[tt * (E + 1) + e]. The tile's logits are contiguous;
+// each thread issues 8 loads before it computes (one memory latency per 8 elements, not per one).
 __device__ inline void balance_stage_scores(const float* __restrict__ logits, int64_t t0, int nt,
                                             int experts, float* tile) {
-  for (int i = static_cast<int>(threadIdx.x); i < nt * experts; i += static_cast<int>(blockDim.x)) {
-    const int tt = i / experts, e = i % experts;
-    tile[tt * (experts + 1) + e] = rn::sigmoid_rn(logits[(t0 + tt) * experts + e]);
+  const int n = nt * experts, step = static_cast<int>(blockDim.x);
+  const float* src = logits + t0 * experts;
+  for (int i0 = static_cast<int>(threadIdx.x); i0 < n; i0 += 8 * step) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = i0 + u * step < n ? src[i0 + u * step] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * step;
+      if (i < n) tile[(i / experts) * (experts + 1) + i % experts] = rn::sigmoid_rn(v[u]);
+    }
   }
 }
 
@@ -245,8 +254,30 @@ __global__ void balance_stats_kernel(const float* __restrict__ logits,
 // Pass 2, one block per (sequence b, 32 experts): f_{b,e} * P_{b,e} in FP64, P summed over the
 // sequence's tokens in token order (the CPU reference's order, so the result is bitwise the same).
 // Warps 1..7 stage the next tile of shares in shared memory while warp 0, lane e, adds the current
-// tile's in order: the sequential FP64 chain is the only serial part.
-inline constexpr int kTermsTile = 64;
+// tile's in order: the sequential FP64 chain is the only serial part. Each loader lane issues all
+// its loads of a tile before storing any (registers), so a tile costs one memory latency.
+inline constexpr int kTermsTile = 128;
+inline constexpr int kTermsFillRows = (kTermsTile + 6) / 7;  // rows per loader warp (7 loaders)
+
+__device__ __forceinline__ void balance_terms_fill(const float* __restrict__ share,
+                                                   float (*__restrict__ buf)[32], int64_t tile,
+                                                   int64_t b, int64_t seq_len, int experts, int e,
+                                                   int first, int stride) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  float v[kTermsFillRows];
+#pragma unroll
+  for (int i = 0; i < kTermsFillRows; ++i) {
+    const int r = first + i * stride;
+    const int64_t tt = tile * kTermsTile + r;
+    v[i] = (r < kTermsTile && tt < seq_len && e < experts) ? share[(b * seq_len + tt) * experts + e]
+                                                           : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kTermsFillRows; ++i) {
+    const int r = first + i * stride;
+    if (r < kTermsTile) buf[r][lane] = v[i];
+  }
+}
 
 __global__ void balance_terms_kernel(const float* __restrict__ share,
                                      const int32_t* __restrict__ counts, int experts, int k,
@@ -257,15 +288,8 @@ __global__ void balance_terms_kernel(const float* __restrict__ share,
   const int64_t b = blockIdx.x;
   const int e = static_cast<int>(blockIdx.y) * 32 + lane;
   const int64_t tiles = (seq_len + kTermsTile - 1) / kTermsTile;
-  auto fill = [&](int64_t tile, int buf, int w0, int nw) {
-#pragma unroll 4
-    for (int r = warp - w0; r < kTermsTile; r += nw) {
-      const int64_t tt = tile * kTermsTile + r;
-      if (tt < seq_len && e < experts)
-        buf_smem[buf][r][lane] = share[(b * seq_len + tt) * experts + e];
-    }
-  };
-  fill(0, 0, 0, warps);
+  // The first tile by all warps (as 7 loaders x kTermsFillRows rows cover it, so do 8).
+  balance_terms_fill(share, buf_smem[0], 0, b, seq_len, experts, e, warp, warps);
   __syncthreads();
   double p = 0.0;
   for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -282,7 +306,8 @@ __global__ void balance_terms_kernel(const float* __restrict__ share,
           if (r0 + i < n) p = rn::add(p, static_cast<double>(v[i]));
       }
     } else if (tile + 1 < tiles) {
-      fill(tile + 1, 1 - buf, 1, warps - 1);
+      balance_terms_fill(share, buf_smem[1 - buf], tile + 1, b, seq_len, experts, e, warp - 1,
+                         warps - 1);
     }
     __syncthreads();
   }
