@@ -120,21 +120,8 @@ __global__ void gather_rows_kernel(const V* __restrict__ src, const int32_t* __r
     const int32_t t = token_of[r];
     V* dst = out + r * row_elems;
     if (t >= 0) {
-      // Four accesses per thread in flight (their loads issued before any store).
       const V* s = src + t * row_elems;
-      for (int64_t i0 = threadIdx.x; i0 < row_elems; i0 += 4 * int64_t{blockDim.x}) {
-        V v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int64_t i = i0 + u * int64_t{blockDim.x};
-          if (i < row_elems) v[u] = s[i];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int64_t i = i0 + u * int64_t{blockDim.x};
-          if (i < row_elems) dst[i] = v[u];
-        }
-      }
+      for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = s[i];
     } else {
       for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
         if constexpr (sizeof(V) == 16)
