@@ -39,19 +39,12 @@ int end_bit_for(int64_t experts) {
   return bits;
 }
 
-// Streaming multiprocessors of the current device (cached per device): grids of the kernels that
-// stride over tokens and reduce per block are sized to fill it a few times over.
-int sm_count() {
-  static int cached[64] = {};
-  int dev = 0;
-  OCTET_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev] == 0) {
-    int n = 0;
-    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev] = std::max(n, 1);
-  }
-  return cached[dev];
+// Streaming multiprocessors of the context's device: grids of the kernels that stride over tokens
+// and reduce per block are sized to fill it a few times over.
+int sm_count(const Context& ctx) {
+  int sms = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
+  return std::max(sms, 1);
 }
 
 // The 16-byte path of load8/store8: every row a multiple of 8 elements, every base 16-byte aligned.
@@ -134,7 +127,7 @@ void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& m) {
   auto* vals_out = vals_in + std::max<int64_t>(n, 1);
   if (n > 0) {
     const size_t hist = E <= kernels::kSharedHist ? sizeof(int32_t) * static_cast<size_t>(E) : 0;
-    const unsigned grid = std::min<unsigned>(blocks_for(n, 256), 4u * sm_count());
+    const unsigned grid = std::min<unsigned>(blocks_for(n, 256), 4u * sm_count(ctx));
     kernels::permute_keys_kernel<<<grid, 256, hist, st>>>(args.topk_idx.data_as<const int32_t>(), n,
                                                           E, keys_in, vals_in,
                                                           m.counts.data_as<int32_t>());
@@ -232,7 +225,7 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   auto* s = out.scale_inv.data_as<float>();
   if (cols == 0) return;
   // Token blocks (a few per SM, each striding over the tokens), then the padding rows' blocks.
-  const int64_t main_blocks = std::min<int64_t>(m.num_tokens, int64_t{16} * sm_count());
+  const int64_t main_blocks = std::min<int64_t>(m.num_tokens, int64_t{16} * sm_count(ctx));
   const unsigned grid = grid_of(main_blocks + padding_blocks(m.num_rows, kernels::kQuantWarps));
   if (m.num_tokens == 0 && m.num_rows == 0) return;
   const int32_t* row_of = m.row_of.data_as<const int32_t>();

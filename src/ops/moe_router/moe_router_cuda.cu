@@ -22,17 +22,10 @@ unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>(b);
 }
 
-int sm_count() {
-  static int cached[64] = {};
-  int dev = 0;
-  OCTET_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev] == 0) {
-    int n = 0;
-    OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev] = std::max(n, 1);
-  }
-  return cached[dev];
+int sm_count(const Context& ctx) {
+  int sms = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
+  return std::max(sms, 1);
 }
 
 kernels::RouterParams params_of(const RouterConfig& c) {
@@ -55,6 +48,9 @@ struct BalanceScratch {
 
 BalanceScratch balance_stats(Context& ctx, const SeqBalanceLossArgs& a, float* share) {
   const int64_t rows = a.logits.rows(), E = a.logits.cols(), k = a.topk_idx.cols();
+  OCTET_CHECK(E <= 8192, "balance loss: ", E,
+              " experts exceed the CUDA kernels' 8192 (a token's scores are staged in shared "
+              "memory; the router allows 1024)");
   BalanceScratch s{Tensor::empty(ctx, {rows}, DType::kF32),
                    Tensor::empty(ctx, {a.num_sequences, E}, DType::kI32)};
   OCTET_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.nbytes(), stream_of(ctx)));
@@ -82,7 +78,7 @@ void moe_router_forward(Context& ctx, const RouterForwardArgs& args, RouterOutpu
   // Per warp the scores and candidates, then the block's histogram (E ints).
   const size_t smem =
       sizeof(float) * (2 * kernels::kRouterWarps + 1) * static_cast<size_t>(c.num_experts);
-  const unsigned grid = std::min(blocks_for(tokens, kernels::kRouterWarps), 16u * sm_count());
+  const unsigned grid = std::min(blocks_for(tokens, kernels::kRouterWarps), 16u * sm_count(ctx));
   kernels::router_forward_kernel<<<grid, 32 * kernels::kRouterWarps, smem, st>>>(
       args.logits.data_as<const float>(), args.bias.data_as<const float>(), tokens, params_of(c),
       out.topk_idx.data_as<int32_t>(), out.topk_weight.data_as<float>(),
