@@ -87,6 +87,22 @@ TEST_F(DataParallelTrainer, DpTwoAndFourMatchOneRankBitForBit) {
     const auto sa = io::read_safetensors(one + "/checkpoints/step_00000004/optimizer.safetensors");
     const auto sb = io::read_safetensors(many + "/checkpoints/step_00000004/optimizer.safetensors");
     expect_bitwise(sa.tensors, sb.tensors, "optimizer state, DP " + std::to_string(world));
+    // What each rank holds of the optimizer's state (metrics.jsonl, every rank's the same): the
+    // moments and the masters' shard (the same layout) about 1 / DP of one rank's (this model's
+    // pieces are whole parameters, so the parts are uneven: measured 0.51 at DP 2, 0.29 at DP 4),
+    // plus the FP32 weights the forward reads whole (embedding, norms, router) on every rank.
+    const StepMetrics ma = read_metrics(one + "/metrics.jsonl").back();
+    const StepMetrics mb = read_metrics(many + "/metrics.jsonl").back();
+    ASSERT_TRUE(ma.master_bytes && ma.moment_bytes && mb.master_bytes && mb.moment_bytes);
+    EXPECT_LE(static_cast<double>(*mb.moment_bytes),
+              1.25 / world * static_cast<double>(*ma.moment_bytes));
+    EXPECT_GE(static_cast<double>(*mb.moment_bytes),
+              1.0 / world * static_cast<double>(*ma.moment_bytes));
+    EXPECT_EQ(*mb.master_bytes - *mb.moment_bytes, *ma.master_bytes - *ma.moment_bytes);
+    EXPECT_LT(*ma.master_bytes - *ma.moment_bytes, *ma.moment_bytes / 2);
+    std::printf("DP %d: masters %lld B, moments %lld B per rank; one rank: %lld B, %lld B\n", world,
+                static_cast<long long>(*mb.master_bytes), static_cast<long long>(*mb.moment_bytes),
+                static_cast<long long>(*ma.master_bytes), static_cast<long long>(*ma.moment_bytes));
   }
 }
 
