@@ -99,7 +99,7 @@ TEST_F(DataParallelTrainer, DpTwoAndFourMatchOneRankBitForBit) {
     EXPECT_GE(static_cast<double>(*mb.moment_bytes),
               1.0 / world * static_cast<double>(*ma.moment_bytes));
     EXPECT_EQ(*mb.master_bytes - *mb.moment_bytes, *ma.master_bytes - *ma.moment_bytes);
-    EXPECT_LT(*ma.master_bytes - *ma.moment_bytes, *ma.moment_bytes / 2);
+    EXPECT_LT(*mb.master_bytes, *ma.master_bytes);  // not every master whole on every rank
     std::printf("DP %d: masters %lld B, moments %lld B per rank; one rank: %lld B, %lld B\n", world,
                 static_cast<long long>(*mb.master_bytes), static_cast<long long>(*mb.moment_bytes),
                 static_cast<long long>(*ma.master_bytes), static_cast<long long>(*ma.moment_bytes));
