@@ -24,6 +24,7 @@ Suite quantize_suite();
 Suite gemm_suite(), gemm_accum_suite();  // bench_gemm.cpp
 Suite attention_suite();                 // bench_attention.cpp
 Suite train_step_suite();                // bench_train_step.cpp
+Suite moe_dispatch_suite();              // bench_moe_dispatch.cpp
 
 struct Timing {
   double median_ms = 0;

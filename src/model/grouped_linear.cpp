@@ -41,7 +41,8 @@ Tensor element(const Tensor& t, int64_t e) {
 }
 
 // This pass's amax of one operand into a per-expert delayed-scaling history (model/linear.cpp's
-// order: after the GEMM that consumed the quantization).
+// order: after the GEMM that consumed the quantization). The amax is already the maximum over the
+// ranks (reduce_amax_over_ranks: the CUDA path reduces every expert's at once).
 void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds, int64_t& steps,
                  const Tensor& amax, const GemmRecipe& r, GemmOperand operand) {
   const GemmRecipe::Quantization q = r.quantization(operand);
@@ -218,8 +219,9 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
         copy_into(ctx, y, row * out(), ye);
       } else if (r.is_delayed()) {  // an empty expert records amax 0, as on CUDA
         LinearScalingState& st = per_expert_[e].state;
-        record_amax(ctx, st, st.x, st.x_steps, zeros(ctx, {1}, DType::kF32), r,
-                    GemmOperand::kActivation);
+        const Tensor amax = zeros(ctx, {1}, DType::kF32);
+        reduce_amax_over_ranks(ctx, amax);  // as the ranks where it has rows (linear.cpp)
+        record_amax(ctx, st, st.x, st.x_steps, amax, r, GemmOperand::kActivation);
       }
       row += m;
     }
@@ -283,8 +285,9 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
         copy_into(ctx, dx, row * in(), dxe);
       } else if (r.is_delayed()) {  // an empty expert records amax 0, as on CUDA
         LinearScalingState& st = per_expert_[e].state;
-        record_amax(ctx, st, st.dy, st.dy_steps, zeros(ctx, {1}, DType::kF32), r,
-                    GemmOperand::kGradient);
+        const Tensor amax = zeros(ctx, {1}, DType::kF32);
+        reduce_amax_over_ranks(ctx, amax);  // as the ranks where it has rows (linear.cpp)
+        record_amax(ctx, st, st.dy, st.dy_steps, amax, r, GemmOperand::kGradient);
       }
       row += m;
     }
@@ -380,11 +383,13 @@ Tensor GroupedLinearLayer::forward_tensorwise(Context& ctx, const GemmRecipe& r,
                          .group_sizes = layout.sizes,
                          .d = y,
                          .accumulate = Accumulate::kOverwrite});
-  if (r.is_delayed())
+  if (r.is_delayed()) {
+    reduce_amax_over_ranks(ctx, gx.amax);  // every expert's at once
     for (int64_t e = 0; e < E; ++e) {
       LinearScalingState& st = per_expert_[e].state;
       record_amax(ctx, st, st.x, st.x_steps, element(gx.amax, e), r, GemmOperand::kActivation);
     }
+  }
   // Wgrad reads only the column-wise copy.
   s.qx = gx.q;
   s.qx.data = Tensor::wrap(nullptr, {R, in()}, gx.q.data.dtype(), ctx.device);
@@ -425,11 +430,13 @@ Tensor GroupedLinearLayer::backward_tensorwise(Context& ctx, const GemmRecipe& r
                           .group_sizes = layout.sizes,
                           .d = param->grad,
                           .accumulate = Accumulate::kAdd});
-  if (r.is_delayed())
+  if (r.is_delayed()) {
+    reduce_amax_over_ranks(ctx, gdy.amax);  // every expert's at once
     for (int64_t e = 0; e < E; ++e) {
       LinearScalingState& st = per_expert_[e].state;
       record_amax(ctx, st, st.dy, st.dy_steps, element(gdy.amax, e), r, GemmOperand::kGradient);
     }
+  }
   return dx;
 }
 

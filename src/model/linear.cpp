@@ -2,6 +2,8 @@
 // per-recipe operand copies, the delayed-scaling order and the CUDA shape rules).
 #include "model/linear.h"
 
+#include "dist/comm.h"
+
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm.h"
 
@@ -59,6 +61,7 @@ QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, Ge
 void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds, int64_t& steps,
                  const Tensor& amax, const GemmRecipe& r, GemmOperand operand) {
   const GemmRecipe::Quantization q = r.quantization(operand);
+  reduce_amax_over_ranks(ctx, amax);
   delayed_scaling_update(
       ctx, ds, amax, steps, st.reduce,
       {.format = q.format, .rounding = q.rounding, .epsilon = 0.0f, .margin = st.margin});
@@ -93,6 +96,14 @@ QuantizeArgs quantize_args(const GemmRecipe& recipe, GemmOperand operand, const 
   qa.rounding = q.rounding;
   qa.output = output;
   return qa;
+}
+
+void reduce_amax_over_ranks(Context& ctx, const Tensor& amax) {
+  if (!ctx.comm || ctx.comm->size() <= 1) return;
+  OCTET_CHECK(amax.dtype() == DType::kF32 && amax.device() == ctx.device,
+              "delayed scaling: the amax to reduce over ranks must be f32 on ",
+              device_name(ctx.device));
+  ctx.comm->all_reduce(ctx, amax.data(), amax.data(), amax.numel(), DType::kF32, ReduceOp::kMax);
 }
 
 LinearScalingState make_linear_scaling_state(Context& ctx, const Recipe& recipe) {

@@ -84,6 +84,13 @@ QuantizeArgs quantize_args(const GemmRecipe& recipe, GemmOperand operand, const 
 // says.
 LinearScalingState make_linear_scaling_state(Context& ctx, const Recipe& recipe);
 
+// Delayed scaling with several ranks (ctx.comm, data parallelism): an amax (f32, any count) is
+// replaced, in place, by its maximum over the ranks before it enters a history, so that every
+// rank keeps the same histories and scales, those of one rank seeing every rank's tensors. Every
+// rank records the same sites in the same order (the same model code; an empty expert records 0),
+// so the collectives match. Alone (no communicator, or one rank) nothing happens.
+void reduce_amax_over_ranks(Context& ctx, const Tensor& amax);
+
 // The per-step copy of the weight that the GEMMs read.
 struct PreparedWeight {
   GemmPrecision precision = GemmPrecision::kBf16;

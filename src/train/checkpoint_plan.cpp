@@ -109,6 +109,27 @@ void deal_run(CheckpointPlan& p, const std::vector<const Holding*>& run, int rot
   }
 }
 
+// A tensor of `numel` elements at element `offset` of parameter `param` (ZeroAdamW's order) whose
+// master is sharded: each piece's part of it is held by the piece's owner, in its master shard.
+void add_shard_holdings(TrainingCheckpoint& out, const ZeroAdamW& zero, size_t param,
+                        int64_t offset, int64_t numel, size_t file, size_t tensor, int rank) {
+  for (const ZeroLayout::Piece& c : zero.layout().pieces) {
+    if (c.param != static_cast<int>(param)) continue;
+    const int64_t lo = std::max(offset, c.offset);
+    const int64_t hi = std::min(offset + numel, c.offset + c.numel);
+    if (lo >= hi) continue;
+    Holding h;
+    h.file = file;
+    h.tensor = tensor;
+    h.begin = lo - offset;
+    h.end = hi - offset;
+    h.ranks = {c.rank};
+    if (c.rank == rank)
+      h.data = zero.master_shard().data_as<const float>() + c.shard_offset + (lo - c.offset);
+    out.holdings.push_back(std::move(h));
+  }
+}
+
 }  // namespace
 
 int64_t CheckpointPlan::bytes_of(int rank) const {
@@ -217,6 +238,11 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
   }
   std::map<std::string, const TensorSpec*> by_name;
   for (const TensorSpec& t : specs) by_name[t.name] = &t;
+  // ZeRO-1 with sharded masters: the parameters whose masters live in their owners' shards.
+  std::map<const Parameter*, size_t> released;
+  if (s.zero)
+    for (size_t i = 0; i < s.zero->params().size(); ++i)
+      if (s.zero->master_released(i)) released[s.zero->params()[i]] = i;
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total = 0;
   for (size_t f = 0; f < shards.size(); ++f) {
@@ -230,6 +256,12 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
       total += shape_numel(t.shape) * 4;
       // Where the model holds it: the shared tensor for an MTP copy, the fused parameter's rows.
       const TensorSpec& src = t.copy_of.empty() ? t : *by_name.at(t.copy_of);
+      const Parameter& p = model.parameter(src.fused_name.empty() ? src.name : src.fused_name);
+      if (const auto it = released.find(&p); it != released.end()) {
+        add_shard_holdings(out, *s.zero, it->second, src.fused_offset, shape_numel(t.shape),
+                           out.files.size(), pf.tensors.size() - 1, s.rank);
+        continue;
+      }
       Holding h;
       h.file = out.files.size();
       h.tensor = pf.tensors.size() - 1;

@@ -16,7 +16,8 @@
 // write_checkpoint lays them out (F32, kAsIs, shards of at most shard_bytes with transformers'
 // rule, model.safetensors.index.json when several) and optimizer.safetensors exactly as
 // AdamWOptimizer::state_dict's tensors are written. Its holdings today:
-//   weights   every rank (data parallelism keeps the masters whole on every rank): weight_holders;
+//   weights   every rank where the masters are whole (weight_holders); with ZeRO-1's sharded
+//             masters (ZeroAdamW::master_released), each piece's owner, from its master shard;
 //   moments   ZeRO-1: each piece's owner (ZeroLayout); one process: rank 0;
 //   step      rank 0 (a host value).
 // Expert parallelism (train/expert_parallel.h, EP = P): a routed expert's weights are held by its

@@ -112,6 +112,8 @@ std::string to_json_line(const StepMetrics& m) {
   if (m.shadow_bf16_loss) j["shadow_bf16_loss"] = number(*m.shadow_bf16_loss);
   if (m.shadow_gap) j["shadow_gap"] = number(*m.shadow_gap);
   if (!m.config_changes.empty()) j["config_changes"] = m.config_changes;
+  if (m.master_bytes) j["master_bytes"] = *m.master_bytes;
+  if (m.moment_bytes) j["moment_bytes"] = *m.moment_bytes;
   if (!m.moe_casts.empty()) {
     ojson casts = ojson::object();
     for (const auto& [kind, n] : m.moe_casts) casts[kind] = number(n);
@@ -167,6 +169,9 @@ StepMetrics parse_metrics_line(const std::string& line, const std::string& where
   m.val_loss = read_optional(j, "val_loss", where);
   m.shadow_bf16_loss = read_optional(j, "shadow_bf16_loss", where);
   m.shadow_gap = read_optional(j, "shadow_gap", where);
+  for (auto [key, field] : {std::pair{"master_bytes", &StepMetrics::master_bytes},
+                            std::pair{"moment_bytes", &StepMetrics::moment_bytes}})
+    if (j.contains(key)) m.*field = read_int(j[key], where, key);
   if (j.contains("config_changes")) {
     const json& a = j["config_changes"];
     OCTET_CHECK(a.is_array(), where, ": field 'config_changes': expected an array of strings");

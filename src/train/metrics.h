@@ -16,7 +16,8 @@
 //   eval steps), shadow_bf16_loss and shadow_gap (only on shadow-BF16 steps),
 //   sites ({"<site>": {"amax", "saturated_share", "underflow_share"}}, only when collected),
 //   config_changes (["key: before -> after", ...], on the first step after a resume that changed
-//   the config).
+//   the config), master_bytes and moment_bytes (ints: the FP32 masters and the AdamW moments one
+//   rank holds, only with ZeRO-1: a data-parallel run).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,8 @@ struct StepMetrics {
   // quantize, fused_quantize, dequantize, fp8_transpose); empty without MoE layers.
   std::map<std::string, double> moe_casts;
   std::vector<std::string> config_changes;  // "key: before -> after", first step after a resume
+  std::optional<int64_t> master_bytes;      // ZeRO-1: FP32 masters per rank (shard + whole ones)
+  std::optional<int64_t> moment_bytes;      // ZeRO-1: AdamW moments per rank
 };
 
 // One record as its metrics.jsonl line (no trailing newline).

@@ -154,6 +154,7 @@ struct Run {
     } else if (dp.comm()) {  // any communicator, one rank included: the same norm at every size
       ZeroConfig z;
       z.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.optim.bucket_mb * 262144.0));
+      z.shard_masters = true;  // each rank keeps its pieces' FP32 masters only (zero_optimizer.h)
       zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw(), z);
       // The last micro-batch's backward sends each gradient bucket as soon as it is final.
       model->set_grad_ready(
@@ -183,6 +184,21 @@ struct Run {
     }
   }
 
+  // Once, after the first full preparation with ZeRO-1 (when the masters are sharded): what each
+  // rank holds of the optimizer's state against one rank holding all of it.
+  bool zero_memory_noted = false;
+  void note_zero_memory() {
+    if (zero_memory_noted || !dp.writer()) return;
+    zero_memory_noted = true;
+    int64_t elems = 0;
+    for (const int64_t n : zero->layout().shard_elems) elems += n;
+    const auto mib = [](int64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
+    out << "ZeRO-1 per rank: FP32 masters " << mib(zero->master_bytes()) << " ("
+        << (zero->masters_sharded() ? "sharded" : "whole") << "), AdamW moments "
+        << mib(zero->moment_bytes()) << "; one rank would hold " << mib(elems * 4) << " and "
+        << mib(elems * 4) << "\n";
+  }
+
   // The model and optimizer, for the checkpoint writer and reader (checkpoint_plan.h).
   TrainingSources sources() {
     return {.model = model.get(),
@@ -207,7 +223,8 @@ struct Run {
     saved_optimizer_steps = zero     ? zero->steps_taken()
                             : ep_opt ? ep_opt->steps_taken()
                                      : optim->steps_taken();
-    if (zero) zero->gather_masters(ctx);  // the masters whole on every rank (collective)
+    // Sharded masters are written from their owners' shards; unsharded ones must be whole.
+    if (zero && !zero->masters_sharded()) zero->gather_masters(ctx);  // (collective)
     if (ep_opt) ep_opt->gather_masters(ctx);
     TrainingCheckpoint tc = training_checkpoint(sources());
     SaveRequest req{.root = ckpt_root,
@@ -296,8 +313,10 @@ struct Run {
         model->prepare(ctx, PrepareScope::kNotFused);
       } else {
         model->prepare(ctx);
+        // Shards the masters of these weights (ZeroConfig::shard_masters).
         zero->set_weight_outputs(ctx, model->weight_outputs(OutputCopies::kBf16AndFp8));
         outputs_attached = true;
+        note_zero_memory();
       }
       zero_grads();
       ++weights_generation;
@@ -344,8 +363,9 @@ struct Run {
   // spike window.
   enum class Restore : uint8_t { kModelOnly, kModelAndData };
   void load_checkpoint(const std::string& dir, Restore what) {
-    finish_checkpoint();       // a rollback may read the checkpoint being written
-    outputs_attached = false;  // the masters change: the next step prepares everything
+    finish_checkpoint();                  // a rollback may read the checkpoint being written
+    outputs_attached = false;             // the masters change: the next step prepares everything
+    if (zero) zero->gather_masters(ctx);  // sharded masters: whole storage to load into
     // Each rank reads what it holds: its experts, its ZeRO-1 pieces' moments (checkpoint_plan.h).
     for (const std::string& w : load_training_checkpoint(ctx, dir, sources()))
       out << "warning: " << w << "\n";
@@ -382,6 +402,7 @@ struct Run {
       Parameter& s = shadow->parameter(p->name);
       ctx.be().copy(s.value.data(), p->value.data(), p->value.nbytes(), kind);
     }
+    if (zero) zero->shard_masters(ctx);  // the whole copies were temporary
     shadow->prepare(ctx);
     return shadow->read_losses(ctx, shadow->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
   }
@@ -500,16 +521,20 @@ void write_config(const TrainConfig& cfg, std::ostream& out) {
   io::write_text_file_atomic(cfg.run_dir + "/config.toml", resolved);
 }
 
-// What data parallelism does not cover yet, refused before any work.
+// What several ranks do not cover yet, refused before any work. Delayed scaling runs with data
+// parallelism: every amax is the maximum over the ranks before it enters a history
+// (model/linear.h reduce_amax_over_ranks, over ctx.comm). With expert parallelism an expert's
+// amax would have to be reduced over its data group only, which is not done yet.
 void check_data_parallel(const TrainConfig& cfg, const DataParallel& dp) {
   if (!dp.active()) return;
   const Recipe r = cfg.resolved_recipe();
   const bool delayed =
       std::any_of(r.gemm.begin(), r.gemm.end(), [](const GemmRecipe& g) { return g.is_delayed(); });
-  OCTET_CHECK(!delayed, "recipe ", cfg.model.recipe.label(),
-              ": delayed scaling keeps per-rank amax histories, which data parallelism does not "
-              "reduce yet; use a current-scaling recipe (deepseek, fp8-tensor, bf16) with ",
-              dp.size(), " ranks");
+  OCTET_CHECK(!delayed || cfg.parallel.ep <= 1, "recipe ", cfg.model.recipe.label(),
+              ": delayed scaling with parallel.ep = ", cfg.parallel.ep,
+              " is not supported yet (the experts' amax histories would need a reduction over "
+              "their data-parallel group); use a current-scaling recipe (deepseek, "
+              "fp8-tensor-current, bf16) or parallel.ep = 1");
 }
 
 // What the run reports: the progress lines, metrics.jsonl and the result.
@@ -708,6 +733,10 @@ void measure_step(Run& run, const StepPass& pass, std::chrono::steady_clock::tim
   sm.step_ms = ms;
   sm.tokens_per_s = static_cast<double>(run.tokens_per_step()) / (ms / 1000.0);
   sm.peak_mem_bytes = run.ctx.be().peak_bytes();
+  if (run.zero) {  // the same on every rank (every shard is padded to the largest)
+    sm.master_bytes = run.zero->master_bytes();
+    sm.moment_bytes = run.zero->moment_bytes();
+  }
 }
 
 // Counts the step as done, runs the validation when due, and writes the step's record.

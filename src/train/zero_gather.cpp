@@ -54,6 +54,7 @@ Tensor f32_view(const Tensor& t, int64_t offset, int64_t numel) {
 }  // namespace
 
 void ZeroAdamW::set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs) {
+  if (masters_sharded_) gather_masters(ctx);  // whole again before the new outputs
   outputs_.assign(params_.size(), WeightOutput{});
   for (const WeightOutput& w : outputs) {
     const auto it = std::find(params_.begin(), params_.end(), w.param);
@@ -105,6 +106,7 @@ void ZeroAdamW::set_weight_outputs(Context& ctx, const std::vector<WeightOutput>
   }
   gather_send_ = Tensor::empty(ctx, {max_part}, DType::kU8);
   gather_recv_ = Tensor::empty(ctx, {world * max_part}, DType::kU8);
+  shard_masters(ctx);
 }
 
 void ZeroAdamW::gather_weights(Context& ctx) {
@@ -122,7 +124,9 @@ void ZeroAdamW::gather_weights(Context& ctx) {
       if (c.rank != me) continue;
       const WeightOutput& w = outputs_[static_cast<size_t>(c.param)];
       const Tensor master =
-          f32_view(params_[static_cast<size_t>(c.param)]->value, c.offset, c.numel);
+          masters_sharded_
+              ? f32_view(master_shard_, c.shard_offset, c.numel)
+              : f32_view(params_[static_cast<size_t>(c.param)]->value, c.offset, c.numel);
       uint8_t* dst = send + gather_offset_[static_cast<size_t>(i)];
       if (is_fp8(w)) {
         QuantizeArgs qa;
@@ -157,7 +161,7 @@ void ZeroAdamW::gather_weights(Context& ctx) {
                       src + c.numel, scales * 4, dd);
       } else if (is_bf16(w)) {
         ctx.be().copy(static_cast<uint8_t*>(w.bf16.data()) + c.offset * 2, src, c.numel * 2, dd);
-      } else if (c.rank != me) {
+      } else if (c.rank != me || masters_sharded_) {  // sharded: the owner's too
         ctx.be().copy(static_cast<uint8_t*>(params_[static_cast<size_t>(c.param)]->value.data()) +
                           c.offset * 4,
                       src, c.numel * 4, dd);
@@ -181,21 +185,63 @@ void ZeroAdamW::gather_weights(Context& ctx) {
   }
 }
 
+bool ZeroAdamW::has_outputs() const {
+  return std::any_of(outputs_.begin(), outputs_.end(),
+                     [](const WeightOutput& w) { return is_fp8(w) || is_bf16(w); });
+}
+
 void ZeroAdamW::gather_masters(Context& ctx) {
-  const bool any = std::any_of(outputs_.begin(), outputs_.end(),
-                               [](const WeightOutput& w) { return is_fp8(w) || is_bf16(w); });
-  if (!any) return;                 // every rank, alike: the outputs are the same everywhere
+  // Every rank, alike: the outputs and the sharding are the same everywhere.
+  if (!has_outputs() && !masters_sharded_) return;
   side_->compute_waits_for_side();  // a bucket in flight may still read the staging slot
   const int world = dp_->size(), me = dp_->rank();
+  const bool sharded = masters_sharded_;
+  if (sharded)  // the freed masters get storage again; every piece comes from its owner's shard
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (released_[i])
+        params_[i]->value = Tensor::empty(ctx, params_[i]->value.shape(), DType::kF32);
   auto* send = static_cast<uint8_t*>(slots_[0].data());
   auto* recv = static_cast<uint8_t*>(recv_.data());
   for (const ZeroLayout::Bucket& k : layout_.buckets) {
     const int64_t n = k.part;
-    pack(ctx, me, k.shard_offset, n, false, send, true);
+    if (sharded)
+      ctx.be().copy(send, static_cast<const uint8_t*>(master_shard_.data()) + k.shard_offset * 4,
+                    n * 4, same_device(ctx));
+    else
+      pack(ctx, me, k.shard_offset, n, false, send, true);
     dp_->all_gather(ctx, send, recv, n, DType::kF32);
     for (int r = 0; r < world; ++r)
-      if (r != me) pack(ctx, r, k.shard_offset, n, false, recv + r * n * 4, false);
+      if (r != me || sharded) pack(ctx, r, k.shard_offset, n, false, recv + r * n * 4, false);
   }
+  if (sharded) {
+    masters_sharded_ = false;
+    std::fill(released_.begin(), released_.end(), false);
+    master_shard_ = Tensor();  // the update works on the whole masters again
+  }
+}
+
+void ZeroAdamW::shard_masters(Context& ctx) {
+  if (!zero_.shard_masters || masters_sharded_ || !has_outputs()) return;
+  const int64_t n = std::max<int64_t>(layout_.max_shard, 1);
+  master_shard_ = Tensor::empty(ctx, {n}, DType::kF32);
+  ctx.be().memset(master_shard_.data(), 0, master_shard_.nbytes());
+  pack(ctx, dp_->rank(), 0, layout_.max_shard, false, static_cast<uint8_t*>(master_shard_.data()),
+       true);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    released_[i] = is_fp8(outputs_[i]) || is_bf16(outputs_[i]);
+    if (!released_[i]) continue;
+    Parameter& p = *params_[i];
+    // The shape stays (the model and the plans read it); the storage goes once nothing holds it.
+    p.value = Tensor::wrap(nullptr, p.value.shape(), DType::kF32, p.value.device());
+  }
+  masters_sharded_ = true;
+}
+
+int64_t ZeroAdamW::master_bytes() const {
+  int64_t n = masters_sharded_ ? master_shard_.nbytes() : 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!master_released(i)) n += params_[i]->value.nbytes();
+  return n;
 }
 
 }  // namespace octet::train

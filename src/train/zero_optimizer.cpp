@@ -140,6 +140,7 @@ ZeroAdamW::ZeroAdamW(Context& ctx, std::shared_ptr<Comm> dp, const std::vector<P
   }
   waiting_.assign(layout_.buckets.size(), 0);
   sent_.assign(layout_.buckets.size(), false);
+  released_.assign(params_.size(), false);
   set_weight_outputs(ctx, {});  // FP32 masters until told otherwise
 }
 
@@ -258,7 +259,8 @@ StepStats ZeroAdamW::apply(Context& ctx, float lr, float grad_norm) {
     if (c.rank != me) continue;
     const Parameter& p = *params_[static_cast<size_t>(c.param)];
     AdamWArgs a;
-    a.param = view(p.value, c.offset, c.numel);
+    a.param = masters_sharded_ ? view(master_shard_, c.shard_offset, c.numel)
+                               : view(p.value, c.offset, c.numel);
     a.grad = view(grad_shard_, c.shard_offset, c.numel);
     a.exp_avg = view(exp_avg_, c.shard_offset, c.numel);
     a.exp_avg_sq = view(exp_avg_sq_, c.shard_offset, c.numel);

@@ -36,7 +36,20 @@
 //      (norms, embedding, router) travel as FP32 masters.
 // The step synchronises once (the piece norms to the host), like AdamWOptimizer::finish_step.
 // Pieces of a matrix start at a multiple of 128 rows (the FP8 blocks never straddle two owners).
-// What is not here yet: sharding the masters' memory (each rank keeps the tensors whole).
+//
+// Sharded masters (ZeroConfig::shard_masters; the trainer's data parallelism). Once weight
+// outputs are set, each rank keeps the FP32 masters of its own pieces only, in one shard buffer
+// laid out like the moments (master_shard(), the pieces at their shard_offset), and the masters of
+// the parameters gathered as weight outputs are freed: their Parameter::value keeps its shape but
+// has no storage (master_released()). The forward reads only their prepared copies, which stay
+// whole on every rank. The parameters gathered as FP32 (norms, embedding, router) are the weights
+// the forward reads: they stay whole, and the owner's shard holds the master the update writes
+// (the gather then copies it to every rank, the owner included). Whatever needs a whole master
+// gathers it: gather_masters() allocates and fills every Parameter::value again (collective; the
+// BF16 shadow, a rollback's load), shard_masters() frees them again; the checkpoint writer reads
+// each piece from its owner's shard (train/checkpoint_plan.h). Without weight outputs (a tied
+// head, optim.fused_prepare off, the per-tensor FP8 recipes) every master is read by the forward
+// and nothing is sharded beyond the moments.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +98,7 @@ struct ZeroLayout {
 struct ZeroConfig {
   int64_t piece_elems = int64_t{1} << 22;   // 4 Mi elements (16 MiB of FP32 gradient)
   int64_t bucket_elems = int64_t{1} << 23;  // 8 Mi elements: 32 MiB of FP32 gradient a bucket
+  bool shard_masters = false;  // keep only this rank's pieces of the masters (see the top)
 };
 
 class ZeroAdamW {
@@ -119,9 +133,25 @@ class ZeroAdamW {
   // FP32 masters. A parameter whose pieces do not fall on its FP8 blocks, or that is not
   // trainable here, is refused. Every rank passes the same list (collective in effect).
   void set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs);
-  // Every rank's masters whole again (collective): before reading them (a checkpoint, the BF16
-  // shadow). Without weight outputs they are whole already and this does nothing.
+  // Every rank's masters whole and current in Parameter::value again (collective): before reading
+  // them (the BF16 shadow, loading weights into them). Without weight outputs they are whole
+  // already and this does nothing. With sharded masters it allocates the freed masters again and
+  // the update works on Parameter::value (unsharded) until shard_masters().
   void gather_masters(Context& ctx);
+  // With ZeroConfig::shard_masters and weight outputs: keeps this rank's pieces of every master in
+  // the shard and frees the masters of the parameters with a weight output (their values must be
+  // current on every rank: after a full preparation or gather_masters). set_weight_outputs calls
+  // it; otherwise a no-op. Not collective.
+  void shard_masters(Context& ctx);
+  bool masters_sharded() const { return masters_sharded_; }
+  // Whether parameter i (params() order) has no whole master here: its pieces are in their
+  // owners' master_shard() only.
+  bool master_released(size_t i) const { return masters_sharded_ && released_[i]; }
+  const Tensor& master_shard() const { return master_shard_; }  // (shard) f32, when sharded
+  // What this rank holds of the optimizer's state, in bytes: the FP32 masters of the trainable
+  // parameters (the shard plus the whole ones) and the AdamW moments (BF16, shard).
+  int64_t master_bytes() const;
+  int64_t moment_bytes() const { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   // Bytes this rank sent in the last step's weight all-gather (padded parts included), and what
   // the same gather of FP32 masters would send.
   int64_t gathered_bytes() const { return gathered_bytes_; }
@@ -156,6 +186,7 @@ class ZeroAdamW {
 
   // The updated weights of every rank, in their gathered forms (stage 4).
   void gather_weights(Context& ctx);
+  bool has_outputs() const;  // some parameter is gathered as a weight output
   // Reduce-scatters bucket b's gradients into grad_shard_ (on the side stream).
   void send_bucket(Context& ctx, int b);
   // Sends every bucket not sent yet, highest first, and orders the compute stream after them.
@@ -166,7 +197,10 @@ class ZeroAdamW {
   AdamWConfig config_;
   ZeroConfig zero_;
   ZeroLayout layout_;
-  Tensor grad_shard_;            // (shard) f32: this rank's reduced gradients
+  Tensor grad_shard_;    // (shard) f32: this rank's reduced gradients
+  Tensor master_shard_;  // (shard) f32: this rank's masters, while masters_sharded_
+  bool masters_sharded_ = false;
+  std::vector<bool> released_;   // per parameter: value freed (a weight output's master)
   Tensor exp_avg_, exp_avg_sq_;  // (shard) bf16
   Tensor recv_;                  // staging of the all-gather: world * max_part f32
   // The reduce-scatter's staging: one slot (world * max_part f32) per bucket in flight, each

@@ -210,9 +210,24 @@ TEST_P(MoePermuteGpu, CombineAndBackwardsMatchCpuBitwise) {
 }
 
 const Case kCases[] = {
-    {1, 1, 8, 0, 1},          {1, 8, 256, 0, 7168},   {127, 2, 8, 1, 129},
-    {127, 8, 32, 5, 300},     {1481, 8, 256, 20, 64}, {1481, 8, 256, 0, 7},
-    {129, 8, 256, 200, 1024}, {64, 4, 16, 12, 136},   {300, 1, 8, 7, 200},  // all to one expert
+    {1, 1, 8, 0, 1},
+    {1, 8, 256, 0, 7168},
+    {127, 2, 8, 1, 129},
+    {127, 8, 32, 5, 300},
+    {1481, 8, 256, 20, 64},
+    {1481, 8, 256, 0, 7},
+    {129, 8, 256, 200, 1024},
+    {64, 4, 16, 12, 136},
+    {300, 1, 8, 7, 200},  // all to one expert
+    // The 16-byte paths: the baseline's routing (32 experts top-4, D 1024), DeepSeek-V3's hidden
+    // size with 16 experts, a D that is a multiple of 8 but not of 128 (a partial last group), all
+    // to one expert, and a skewed routing with empty experts.
+    {2048, 4, 32, 0, 1024},
+    {96, 4, 16, 0, 7168},
+    {300, 4, 16, 0, 1000},
+    {200, 1, 8, 7, 256},
+    {777, 6, 64, 40, 520},
+    {500, 8, 3000, 0, 16},  // more experts than the offsets scan's block: chunks with a carry
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePermuteGpu, ::testing::ValuesIn(kCases));

@@ -163,6 +163,9 @@ const RouterCase kRouterCases[] = {
     {129, 64, 32, 3, 6, GroupMaskFill::kZero, TopkNorm::kSumToOne},
     {257, 1024, 8, 4, 32, GroupMaskFill::kExclude, TopkNorm::kSumToOne},
     {31, 10, 5, 5, 10, GroupMaskFill::kZero, TopkNorm::kSumToOne},  // k == E
+    // More tokens than the forward's grid has warps (each block strides over several tokens and
+    // flushes its shared histogram once), at the baseline configuration's 32 experts, top-4.
+    {9001, 32, 1, 1, 4, GroupMaskFill::kZero, TopkNorm::kSumToOne},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeRouterGpu, ::testing::ValuesIn(kRouterCases));
@@ -202,8 +205,13 @@ TEST(MoeRouterGpuMisc, SeqBalanceLossMatchesCpuBitwise) {
   struct Case {
     int64_t B, T, E, n_group, topk_group, k;
   };
-  for (const Case c : {Case{1, 1, 8, 1, 1, 2}, Case{3, 127, 32, 4, 2, 4},
-                       Case{2, 1481, 256, 8, 4, 8}, Case{7, 33, 64, 8, 2, 6}}) {
+  for (const Case c :
+       {Case{1, 1, 8, 1, 1, 2}, Case{3, 127, 32, 4, 2, 4}, Case{2, 1481, 256, 8, 4, 8},
+        Case{7, 33, 64, 8, 2, 6},
+        // The baseline configuration (8 sequences of 2048, 32 experts top-4): many
+        // tiles per sequence; 1024 experts (7-token tiles); E < 32 and tiles that
+        // straddle sequences.
+        Case{8, 2048, 32, 1, 1, 4}, Case{1, 300, 1024, 8, 4, 8}, Case{5, 65, 16, 1, 1, 4}}) {
     SCOPED_TRACE("B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                  " E=" + std::to_string(c.E));
     const RouterConfig cfg = config_of(

@@ -1,10 +1,13 @@
 // The trainer with data parallelism on in-process ranks (threads on the CPU): DP = 2 and 4 against
 // one rank on the same global batch (grad_accum = DP micro-batches), losses and weights bit for bit;
 // a checkpoint saved at DP = 2 resumed at one rank (bit for bit) and at DP = 4 (half the per-rank
-// batch: the same global batch, cut differently, so within a stated tolerance); refusals.
+// batch: the same global batch, cut differently, so within a stated tolerance); delayed scaling
+// against one rank (within a stated tolerance); refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -84,6 +87,22 @@ TEST_F(DataParallelTrainer, DpTwoAndFourMatchOneRankBitForBit) {
     const auto sa = io::read_safetensors(one + "/checkpoints/step_00000004/optimizer.safetensors");
     const auto sb = io::read_safetensors(many + "/checkpoints/step_00000004/optimizer.safetensors");
     expect_bitwise(sa.tensors, sb.tensors, "optimizer state, DP " + std::to_string(world));
+    // What each rank holds of the optimizer's state (metrics.jsonl, every rank's the same): the
+    // moments and the masters' shard (the same layout) about 1 / DP of one rank's (this model's
+    // pieces are whole parameters, so the parts are uneven: measured 0.51 at DP 2, 0.29 at DP 4),
+    // plus the FP32 weights the forward reads whole (embedding, norms, router) on every rank.
+    const StepMetrics ma = read_metrics(one + "/metrics.jsonl").back();
+    const StepMetrics mb = read_metrics(many + "/metrics.jsonl").back();
+    ASSERT_TRUE(ma.master_bytes && ma.moment_bytes && mb.master_bytes && mb.moment_bytes);
+    EXPECT_LE(static_cast<double>(*mb.moment_bytes),
+              1.25 / world * static_cast<double>(*ma.moment_bytes));
+    EXPECT_GE(static_cast<double>(*mb.moment_bytes),
+              1.0 / world * static_cast<double>(*ma.moment_bytes));
+    EXPECT_EQ(*mb.master_bytes - *mb.moment_bytes, *ma.master_bytes - *ma.moment_bytes);
+    EXPECT_LT(*mb.master_bytes, *ma.master_bytes);  // not every master whole on every rank
+    std::printf("DP %d: masters %lld B, moments %lld B per rank; one rank: %lld B, %lld B\n", world,
+                static_cast<long long>(*mb.master_bytes), static_cast<long long>(*mb.moment_bytes),
+                static_cast<long long>(*ma.master_bytes), static_cast<long long>(*ma.moment_bytes));
   }
 }
 
@@ -223,14 +242,110 @@ TEST_F(DataParallelTrainer, ARankFailingToWriteFailsEveryRankAndTheRunResumes) {
   EXPECT_EQ(again.steps_done, 4);
 }
 
-TEST_F(DataParallelTrainer, DelayedScalingIsRefusedOnSeveralRanks) {
+// Spike rollbacks at DP 2 (the masters sharded: a rollback gathers them whole to load into, the
+// next step prepares everything and shards them again) take the same steps as one rank, bit for
+// bit.
+TEST_F(DataParallelTrainer, SpikeRollbacksAtTwoRanksMatchOneRank) {
+  auto cfg = [&](const std::string& dir, int64_t accum) {
+    TrainConfig c = tiny(dir, corpus_, 2, accum);
+    // A constant, far too high rate makes the loss jump: some steps are spikes (as in
+    // trainer_test.cpp's spiky runs).
+    for (const char* kv :
+         {"steps=10", "optim.warmup_steps=0", "optim.lr=1.0", "optim.schedule=constant",
+          "safety.spike_window=3", "safety.spike_threshold=1", "safety.spike_action=rollback"})
+      apply_set(c, kv);
+    c.validate();
+    return c;
+  };
+  const std::string one = dir_ + "/one", dp = dir_ + "/dp";
+  run_ranks(1, cfg(one, 2), cache_);
+  std::string log0;  // rank 0's
+  run_inprocess_ranks_or_throw(
+      2,
+      [&](Context& ctx) {
+        RunOptions o;
+        o.cache_dir = cache_;
+        o.comm = ctx.comm;
+        std::ostringstream log;
+        run_training(cfg(dp, 1), o, log);
+        if (ctx.comm->rank() == 0) log0 = log.str();
+      },
+      milliseconds(120000));
+  EXPECT_NE(log0.find("rolled back to"), std::string::npos) << log0;
+  EXPECT_NE(log0.find("ZeRO-1 per rank: FP32 masters"), std::string::npos) << log0;
+  const std::vector<StepMetrics> a = read_metrics(one + "/metrics.jsonl");
+  const std::vector<StepMetrics> b = read_metrics(dp + "/metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "record " << i;
+    EXPECT_EQ(a[i].skipped, b[i].skipped) << "record " << i;
+  }
+  expect_bitwise(checkpoint_tensors(one, 10, "model"), checkpoint_tensors(dp, 10, "model"),
+                 "rollbacks, DP 2");
+  // Each rank reported what it holds of the optimizer's state: about half of one rank's.
+  ASSERT_TRUE(a.back().master_bytes && b.back().master_bytes && b.back().moment_bytes);
+  EXPECT_LT(*b.back().moment_bytes, 0.6 * static_cast<double>(*a.back().moment_bytes));
+  EXPECT_LT(*b.back().master_bytes, *a.back().master_bytes);
+}
+
+// Delayed scaling at DP 2 against one rank drawing the same global batch as one micro-batch of
+// 2 x 2 sequences (the DP ranks' amax is the maximum over both, which is the whole batch's amax:
+// tests/train/delayed_scaling_dp_test.cpp checks the histories bit for bit). Not bitwise over
+// steps: one rank's Wgrad sums all 64 tokens in one GEMM where DP sums each rank's 32 and then the
+// two sums, and the loss is the mean of two means, so the weights differ from the first update on
+// in FP32's last bits, and later amaxes, scales and FP8 roundings follow them. Within 1e-6
+// relative (losses; measured 4.5e-8) and 1e-5 of each tensor's largest element (weights;
+// measured 2.9e-7).
+TEST_F(DataParallelTrainer, DelayedScalingAtTwoRanksMatchesOneRankOnTheSameBatch) {
+  auto cfg = [&](const std::string& dir, int64_t batch) {
+    TrainConfig c = tiny(dir, corpus_, batch, 1);
+    apply_set(c, "recipe=fp8-tensor-delayed");
+    c.validate();
+    return c;
+  };
+  const std::string one = dir_ + "/one", dp = dir_ + "/dp";
+  EXPECT_EQ(run_ranks(1, cfg(one, 4), cache_).steps_done, 4);
+  EXPECT_EQ(run_ranks(2, cfg(dp, 2), cache_).steps_done, 4);
+  const std::vector<double> la = logged_losses(one), lb = logged_losses(dp);
+  ASSERT_EQ(la.size(), 4u);
+  ASSERT_EQ(lb.size(), 4u);
+  double worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    EXPECT_NEAR(lb[i], la[i], 1e-6 * std::fabs(la[i])) << "step " << i + 1;
+    worst = std::max(worst, std::fabs(lb[i] - la[i]) / std::fabs(la[i]));
+  }
+  const io::NamedTensors wa = checkpoint_tensors(one, 4, "model");
+  const io::NamedTensors wb = checkpoint_tensors(dp, 4, "model");
+  ASSERT_EQ(wa.size(), wb.size());
+  double worst_w = 0;
+  for (size_t i = 0; i < wa.size(); ++i) {
+    const Tensor& a = wa[i].second;
+    const Tensor& b = wb[i].second;
+    ASSERT_EQ(a.numel(), b.numel());
+    double amax = 0, diff = 0;
+    for (int64_t k = 0; k < a.numel(); ++k) {
+      amax = std::max<double>(amax, std::fabs(a.data_as<const float>()[k]));
+      diff = std::max<double>(diff,
+                              std::fabs(a.data_as<const float>()[k] - b.data_as<const float>()[k]));
+    }
+    EXPECT_LE(diff, 1e-5 * amax) << wa[i].first;
+    worst_w = std::max(worst_w, amax > 0 ? diff / amax : 0.0);
+  }
+  std::printf(
+      "delayed scaling, DP 2 vs one rank: losses within %.3g relative, weights within "
+      "%.3g of the largest element\n",
+      worst, worst_w);
+}
+
+TEST_F(DataParallelTrainer, DelayedScalingIsRefusedWithExpertParallelism) {
   TrainConfig c = tiny(dir_ + "/delayed", corpus_, 2, 1);
   apply_set(c, "recipe=fp8-tensor-delayed");
+  apply_set(c, "parallel.ep=2");
   try {
     run_ranks(2, c, cache_);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("delayed scaling keeps per-rank amax histories"),
+    EXPECT_NE(std::string(e.what()).find("delayed scaling with parallel.ep = 2 is not supported"),
               std::string::npos)
         << e.what();
   }

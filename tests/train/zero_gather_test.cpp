@@ -10,31 +10,14 @@
 #include "model/init.h"
 #include "model/model.h"
 #include "test_util.h"
-#include "tiny_model.h"
 #include "train/zero_optimizer.h"
+#include "zero_weights.h"
 
 namespace octet::train {
 namespace {
 
-ModelConfig config() {
-  ModelConfig c = test::tiny_model_config();
-  c.hidden_size = 128;           // the experts' stacks are whole 128-row blocks (batch_rows 128)
-  c.moe_intermediate_size = 64;  // gate_up (8, 128, 128), down (8, 128, 64)
-  return c;
-}
-
-std::vector<Tensor> output_tensors(Context& ctx, const std::vector<WeightOutput>& outs) {
-  std::vector<Tensor> t;
-  for (const WeightOutput& w : outs) {
-    if (w.bf16.data()) t.push_back(w.bf16.to_host(ctx));
-    if (w.fp8.data.data()) {
-      for (const Tensor* x :
-           {&w.fp8.data, &w.fp8.scale_inv, &w.fp8.columnwise_data, &w.fp8.columnwise_scale_inv})
-        t.push_back(x->to_host(ctx));
-    }
-  }
-  return t;
-}
+using test_zero::config;
+using test_zero::output_tensors;
 
 struct Counts {
   int64_t outputs = 0, fp8 = 0, elems = 0, bytes = 0;
@@ -57,11 +40,7 @@ Counts run(const std::string& recipe, int world) {
         const int me = ctx.comm->rank();
         for (int s = 0; s < 2; ++s) {
           opt.zero_grad(ctx);
-          uint64_t seed = 100 * static_cast<uint64_t>(s) + 10 * static_cast<uint64_t>(me);
-          for (Parameter* p : model.parameters()) {
-            const Tensor g = test::random_tensor(p->grad.shape(), DType::kF32, ++seed);
-            ctx.be().copy(p->grad.data(), g.data(), g.nbytes(), CopyKind::kHostToHost);
-          }
+          test_zero::random_grads(ctx, model, s, me);
           EXPECT_FALSE(opt.step(ctx, 1e-2f).skipped);
           model.prepare(ctx, PrepareScope::kNotFused);
         }

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "backend/cuda_check.h"
 #include "ops/moe_permute/moe_permute_backends.h"
@@ -37,6 +39,32 @@ int end_bit_for(int64_t experts) {
   return bits;
 }
 
+// Streaming multiprocessors of the context's device: grids of the kernels that stride over tokens
+// and reduce per block are sized to fill it a few times over.
+int sm_count(const Context& ctx) {
+  int sms = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
+  return std::max(sms, 1);
+}
+
+// The 16-byte path of load8/store8: every row a multiple of 8 elements, every base 16-byte aligned.
+bool vec8(int64_t cols, std::initializer_list<const void*> ptrs) {
+  if (cols % 8 != 0) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+// Blocks of `warps` warps that give one warp to each 32 permuted rows (for_padding_rows).
+int64_t padding_blocks(int64_t rows, int warps) {
+  return ceil_div(rows, int64_t{32} * warps);
+}
+
+unsigned grid_of(int64_t blocks) {
+  OCTET_CHECK(blocks <= 0x7FFFFFFF, "permute: a grid of ", blocks, " blocks exceeds the limit");
+  return static_cast<unsigned>(std::max<int64_t>(blocks, 1));
+}
+
 template <typename InT, typename OutT>
 void launch_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const float* w,
                             Tensor& out) {
@@ -44,14 +72,17 @@ void launch_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src
   const auto* s = src.data_as<const InT>();
   auto* o = out.data_as<OutT>();
   const unsigned grid = row_blocks(m.num_tokens);
+  // 8 columns per thread; at most 128 threads, fewer for narrow rows.
+  const int threads = static_cast<int>(
+      std::clamp<int64_t>(ceil_div(ceil_div(cols, 8), 32) * 32, 32, kernels::kRowThreads));
   const int32_t* row_of = m.row_of.data_as<const int32_t>();
   const int k = static_cast<int>(m.top_k);
-  if (cols % 4 == 0) {
-    kernels::weighted_gather_kernel<InT, OutT, 4>
-        <<<grid, kernels::kRowThreads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
+  if (vec8(cols, {s, o})) {
+    kernels::weighted_gather_kernel<InT, OutT, true>
+        <<<grid, threads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
   } else {
-    kernels::weighted_gather_kernel<InT, OutT, 1>
-        <<<grid, kernels::kRowThreads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
+    kernels::weighted_gather_kernel<InT, OutT, false>
+        <<<grid, threads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
   }
   OCTET_CUDA_CHECK_LAUNCH();
 }
@@ -61,19 +92,21 @@ void launch_combine_backward(Context& ctx, const PermuteMap& m, const CombineBac
                              CombineGrads& g) {
   const int64_t cols = a.expert_out.cols();
   const cudaStream_t st = stream_of(ctx);
-  kernels::combine_backward_rows_kernel<DyT, OutT>
-      <<<row_blocks(m.num_rows), kernels::kRowThreads, 0, st>>>(
-          a.d_out.data_as<const DyT>(), a.topk_weight.data_as<const float>(),
-          m.row_of.data_as<const int32_t>(), m.token_of.data_as<const int32_t>(), m.num_rows,
-          static_cast<int>(m.top_k), cols, g.d_expert_out.data_as<OutT>());
-  OCTET_CUDA_CHECK_LAUNCH();
-  const int64_t assignments = m.num_tokens * m.top_k;
-  if (assignments == 0) return;
-  kernels::combine_backward_weight_kernel<DyT, XT>
-      <<<blocks_for(assignments * 32, 256), 256, 0, st>>>(
-          a.d_out.data_as<const DyT>(), a.expert_out.data_as<const XT>(),
-          m.row_of.data_as<const int32_t>(), assignments, static_cast<int>(m.top_k), cols,
-          g.d_topk_weight.data_as<float>());
+  const auto* dy = a.d_out.data_as<const DyT>();
+  const auto* x = a.expert_out.data_as<const XT>();
+  auto* dx = g.d_expert_out.data_as<OutT>();
+  const unsigned grid = grid_of(m.num_tokens + padding_blocks(m.num_rows, kernels::kCombineWarps));
+  auto go = [&](auto vec) {
+    kernels::combine_backward_kernel<DyT, XT, OutT, decltype(vec)::value>
+        <<<grid, 32 * kernels::kCombineWarps, 0, st>>>(
+            dy, x, a.topk_weight.data_as<const float>(), m.row_of.data_as<const int32_t>(),
+            m.token_of.data_as<const int32_t>(), m.num_tokens, static_cast<int>(m.top_k),
+            m.num_rows, cols, dx, g.d_topk_weight.data_as<float>());
+  };
+  if (vec8(cols, {dy, x, dx}))
+    go(std::true_type{});
+  else
+    go(std::false_type{});
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -93,13 +126,15 @@ void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& m) {
   auto* vals_in = vals.data_as<int32_t>();
   auto* vals_out = vals_in + std::max<int64_t>(n, 1);
   if (n > 0) {
-    kernels::permute_keys_kernel<<<blocks_for(n, 256), 256, 0, st>>>(
-        args.topk_idx.data_as<const int32_t>(), n, E, keys_in, vals_in,
-        m.counts.data_as<int32_t>());
+    const size_t hist = E <= kernels::kSharedHist ? sizeof(int32_t) * static_cast<size_t>(E) : 0;
+    const unsigned grid = std::min<unsigned>(blocks_for(n, 256), 4u * sm_count(ctx));
+    kernels::permute_keys_kernel<<<grid, 256, hist, st>>>(args.topk_idx.data_as<const int32_t>(), n,
+                                                          E, keys_in, vals_in,
+                                                          m.counts.data_as<int32_t>());
     OCTET_CUDA_CHECK_LAUNCH();
   }
   Tensor sorted_start = Tensor::empty(ctx, {m.num_experts}, DType::kI32);
-  kernels::permute_offsets_kernel<<<1, 32, 0, st>>>(
+  kernels::permute_offsets_kernel<<<1, 1024, 0, st>>>(
       m.counts.data_as<const int32_t>(), E, m.padding == PermutePadding::kTo128,
       m.group_sizes.data_as<int32_t>(), m.offsets.data_as<int32_t>(),
       sorted_start.data_as<int32_t>());
@@ -188,28 +223,33 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
   auto* q = out.data.data_as<uint8_t>();
   auto* s = out.scale_inv.data_as<float>();
-  if (m.num_tokens > 0 && cols > 0) {
-    constexpr int kThreads = 128;  // 4 warps: 4 groups of 128 columns at a time
-    const int32_t* row_of = m.row_of.data_as<const int32_t>();
-    const int k = static_cast<int>(m.top_k);
-    if (args.input.dtype() == DType::kF32)
-      kernels::permute_quantize_kernel<float>
-          <<<row_blocks(m.num_tokens), kThreads, 0, stream_of(ctx)>>>(
-              args.input.data_as<const float>(), row_of, m.num_tokens, k, cols, rule, q, s,
-              amax_bits);
+  if (cols == 0) return;
+  // Token blocks (a few per SM, each striding over the tokens), then the padding rows' blocks.
+  const int64_t main_blocks = std::min<int64_t>(m.num_tokens, int64_t{16} * sm_count(ctx));
+  const unsigned grid = grid_of(main_blocks + padding_blocks(m.num_rows, kernels::kQuantWarps));
+  if (m.num_tokens == 0 && m.num_rows == 0) return;
+  const int32_t* row_of = m.row_of.data_as<const int32_t>();
+  const int32_t* token_of = m.token_of.data_as<const int32_t>();
+  const int k = static_cast<int>(m.top_k);
+  auto go = [&](const auto* x) {
+    using InT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+    // The 16-byte path also needs the FP8 rows 8-byte aligned: cols % 8 == 0 and a 16-byte base.
+    if (vec8(cols, {x, q}))
+      kernels::permute_quantize_kernel<InT, true>
+          <<<grid, 32 * kernels::kQuantWarps, 0, stream_of(ctx)>>>(
+              x, row_of, token_of, m.num_tokens, k, m.num_rows, cols,
+              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits);
     else
-      kernels::permute_quantize_kernel<uint16_t>
-          <<<row_blocks(m.num_tokens), kThreads, 0, stream_of(ctx)>>>(
-              args.input.data_as<const uint16_t>(), row_of, m.num_tokens, k, cols, rule, q, s,
-              amax_bits);
-    OCTET_CUDA_CHECK_LAUNCH();
-  }
-  if (m.num_rows > 0) {
-    kernels::permute_quantize_padding_kernel<<<row_blocks(m.num_rows), kernels::kRowThreads, 0,
-                                               stream_of(ctx)>>>(
-        m.token_of.data_as<const int32_t>(), m.num_rows, cols, q, s);
-    OCTET_CUDA_CHECK_LAUNCH();
-  }
+      kernels::permute_quantize_kernel<InT, false>
+          <<<grid, 32 * kernels::kQuantWarps, 0, stream_of(ctx)>>>(
+              x, row_of, token_of, m.num_tokens, k, m.num_rows, cols,
+              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits);
+  };
+  if (args.input.dtype() == DType::kF32)
+    go(args.input.data_as<const float>());
+  else
+    go(args.input.data_as<const uint16_t>());
+  OCTET_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace octet::cuda

@@ -11,40 +11,86 @@
 
 namespace octet::cuda::kernels {
 
-inline constexpr int kRowThreads = 128;  // threads per row of the row-copy and row-sum kernels
+inline constexpr int kRowThreads = 128;  // threads per row of the row-copy kernel
 
 // Assignment a = t k + j -> sort key (expert id, or E for an invalid id: sorted last and dropped)
-// and value a; valid ids are counted (integer atomics: order-independent).
+// and value a; valid ids are counted (integer atomics: order-independent), in a shared histogram per
+// block when E <= kSharedHist (one global atomic per block and expert instead of one per
+// assignment: thousands of atomics on one address serialise).
+inline constexpr int kSharedHist = 4096;
+
 __global__ void permute_keys_kernel(const int32_t* __restrict__ idx, int64_t n, int experts,
                                     uint32_t* __restrict__ keys, int32_t* __restrict__ vals,
                                     int32_t* __restrict__ counts) {
-  const int64_t a = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (a >= n) return;
-  const int32_t e = idx[a];
-  const bool valid = e >= 0 && e < experts;
-  keys[a] = valid ? static_cast<uint32_t>(e) : static_cast<uint32_t>(experts);
-  vals[a] = static_cast<int32_t>(a);
-  if (valid) atomicAdd(counts + e, 1);
+  extern __shared__ int32_t hist[];
+  const bool local = experts <= kSharedHist;
+  if (local) {
+    for (int e = static_cast<int>(threadIdx.x); e < experts; e += static_cast<int>(blockDim.x))
+      hist[e] = 0;
+    __syncthreads();
+  }
+  for (int64_t a = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; a < n;
+       a += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t e = idx[a];
+    const bool valid = e >= 0 && e < experts;
+    keys[a] = valid ? static_cast<uint32_t>(e) : static_cast<uint32_t>(experts);
+    vals[a] = static_cast<int32_t>(a);
+    if (valid) atomicAdd(local ? hist + e : counts + e, 1);
+  }
+  if (local) {
+    __syncthreads();
+    for (int e = static_cast<int>(threadIdx.x); e < experts; e += static_cast<int>(blockDim.x))
+      if (hist[e] != 0) atomicAdd(counts + e, hist[e]);
+  }
 }
 
-// One thread: group sizes (padded or not), offsets, and where each expert starts in the sorted
-// order. E is small (256 for DeepSeek-V3), so a serial scan costs less than a launch of a parallel
-// one.
+// One block: group sizes (padded or not), offsets, and where each expert starts in the sorted
+// order, as block-wide exclusive scans (integers: exact in any order) over chunks of blockDim
+// experts with a running carry. A serial loop would wait for one global load per expert.
 __global__ void permute_offsets_kernel(const int32_t* __restrict__ counts, int experts, bool pad128,
                                        int32_t* __restrict__ sizes, int32_t* __restrict__ offsets,
                                        int32_t* __restrict__ sorted_start) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  int32_t off = 0, pos = 0;
-  for (int e = 0; e < experts; ++e) {
-    const int32_t c = counts[e];
+  __shared__ int32_t warp_size[32], warp_count[32];
+  __shared__ int32_t carry_size, carry_count;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  if (threadIdx.x == 0) carry_size = carry_count = 0;
+  __syncthreads();
+  for (int base = 0; base < experts; base += static_cast<int>(blockDim.x)) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    const int32_t c = e < experts ? counts[e] : 0;
     const int32_t size = pad128 ? (c + 127) / 128 * 128 : c;
-    sizes[e] = size;
-    offsets[e] = off;
-    sorted_start[e] = pos;
-    off += size;
-    pos += c;
+    int32_t is = size, ic = c;  // inclusive scans within the warp
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t a = __shfl_up_sync(0xFFFFFFFFu, is, o), b = __shfl_up_sync(0xFFFFFFFFu, ic, o);
+      if (lane >= o) is += a, ic += b;
+    }
+    if (lane == 31) warp_size[warp] = is, warp_count[warp] = ic;
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan of the warp totals
+      const int32_t ws = lane < warps ? warp_size[lane] : 0,
+                    wc = lane < warps ? warp_count[lane] : 0;
+      int32_t xs = ws, xc = wc;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t a = __shfl_up_sync(0xFFFFFFFFu, xs, o),
+                      b = __shfl_up_sync(0xFFFFFFFFu, xc, o);
+        if (lane >= o) xs += a, xc += b;
+      }
+      if (lane < warps) warp_size[lane] = xs - ws, warp_count[lane] = xc - wc;
+    }
+    __syncthreads();
+    const int32_t end_size = carry_size + warp_size[warp] + is;
+    const int32_t end_count = carry_count + warp_count[warp] + ic;
+    if (e < experts) {
+      sizes[e] = size;
+      offsets[e] = end_size - size;
+      sorted_start[e] = end_count - c;
+    }
+    __syncthreads();  // every thread has read the carries
+    if (threadIdx.x == blockDim.x - 1) carry_size = end_size, carry_count = end_count;
+    __syncthreads();
   }
-  offsets[experts] = off;
+  if (threadIdx.x == 0) offsets[experts] = carry_size;
 }
 
 // Sorted position p (stable by assignment index) -> its row in the layout.
@@ -87,93 +133,175 @@ __global__ void gather_rows_kernel(const V* __restrict__ src, const int32_t* __r
   }
 }
 
+// Vector access of 8 consecutive elements as FP32 (kVec: one 16-byte access per 8 BF16 or two per
+// 8 F32, which needs 16-byte-aligned bases and a row length that is a multiple of 8; otherwise
+// element by element with the row's bound). Element values are the same either way.
+template <bool kVec, typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ row, int64_t c, int64_t cols,
+                                      float (&v)[8]) {
+  if constexpr (kVec) {
+    if constexpr (sizeof(T) == 2) {
+      const uint4 u = *reinterpret_cast<const uint4*>(row + c);
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[2 * i] = bits_float(w[i] << 16);
+        v[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
+      }
+    } else {
+      const float4 a = *reinterpret_cast<const float4*>(row + c);
+      const float4 b = *reinterpret_cast<const float4*>(row + c + 4);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+      v[7] = b.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = c + i < cols ? load_float(row, c + i) : 0.0f;
+  }
+}
+
+template <bool kVec, typename T>
+__device__ __forceinline__ void store8(T* __restrict__ row, int64_t c, int64_t cols,
+                                       const float (&v)[8]) {
+  if constexpr (kVec) {
+    if constexpr (sizeof(T) == 2) {
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = float_to_bf16(v[2 * i]) | (static_cast<uint32_t>(float_to_bf16(v[2 * i + 1])) << 16);
+      *reinterpret_cast<uint4*>(row + c) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      *reinterpret_cast<float4*>(row + c) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(row + c + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (c + i < cols) store_float(row, c + i, v[i]);
+  }
+}
+
+// Padding rows (token_of < 0) among rows [first, first + 32): one warp finds them with a ballot and
+// calls fill(r) for each, all 32 lanes together. The kernels that write every permuted row give a
+// few trailing blocks to this (ceil(R / 32) warps in all) instead of a launch per row.
+template <typename Fill>
+__device__ __forceinline__ void for_padding_rows(const int32_t* __restrict__ token_of, int64_t rows,
+                                                 int64_t first, Fill&& fill) {
+  const int64_t r = first + static_cast<int>(threadIdx.x % 32);
+  unsigned pad = __ballot_sync(0xFFFFFFFFu, r < rows && token_of[r] < 0);
+  while (pad != 0) {
+    const int b = __ffs(static_cast<int>(pad)) - 1;
+    pad &= pad - 1;
+    fill(first + b);
+  }
+}
+
 // out[t, d] = sum_j w[t, j] * src[row_of[t, j], d] (w = 1 when weight is null), FP32 in slot order.
-// One block per token, kCols consecutive columns per thread. InT/OutT: float or uint16_t (BF16
-// bits).
-template <typename InT, typename OutT, int kCols>
+// One block per token (grid-stride), 8 consecutive columns per thread (kVec: 16-byte accesses).
+// InT/OutT: float or uint16_t (BF16 bits).
+template <typename InT, typename OutT, bool kVec>
 __global__ void weighted_gather_kernel(const InT* __restrict__ src,
                                        const float* __restrict__ weight,
                                        const int32_t* __restrict__ row_of, int64_t tokens,
                                        int top_k, int64_t cols, OutT* __restrict__ out) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    for (int64_t c0 = int64_t{threadIdx.x} * kCols; c0 < cols; c0 += int64_t{blockDim.x} * kCols) {
-      float acc[kCols];
+    const int32_t* rows = row_of + t * top_k;
+    for (int64_t c = int64_t{threadIdx.x} * 8; c < cols; c += int64_t{blockDim.x} * 8) {
+      float acc[8];
 #pragma unroll
-      for (int v = 0; v < kCols; ++v) acc[v] = 0.0f;
+      for (int v = 0; v < 8; ++v) acc[v] = 0.0f;
+#pragma unroll 4
       for (int j = 0; j < top_k; ++j) {
-        const int32_t row = row_of[t * top_k + j];
+        const int32_t row = rows[j];
         if (row < 0) continue;  // a dropped (invalid) choice; the CPU rejects those
-        const float w = weight ? weight[t * top_k + j] : 1.0f;
-        const InT* s = src + int64_t{row} * cols + c0;
+        float x[8];
+        load8<kVec>(src + int64_t{row} * cols, c, cols, x);
+        if (weight) {
+          const float w = weight[t * top_k + j];
 #pragma unroll
-        for (int v = 0; v < kCols; ++v) {
-          if (c0 + v >= cols) break;
-          const float x = load_float(s, v);
-          acc[v] = rn::add(acc[v], weight ? rn::mul(w, x) : x);
+          for (int v = 0; v < 8; ++v) acc[v] = rn::add(acc[v], rn::mul(w, x[v]));
+        } else {
+#pragma unroll
+          for (int v = 0; v < 8; ++v) acc[v] = rn::add(acc[v], x[v]);
         }
       }
-#pragma unroll
-      for (int v = 0; v < kCols; ++v)
-        if (c0 + v < cols) store_float(out, t * cols + c0 + v, acc[v]);
+      store8<kVec>(out + t * cols, c, cols, acc);
     }
   }
 }
 
-// Combine backward, part 1: d_expert_out row r = w[t, j] * d_out[t] for the (t, j) that owns r;
-// padding rows 0.
-template <typename DyT, typename OutT>
-__global__ void combine_backward_rows_kernel(const DyT* __restrict__ d_out,
-                                             const float* __restrict__ weight,
-                                             const int32_t* __restrict__ row_of,
-                                             const int32_t* __restrict__ token_of, int64_t rows,
-                                             int top_k, int64_t cols, OutT* __restrict__ d_expert) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int32_t t = token_of[r];
-    float w = 0.0f;
-    bool owned = false;
-    if (t >= 0) {
-      for (int j = 0; j < top_k; ++j) {
-        if (row_of[int64_t{t} * top_k + j] == r) {
-          w = weight[int64_t{t} * top_k + j];
-          owned = true;
-          break;
+// Combine backward in one pass, token-major: block t (one per token) gives slot j to warp j % 4,
+// which writes d_expert_out row row_of[t, j] = w[t, j] * d_out[t] and forms <d_out[t], x[row]>.
+// The dot product keeps moe_permute.h's order (lane l sums the products of columns l, l + 32, ...):
+// each 256-column chunk is loaded with 16-byte accesses, its products staged in shared memory, and
+// lane l adds entries l + 32 i (i = 0..7) in order; then the xor butterfly. Blocks from `tokens` on
+// zero the padding rows (for_padding_rows).
+inline constexpr int kCombineWarps = 4;
+
+template <typename DyT, typename XT, typename OutT, bool kVec>
+__global__ void combine_backward_kernel(const DyT* __restrict__ d_out,
+                                        const XT* __restrict__ expert_out,
+                                        const float* __restrict__ weight,
+                                        const int32_t* __restrict__ row_of,
+                                        const int32_t* __restrict__ token_of, int64_t tokens,
+                                        int top_k, int64_t rows, int64_t cols,
+                                        OutT* __restrict__ d_expert, float* __restrict__ d_weight) {
+  __shared__ float prod[kCombineWarps][256];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  if (blockIdx.x >= tokens) {
+    const int64_t first = ((int64_t{blockIdx.x} - tokens) * kCombineWarps + warp) * 32;
+    for_padding_rows(token_of, rows, first, [&](int64_t r) {
+      const float zero[8] = {};
+      for (int64_t c = int64_t{lane} * 8; c < cols; c += 256)
+        store8<kVec>(d_expert + r * cols, c, cols, zero);
+    });
+    return;
+  }
+  const int64_t t = blockIdx.x;
+  const DyT* dy_row = d_out + t * cols;
+  for (int j = warp; j < top_k; j += kCombineWarps) {
+    const int64_t a = t * top_k + j;
+    const int32_t row = row_of[a];
+    float partial = 0.0f;
+    if (row >= 0) {
+      const float w = weight[a];
+      const XT* x_row = expert_out + int64_t{row} * cols;
+      OutT* dst = d_expert + int64_t{row} * cols;
+      for (int64_t c0 = 0; c0 < cols; c0 += 256) {
+        const int64_t c = c0 + lane * 8;
+        if (c < cols) {
+          float dy[8], x[8], o[8];
+          load8<kVec>(dy_row, c, cols, dy);
+          load8<kVec>(x_row, c, cols, x);
+#pragma unroll
+          for (int v = 0; v < 8; ++v) {
+            o[v] = rn::mul(w, dy[v]);
+            prod[warp][lane * 8 + v] = rn::mul(dy[v], x[v]);
+          }
+          store8<kVec>(dst, c, cols, o);
         }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (c0 + lane + 32 * i < cols) partial = rn::add(partial, prod[warp][lane + 32 * i]);
+        __syncwarp();
       }
     }
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      store_float(d_expert, r * cols + c,
-                  owned ? rn::mul(w, load_float(d_out, int64_t{t} * cols + c)) : 0.0f);
+    for (int h = 16; h > 0; h >>= 1)
+      partial = rn::add(partial, __shfl_xor_sync(0xFFFFFFFFu, partial, h));
+    if (lane == 0) d_weight[a] = partial;
   }
 }
 
-// Combine backward, part 2: one warp per assignment (t, j): <d_out[t], expert_out[row_of[t, j]]>
-// with 32 lane-strided partial sums and an xor butterfly (the order moe_permute.h states).
-template <typename DyT, typename XT>
-__global__ void combine_backward_weight_kernel(const DyT* __restrict__ d_out,
-                                               const XT* __restrict__ expert_out,
-                                               const int32_t* __restrict__ row_of,
-                                               int64_t assignments, int top_k, int64_t cols,
-                                               float* __restrict__ d_weight) {
-  const int lane = threadIdx.x % 32;
-  const int64_t a = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-  if (a >= assignments) return;  // whole warps leave together: blockDim is a multiple of 32
-  const int32_t row = row_of[a];
-  const int64_t t = a / top_k;
-  float partial = 0.0f;
-  if (row >= 0) {
-    for (int64_t c = lane; c < cols; c += 32)
-      partial = rn::add(partial, rn::mul(load_float(d_out, t * cols + c),
-                                         load_float(expert_out, int64_t{row} * cols + c)));
-  }
-  for (int h = 16; h > 0; h >>= 1)
-    partial = rn::add(partial, __shfl_xor_sync(0xFFFFFFFFu, partial, h));
-  if (lane == 0) d_weight[a] = partial;
-}
+// The fused FP8 dispatch (moe_permute_quantize). Blocks [0, main_blocks) stride over the tokens;
+// each warp takes two groups of 128 columns at a time, a half-warp per group and 8 consecutive
+// columns per lane (kVec: one 16-byte load of BF16, one 8-byte store of codes per destination
+// row). The token's group is read once, its amax, scale and FP8 codes computed once
+// (numerics/scale.h, as the quantize kernels do), and written to each of the token's k rows. The
+// amax is a max of bit patterns (order-free): one atomicMax per block. Blocks from main_blocks on
+// write the padding rows (payload 0, scale_inv 1.0).
+inline constexpr int kQuantWarps = 4;
 
-// The fused FP8 dispatch (moe_permute_quantize): one block per token (grid-stride), one warp per
-// group of 128 columns (4 per lane). The token's group is read once, its amax, scale and FP8 codes
-// computed once (numerics/scale.h, as the quantize kernels do), and written to each of the token's
-// k rows. Every thread keeps the max |x| bits it saw; one atomicMax per warp gives the amax.
 __device__ inline float load_element(const float* x, int64_t i) {
   return x[i];
 }
@@ -181,54 +309,81 @@ __device__ inline float load_element(const uint16_t* x, int64_t i) {
   return bf16_to_float(x[i]);
 }
 
-template <typename InT>
+template <typename InT, bool kVec>
 __global__ void permute_quantize_kernel(const InT* __restrict__ x,
-                                        const int32_t* __restrict__ row_of, int64_t tokens, int k,
-                                        int64_t cols, ScaleRule rule, uint8_t* __restrict__ q,
+                                        const int32_t* __restrict__ row_of,
+                                        const int32_t* __restrict__ token_of, int64_t tokens, int k,
+                                        int64_t rows, int64_t cols, unsigned main_blocks,
+                                        ScaleRule rule, uint8_t* __restrict__ q,
                                         float* __restrict__ scale_inv, uint32_t* amax_bits) {
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int warps = static_cast<int>(blockDim.x / 32);
   const int64_t groups = (cols + 127) / 128;
-  uint32_t seen = 0;
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    for (int64_t g = warp; g < groups; g += warps) {
-      float v[4];
-      uint32_t m = 0;
-      for (int i = 0; i < 4; ++i) {
-        const int64_t c = g * 128 + lane + 32 * i;
-        v[i] = c < cols ? load_element(x, t * cols + c) : 0.0f;
-        m = max(m, abs_bits(v[i]));
+  if (blockIdx.x >= main_blocks) {
+    const int64_t first = ((int64_t{blockIdx.x} - main_blocks) * kQuantWarps + warp) * 32;
+    for_padding_rows(token_of, rows, first, [&](int64_t r) {
+      uint8_t* dst = q + r * cols;
+      for (int64_t c = int64_t{lane} * 8; c < cols; c += 256) {
+        if constexpr (kVec) {
+          *reinterpret_cast<uint2*>(dst + c) = make_uint2(0u, 0u);
+        } else {
+          for (int i = 0; i < 8; ++i)
+            if (c + i < cols) dst[c + i] = 0;
+        }
       }
-      for (int s = 16; s > 0; s /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
+      for (int64_t g = lane; g < groups; g += 32) scale_inv[r * groups + g] = 1.0f;
+    });
+    return;
+  }
+  __shared__ uint32_t block_amax;
+  if (threadIdx.x == 0) block_amax = 0;
+  __syncthreads();
+  const int half = lane / 16, hl = lane % 16;
+  uint32_t seen = 0;
+  for (int64_t t = blockIdx.x; t < tokens; t += main_blocks) {
+    for (int64_t gp = warp; 2 * gp < groups; gp += kQuantWarps) {
+      const int64_t g = 2 * gp + half;
+      const int64_t c = g * 128 + hl * 8;
+      const bool active = g < groups && c < cols;
+      float v[8];
+      if (active) {
+        load8<kVec>(x + t * cols, c, cols, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+      }
+      uint32_t m = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = max(m, abs_bits(v[i]));
+      for (int s = 8; s > 0; s /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
       seen = max(seen, m);
       const float scale = compute_scale(bits_float(m), rule);
-      uint8_t code[4];
-      for (int i = 0; i < 4; ++i) code[i] = quantize_value(v[i], scale, rule.format);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lo |= static_cast<uint32_t>(quantize_value(v[i], scale, rule.format)) << (8 * i);
+        hi |= static_cast<uint32_t>(quantize_value(v[i + 4], scale, rule.format)) << (8 * i);
+      }
       for (int j = 0; j < k; ++j) {
         const int32_t row = row_of[t * k + j];
         if (row < 0) continue;  // a dropped (invalid) choice
-        for (int i = 0; i < 4; ++i) {
-          const int64_t c = g * 128 + lane + 32 * i;
-          if (c < cols) q[row * cols + c] = code[i];
+        uint8_t* dst = q + int64_t{row} * cols;
+        if (active) {
+          if constexpr (kVec) {
+            *reinterpret_cast<uint2*>(dst + c) = make_uint2(lo, hi);
+          } else {
+            for (int i = 0; i < 8; ++i)
+              if (c + i < cols)
+                dst[c + i] = static_cast<uint8_t>((i < 4 ? lo : hi) >> (8 * (i % 4)));
+          }
         }
-        if (lane == 0) scale_inv[row * groups + g] = scale_inverse(scale);
+        if (hl == 0 && g < groups) scale_inv[int64_t{row} * groups + g] = scale_inverse(scale);
       }
     }
   }
   for (int s = 16; s > 0; s /= 2) seen = max(seen, __shfl_xor_sync(0xFFFFFFFFu, seen, s));
-  if (lane == 0) atomicMax(amax_bits, seen);
-}
-
-// The padding rows of the fused dispatch (token_of -1): payload 0, scale_inv 1.0.
-__global__ void permute_quantize_padding_kernel(const int32_t* __restrict__ token_of, int64_t rows,
-                                                int64_t cols, uint8_t* __restrict__ q,
-                                                float* __restrict__ scale_inv) {
-  const int64_t groups = (cols + 127) / 128;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    if (token_of[r] >= 0) continue;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) q[r * cols + c] = 0;
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) scale_inv[r * groups + g] = 1.0f;
-  }
+  if (lane == 0) atomicMax(&block_amax, seen);
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(amax_bits, block_amax);
 }
 
 }  // namespace octet::cuda::kernels

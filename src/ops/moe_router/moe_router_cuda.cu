@@ -22,6 +22,12 @@ unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>(b);
 }
 
+int sm_count(const Context& ctx) {
+  int sms = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
+  return std::max(sms, 1);
+}
+
 kernels::RouterParams params_of(const RouterConfig& c) {
   kernels::RouterParams p;
   p.experts = static_cast<int>(c.num_experts);
@@ -40,15 +46,22 @@ struct BalanceScratch {
   Tensor counts;     // (B, E) int32
 };
 
-BalanceScratch balance_stats(Context& ctx, const SeqBalanceLossArgs& a) {
+BalanceScratch balance_stats(Context& ctx, const SeqBalanceLossArgs& a, float* share) {
   const int64_t rows = a.logits.rows(), E = a.logits.cols(), k = a.topk_idx.cols();
+  OCTET_CHECK(E <= 8192, "balance loss: ", E,
+              " experts exceed the CUDA kernels' 8192 (a token's scores are staged in shared "
+              "memory; the router allows 1024)");
   BalanceScratch s{Tensor::empty(ctx, {rows}, DType::kF32),
                    Tensor::empty(ctx, {a.num_sequences, E}, DType::kI32)};
   OCTET_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.nbytes(), stream_of(ctx)));
-  kernels::balance_stats_kernel<<<blocks_for(rows, 128), 128, 0, stream_of(ctx)>>>(
+  const int tile = kernels::balance_tile_tokens(static_cast<int>(E));
+  const size_t smem = sizeof(float) * (static_cast<size_t>(tile) * static_cast<size_t>(E + 2) +
+                                       kernels::kBalanceHist);
+  kernels::balance_stats_kernel<<<blocks_for(rows, tile), kernels::kBalanceThreads, smem,
+                                  stream_of(ctx)>>>(
       a.logits.data_as<const float>(), a.topk_idx.data_as<const int32_t>(), rows,
       static_cast<int>(E), static_cast<int>(k), rows / a.num_sequences,
-      s.score_sum.data_as<float>(), s.counts.data_as<int32_t>());
+      s.score_sum.data_as<float>(), s.counts.data_as<int32_t>(), share);
   OCTET_CUDA_CHECK_LAUNCH();
   return s;
 }
@@ -62,9 +75,10 @@ void moe_router_forward(Context& ctx, const RouterForwardArgs& args, RouterOutpu
   OCTET_CUDA_CHECK(cudaMemsetAsync(out.counts.data(), 0, out.counts.nbytes(), st));
   if (tokens == 0) return;
   static_assert(kernels::kMaxExperts >= 1024, "RouterConfig::validate allows up to 1024 experts");
+  // Per warp the scores and candidates, then the block's histogram (E ints).
   const size_t smem =
-      sizeof(float) * 2 * static_cast<size_t>(c.num_experts) * kernels::kRouterWarps;
-  const unsigned grid = blocks_for(tokens, kernels::kRouterWarps);
+      sizeof(float) * (2 * kernels::kRouterWarps + 1) * static_cast<size_t>(c.num_experts);
+  const unsigned grid = std::min(blocks_for(tokens, kernels::kRouterWarps), 16u * sm_count(ctx));
   kernels::router_forward_kernel<<<grid, 32 * kernels::kRouterWarps, smem, st>>>(
       args.logits.data_as<const float>(), args.bias.data_as<const float>(), tokens, params_of(c),
       out.topk_idx.data_as<int32_t>(), out.topk_weight.data_as<float>(),
@@ -94,20 +108,18 @@ void moe_router_bias_update(Context& ctx, const RouterBiasUpdateArgs& args) {
 void moe_seq_balance_loss_forward(Context& ctx, const SeqBalanceLossArgs& args, Tensor& loss) {
   const int64_t rows = args.logits.rows(), E = args.logits.cols(), k = args.topk_idx.cols();
   const int64_t B = args.num_sequences;
-  const BalanceScratch s = balance_stats(ctx, args);
   Tensor share = Tensor::empty(ctx, {rows, E}, DType::kF32);
-  kernels::balance_share_kernel<<<blocks_for(rows * E, 256), 256, 0, stream_of(ctx)>>>(
-      args.logits.data_as<const float>(), s.score_sum.data_as<const float>(), rows * E,
-      static_cast<int>(E), share.data_as<float>());
-  OCTET_CUDA_CHECK_LAUNCH();
+  const BalanceScratch s = balance_stats(ctx, args, share.data_as<float>());
   Tensor terms = Tensor::empty(ctx, {B * E}, DType::kI64);  // FP64 storage (no F64 dtype)
-  kernels::balance_terms_kernel<<<blocks_for(B * E, 32), 32, 0, stream_of(ctx)>>>(
-      share.data_as<const float>(), s.counts.data_as<const int32_t>(), B, static_cast<int>(E),
+  OCTET_CHECK(B <= 0x7FFFFFFF, "balance loss: ", B, " sequences exceed the grid limit");
+  const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>(ceil_div(E, int64_t{32})));
+  kernels::balance_terms_kernel<<<grid, kernels::kBalanceThreads, 0, stream_of(ctx)>>>(
+      share.data_as<const float>(), s.counts.data_as<const int32_t>(), static_cast<int>(E),
       static_cast<int>(k), rows / B, terms.data_as<double>());
   OCTET_CUDA_CHECK_LAUNCH();
-  kernels::balance_sum_kernel<<<1, 32, 0, stream_of(ctx)>>>(terms.data_as<const double>(), B * E,
-                                                            static_cast<double>(args.alpha), B,
-                                                            loss.data_as<float>());
+  kernels::balance_sum_kernel<<<1, 256, 0, stream_of(ctx)>>>(terms.data_as<const double>(), B * E,
+                                                             static_cast<double>(args.alpha), B,
+                                                             loss.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
@@ -115,7 +127,7 @@ void moe_seq_balance_loss_backward(Context& ctx, const SeqBalanceLossArgs& args,
                                    Tensor& d_logits) {
   const int64_t rows = args.logits.rows(), E = args.logits.cols(), k = args.topk_idx.cols();
   const int64_t B = args.num_sequences, T = rows / B;
-  const BalanceScratch s = balance_stats(ctx, args);
+  const BalanceScratch s = balance_stats(ctx, args, nullptr);
   // The same FP64 operations, in the same order, as the CPU reference.
   const double num = rn::mul(rn::mul(static_cast<double>(d_loss), static_cast<double>(args.alpha)),
                              static_cast<double>(E));
@@ -126,7 +138,10 @@ void moe_seq_balance_loss_backward(Context& ctx, const SeqBalanceLossArgs& args,
   kernels::balance_coef_kernel<<<blocks_for(B * E, 256), 256, 0, stream_of(ctx)>>>(
       s.counts.data_as<const int32_t>(), B * E, num, denom, coef.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
-  kernels::balance_backward_kernel<<<blocks_for(rows, 128), 128, 0, stream_of(ctx)>>>(
+  const int tile = kernels::balance_tile_tokens(static_cast<int>(E));
+  const size_t smem = sizeof(float) * static_cast<size_t>(tile) * static_cast<size_t>(E + 2);
+  kernels::balance_backward_kernel<<<blocks_for(rows, tile), kernels::kBalanceThreads, smem,
+                                     stream_of(ctx)>>>(
       args.logits.data_as<const float>(), s.score_sum.data_as<const float>(),
       coef.data_as<const float>(), rows, static_cast<int>(E), T, d_logits.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();

@@ -32,9 +32,11 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   return v;
 }
 
-// One warp per token. Lane l owns experts l, l + 32, ...; bit i of `removed` says expert l + 32 i
-// is no longer a candidate. Shared memory per warp: the unbiased scores s and the candidate values
-// (E each).
+// One warp per token (blocks stride over the tokens). Lane l owns experts l, l + 32, ...; bit i of
+// `removed` says expert l + 32 i is no longer a candidate. Shared memory: per warp the unbiased
+// scores s and the candidate values (E each), then the block's histogram of chosen experts (E
+// ints; integer counts are order-free, and one global atomic per block and expert replaces one per
+// choice, which would serialise on the few addresses).
 __global__ void router_forward_kernel(const float* __restrict__ logits,
                                       const float* __restrict__ bias, int64_t tokens,
                                       RouterParams p, int32_t* __restrict__ idx_out,
@@ -44,6 +46,9 @@ __global__ void router_forward_kernel(const float* __restrict__ logits,
   const int E = p.experts, G = E / p.n_group;
   float* s = router_smem + warp * 2 * E;
   float* cand = s + E;
+  auto* hist = reinterpret_cast<int32_t*>(router_smem + kRouterWarps * 2 * E);
+  for (int e = static_cast<int>(threadIdx.x); e < E; e += static_cast<int>(blockDim.x)) hist[e] = 0;
+  __syncthreads();
   for (int64_t t = int64_t{blockIdx.x} * kRouterWarps + warp; t < tokens;
        t += int64_t{gridDim.x} * kRouterWarps) {
     const float* row = logits + t * E;
@@ -107,10 +112,13 @@ __global__ void router_forward_kernel(const float* __restrict__ logits,
       const float w = p.norm ? rn::mul(rn::div(sj, denom), p.scaling) : rn::mul(sj, p.scaling);
       idx_out[t * p.top_k + lane] = my_idx;
       w_out[t * p.top_k + lane] = w;
-      atomicAdd(counts + my_idx, 1);  // integer: order-independent
+      atomicAdd(hist + my_idx, 1);  // integer: order-independent
     }
     __syncwarp();  // the next token overwrites s and cand
   }
+  __syncthreads();
+  for (int e = static_cast<int>(threadIdx.x); e < E; e += static_cast<int>(blockDim.x))
+    if (hist[e] != 0) atomicAdd(counts + e, hist[e]);
 }
 
 // One thread per token; d_logits was zeroed. Expert ids outside [0, E) are skipped (the CPU
@@ -160,60 +168,178 @@ __global__ void router_bias_update_kernel(float* __restrict__ bias,
   }
 }
 
-// Balance loss, pass 1, one thread per token: S_t (expert order) and the (sequence, expert) counts.
-__global__ void balance_stats_kernel(const float* __restrict__ logits,
-                                     const int32_t* __restrict__ idx, int64_t rows, int experts,
-                                     int k, int64_t seq_len, float* __restrict__ score_sum,
-                                     int32_t* __restrict__ counts) {
-  const int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (t >= rows) return;
-  float sum = 0.0f;
-  for (int e = 0; e < experts; ++e) sum = rn::add(sum, rn::sigmoid_rn(logits[t * experts + e]));
-  score_sum[t] = sum;
-  for (int j = 0; j < k; ++j) {
-    const int e = idx[t * k + j];
-    if (e >= 0 && e < experts) atomicAdd(counts + (t / seq_len) * experts + e, 1);
+// Balance loss kernels. A block of kBalanceThreads takes a tile of consecutive tokens: the
+// sigmoids of the tile are computed by all threads from coalesced loads into shared memory (rows
+// padded to E + 1 floats: no bank conflicts), then one thread per token runs the sums whose order
+// is fixed (expert order), and elementwise work is again spread over all threads.
+inline constexpr int kBalanceThreads = 256;
+
+// Tokens per tile: the tile's scores take at most 32 KiB.
+__host__ __device__ inline int balance_tile_tokens(int experts) {
+  const int t = 8192 / (experts + 1);
+  return t < 1 ? 1 : (t > 64 ? 64 : t);
+}
+
+// Sigmoids of tokens [t0, t0 + nt) into tile[tt * (E + 1) + e]. The tile's logits are contiguous;
+// each thread issues 8 loads before it computes (one memory latency per 8 elements, not per one).
+__device__ inline void balance_stage_scores(const float* __restrict__ logits, int64_t t0, int nt,
+                                            int experts, float* tile) {
+  const int n = nt * experts, step = static_cast<int>(blockDim.x);
+  const float* src = logits + t0 * experts;
+  for (int i0 = static_cast<int>(threadIdx.x); i0 < n; i0 += 8 * step) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = i0 + u * step < n ? src[i0 + u * step] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * step;
+      if (i < n) tile[(i / experts) * (experts + 1) + i % experts] = rn::sigmoid_rn(v[u]);
+    }
   }
 }
 
-// Pass 2a of the forward, one thread per (token, expert): the token's normalised score
-// s_{t,e} / S_t in FP32, the operand pass 2b sums. Split from the sum so that the expensive,
-// correctly rounded sigmoid and division run in parallel over every element instead of inside a
-// sequential loop per (sequence, expert).
-__global__ void balance_share_kernel(const float* __restrict__ logits,
-                                     const float* __restrict__ score_sum, int64_t n, int experts,
-                                     float* __restrict__ share) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) share[i] = rn::div(rn::sigmoid_rn(logits[i]), score_sum[i / experts]);
+inline constexpr int kBalanceHist = 2048;  // (sequence, expert) counters a block keeps in shared
+
+// Pass 1: S_t (expert order) and the (sequence, expert) counts (in shared memory when the tile's
+// sequences x E fit, then one global atomic per nonzero counter); with `share` (the forward) also
+// every token's normalised scores s_{t,e} / S_t (FP32), the operands of pass 2's sums.
+__global__ void balance_stats_kernel(const float* __restrict__ logits,
+                                     const int32_t* __restrict__ idx, int64_t rows, int experts,
+                                     int k, int64_t seq_len, float* __restrict__ score_sum,
+                                     int32_t* __restrict__ counts, float* __restrict__ share) {
+  extern __shared__ float balance_smem[];
+  const int tile_tokens = balance_tile_tokens(experts);
+  float* tile = balance_smem;
+  float* sums = balance_smem + tile_tokens * (experts + 1);
+  auto* hist = reinterpret_cast<int32_t*>(sums + tile_tokens);
+  const int64_t t0 = int64_t{blockIdx.x} * tile_tokens;
+  const int nt = static_cast<int>(rows - t0 < tile_tokens ? rows - t0 : tile_tokens);
+  const int64_t b0 = t0 / seq_len;
+  const int64_t nb = (t0 + nt - 1) / seq_len - b0 + 1;
+  const bool local = nb * experts <= kBalanceHist;
+  if (local)
+    for (int i = static_cast<int>(threadIdx.x); i < nb * experts; i += static_cast<int>(blockDim.x))
+      hist[i] = 0;
+  balance_stage_scores(logits, t0, nt, experts, tile);
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < nt) {
+    const float* sig = tile + threadIdx.x * (experts + 1);
+    float sum = 0.0f;
+    for (int e = 0; e < experts; ++e) sum = rn::add(sum, sig[e]);
+    score_sum[t0 + threadIdx.x] = sum;
+    sums[threadIdx.x] = sum;
+  }
+  for (int i = static_cast<int>(threadIdx.x); i < nt * k; i += static_cast<int>(blockDim.x)) {
+    const int e = idx[t0 * k + i];
+    if (e < 0 || e >= experts) continue;
+    const int64_t b = (t0 + i / k) / seq_len;
+    if (local)
+      atomicAdd(hist + (b - b0) * experts + e, 1);
+    else
+      atomicAdd(counts + b * experts + e, 1);
+  }
+  __syncthreads();
+  if (share != nullptr) {
+    for (int i = static_cast<int>(threadIdx.x); i < nt * experts;
+         i += static_cast<int>(blockDim.x)) {
+      const int tt = i / experts, e = i % experts;
+      share[(t0 + tt) * experts + e] = rn::div(tile[tt * (experts + 1) + e], sums[tt]);
+    }
+  }
+  if (local)
+    for (int i = static_cast<int>(threadIdx.x); i < nb * experts; i += static_cast<int>(blockDim.x))
+      if (hist[i] != 0) atomicAdd(counts + b0 * experts + i, hist[i]);
 }
 
-// Pass 2b, one thread per (sequence b, expert e): f_{b,e} * P_{b,e} in FP64, P summed over the
+// Pass 2, one block per (sequence b, 32 experts): f_{b,e} * P_{b,e} in FP64, P summed over the
 // sequence's tokens in token order (the CPU reference's order, so the result is bitwise the same).
-__global__ void balance_terms_kernel(const float* __restrict__ share,
-                                     const int32_t* __restrict__ counts, int64_t sequences,
-                                     int experts, int k, int64_t seq_len,
-                                     double* __restrict__ terms) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= sequences * experts) return;
-  const int64_t b = i / experts, e = i % experts;
-  double p = 0.0;
-  for (int64_t t = b * seq_len; t < (b + 1) * seq_len; ++t)
-    p = rn::add(p, static_cast<double>(share[t * experts + e]));
-  const double f = rn::div(rn::mul(static_cast<double>(experts), static_cast<double>(counts[i])),
-                           rn::mul(static_cast<double>(k), static_cast<double>(seq_len)));
-  terms[i] = rn::mul(f, rn::div(p, static_cast<double>(seq_len)));
+// Warps 1..7 stage the next tile of shares in shared memory while warp 0, lane e, adds the current
+// tile's in order: the sequential FP64 chain is the only serial part. Each loader lane issues all
+// its loads of a tile before storing any (registers), so a tile costs one memory latency.
+inline constexpr int kTermsTile = 128;
+inline constexpr int kTermsFillRows = (kTermsTile + 6) / 7;  // rows per loader warp (7 loaders)
+
+__device__ __forceinline__ void balance_terms_fill(const float* __restrict__ share,
+                                                   float (*__restrict__ buf)[32], int64_t tile,
+                                                   int64_t b, int64_t seq_len, int experts, int e,
+                                                   int first, int stride) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  float v[kTermsFillRows];
+#pragma unroll
+  for (int i = 0; i < kTermsFillRows; ++i) {
+    const int r = first + i * stride;
+    const int64_t tt = tile * kTermsTile + r;
+    v[i] = (r < kTermsTile && tt < seq_len && e < experts) ? share[(b * seq_len + tt) * experts + e]
+                                                           : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kTermsFillRows; ++i) {
+    const int r = first + i * stride;
+    if (r < kTermsTile) buf[r][lane] = v[i];
+  }
 }
 
-// Pass 3: one thread sums the terms in (b, e) order, as the CPU does.
+__global__ void balance_terms_kernel(const float* __restrict__ share,
+                                     const int32_t* __restrict__ counts, int experts, int k,
+                                     int64_t seq_len, double* __restrict__ terms) {
+  __shared__ float buf_smem[2][kTermsTile][32];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int64_t b = blockIdx.x;
+  const int e = static_cast<int>(blockIdx.y) * 32 + lane;
+  const int64_t tiles = (seq_len + kTermsTile - 1) / kTermsTile;
+  // The first tile by all warps (as 7 loaders x kTermsFillRows rows cover it, so do 8).
+  balance_terms_fill(share, buf_smem[0], 0, b, seq_len, experts, e, warp, warps);
+  __syncthreads();
+  double p = 0.0;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int buf = static_cast<int>(tile % 2);
+    if (warp == 0) {
+      const int n = static_cast<int>(
+          seq_len - tile * kTermsTile < kTermsTile ? seq_len - tile * kTermsTile : kTermsTile);
+      for (int r0 = 0; r0 < n; r0 += 16) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = buf_smem[buf][(r0 + i) % kTermsTile][lane];
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (r0 + i < n) p = rn::add(p, static_cast<double>(v[i]));
+      }
+    } else if (tile + 1 < tiles) {
+      balance_terms_fill(share, buf_smem[1 - buf], tile + 1, b, seq_len, experts, e, warp - 1,
+                         warps - 1);
+    }
+    __syncthreads();
+  }
+  if (warp == 0 && e < experts) {
+    const int64_t i = b * experts + e;
+    const double f = rn::div(rn::mul(static_cast<double>(experts), static_cast<double>(counts[i])),
+                             rn::mul(static_cast<double>(k), static_cast<double>(seq_len)));
+    terms[i] = rn::mul(f, rn::div(p, static_cast<double>(seq_len)));
+  }
+}
+
+// Pass 3: the terms summed in (b, e) order, as the CPU does: the block stages chunks in shared
+// memory and thread 0 adds them.
 __global__ void balance_sum_kernel(const double* __restrict__ terms, int64_t n, double alpha,
                                    int64_t sequences, float* __restrict__ loss) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  constexpr int kChunk = 2048;
+  __shared__ double chunk[kChunk];
   double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) total = rn::add(total, terms[i]);
-  loss[0] = static_cast<float>(rn::div(rn::mul(total, alpha), static_cast<double>(sequences)));
+  for (int64_t base = 0; base < n; base += kChunk) {
+    const int m = static_cast<int>(n - base < kChunk ? n - base : kChunk);
+    for (int i = static_cast<int>(threadIdx.x); i < m; i += static_cast<int>(blockDim.x))
+      chunk[i] = terms[base + i];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int i = 0; i < m; ++i) total = rn::add(total, chunk[i]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    loss[0] = static_cast<float>(rn::div(rn::mul(total, alpha), static_cast<double>(sequences)));
 }
 
-// Backward coefficients c_{b,e} (one thread each), then one thread per token adds its gradient row.
+// Backward coefficients c_{b,e} (one thread each).
 __global__ void balance_coef_kernel(const int32_t* __restrict__ counts, int64_t n, double scale_num,
                                     double denom, float* __restrict__ coef) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -222,21 +348,35 @@ __global__ void balance_coef_kernel(const int32_t* __restrict__ counts, int64_t 
         static_cast<float>(rn::div(rn::mul(scale_num, static_cast<double>(counts[i])), denom));
 }
 
+// Backward, a tile of tokens per block: sigmoids staged, dot_t in expert order by one thread per
+// token, then every element's gradient added by all threads.
 __global__ void balance_backward_kernel(const float* __restrict__ logits,
                                         const float* __restrict__ score_sum,
                                         const float* __restrict__ coef, int64_t rows, int experts,
                                         int64_t seq_len, float* __restrict__ d_logits) {
-  const int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (t >= rows) return;
-  const float* c = coef + (t / seq_len) * experts;
-  const float* row = logits + t * experts;
-  const float S = score_sum[t];
-  float dot = 0.0f;
-  for (int e = 0; e < experts; ++e)
-    dot = rn::add(dot, rn::mul(c[e], rn::div(rn::sigmoid_rn(row[e]), S)));
-  for (int e = 0; e < experts; ++e) {
-    const float s = rn::sigmoid_rn(row[e]);
-    const float ds = rn::div(rn::sub(c[e], dot), S);
+  extern __shared__ float balance_smem[];
+  const int tile_tokens = balance_tile_tokens(experts);
+  float* tile = balance_smem;
+  float* dots = balance_smem + tile_tokens * (experts + 1);
+  const int64_t t0 = int64_t{blockIdx.x} * tile_tokens;
+  const int nt = static_cast<int>(rows - t0 < tile_tokens ? rows - t0 : tile_tokens);
+  balance_stage_scores(logits, t0, nt, experts, tile);
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < nt) {
+    const int64_t t = t0 + threadIdx.x;
+    const float* c = coef + (t / seq_len) * experts;
+    const float* sig = tile + threadIdx.x * (experts + 1);
+    const float S = score_sum[t];
+    float dot = 0.0f;
+    for (int e = 0; e < experts; ++e) dot = rn::add(dot, rn::mul(c[e], rn::div(sig[e], S)));
+    dots[threadIdx.x] = dot;
+  }
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < nt * experts; i += static_cast<int>(blockDim.x)) {
+    const int tt = i / experts, e = i % experts;
+    const int64_t t = t0 + tt;
+    const float s = tile[tt * (experts + 1) + e];
+    const float ds = rn::div(rn::sub(coef[(t / seq_len) * experts + e], dots[tt]), score_sum[t]);
     float* d = d_logits + t * experts + e;
     *d = rn::add(*d, rn::mul(ds, rn::mul(s, rn::sub(1.0f, s))));
   }
