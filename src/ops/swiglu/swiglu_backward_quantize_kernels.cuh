@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "ops/swiglu/swiglu_kernels.cuh"
+#include "ops/swiglu/swiglu_vec_kernels.cuh"
 
 namespace octet::cuda::swiglu_kernels {
 
@@ -89,6 +89,127 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kWarps; ++i) m = max(m, warp_amax[i]);
     if (m) atomicMax(amax_out, m);
   }
+}
+
+// The vectorised kernel (F % 8 == 0, 16-byte aligned buffers): a warp per row, the row in windows of
+// 256 input columns (8 a lane), each column's dg, du (and h for the weight's gradient) computed once.
+//   weight gradient: the window's products dh * h go through a 256-float scratch so that lane l adds
+//     columns l, l + 32, ..., l + 224 of the window, in order, to its partial sum: the order
+//     swiglu.h states.
+//   kAligned (F % 128 == 0): the window's dg columns are two whole output groups and so are its du
+//     columns (F / 128 groups further on): each half-warp quantizes from registers.
+//   otherwise a group may straddle windows and the dg/du boundary: the row's 2F FP32 values are
+//     staged in shared memory and quantized from there (a half-warp per group) once the row is done.
+// Dynamic shared memory: per warp 256 floats of scratch, plus 2F floats of staging unless kAligned.
+template <typename InT, typename GradT, int kThreads, bool kAligned>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_quantize_1x128_vec_kernel(const GradT* __restrict__ dh,
+                                              const InT* __restrict__ gate_up,
+                                              const float* __restrict__ row_weight, int64_t rows,
+                                              int64_t f, ScaleRule rule, uint8_t* __restrict__ data,
+                                              float* __restrict__ scale_inv,
+                                              uint32_t* __restrict__ amax_out,
+                                              float* __restrict__ d_row_weight) {
+  static_assert(kGroup == 16 * kChunk, "a half-warp of 8-column lanes covers one group");
+  constexpr int kWarps = kThreads / 32;
+  extern __shared__ float4 smem4[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16, sub = lane % 16;
+  const int64_t n = 2 * f, groups = ceil_div(n, kGroup), cpr = f / kChunk;
+  const int64_t per_warp = 256 + (kAligned ? 0 : n);
+  float* scratch = reinterpret_cast<float*>(smem4) + warp * per_warp;
+  float* stage = scratch + 256;
+  const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const bool weighted = row_weight != nullptr;
+  uint32_t running = 0;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const InT* g = gate_up + r * n;
+    const GradT* d = dh + r * f;
+    const float w = weighted ? row_weight[r] : 1.0f;
+    float partial = 0.0f;
+    for (int64_t k0 = 0; k0 < cpr; k0 += 32) {
+      const int64_t k = k0 + lane, c = k * kChunk;
+      const bool on = k < cpr;
+      float gv[kChunk], uv[kChunk], dv[kChunk], dg[kChunk], du[kChunk], p[kChunk];
+      if (on) {
+        load8(g + c, gv);
+        load8(g + f + c, uv);
+        load8(d + c, dv);
+      }
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        dg[e] = du[e] = p[e] = 0.0f;
+        if (!on) continue;
+        const GradH gr = swiglu_grad_h(gv[e], uv[e], weighted ? rn::mul(dv[e], w) : dv[e]);
+        dg[e] = gr.dg;
+        du[e] = gr.du;
+        p[e] = rn::mul(dv[e], gr.h);
+      }
+      if (weighted) {
+        reinterpret_cast<float4*>(scratch)[2 * lane] = make_float4(p[0], p[1], p[2], p[3]);
+        reinterpret_cast<float4*>(scratch)[2 * lane + 1] = make_float4(p[4], p[5], p[6], p[7]);
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+          if (k0 * kChunk + lane + 32 * m < f) partial = rn::add(partial, scratch[lane + 32 * m]);
+        __syncwarp();
+      }
+      if constexpr (kAligned) {
+        // dg chunk k is in group k / 16, du chunk k in group (cpr + k) / 16 (cpr % 16 == 0): the
+        // half-warp's chunks are one group, all on or all off.
+        auto quantize_chunk = [&](const float(&v)[kChunk], int64_t col) {
+          uint32_t a = 0;
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(v[e]));
+          a = half_warp_max(a);
+          running = max(running, a);
+          const float scale = compute_scale(bits_float(a), rule);
+          if (on && sub == 0) scale_inv[r * groups + col / kGroup] = scale_inverse(scale);
+          if (on) *reinterpret_cast<uint2*>(data + r * n + col) = fp8x8(v, scale, kind);
+        };
+        quantize_chunk(dg, c);
+        quantize_chunk(du, f + c);
+      } else if (on) {
+        float4* s4 = reinterpret_cast<float4*>(stage + c);
+        s4[0] = make_float4(dg[0], dg[1], dg[2], dg[3]);
+        s4[1] = make_float4(dg[4], dg[5], dg[6], dg[7]);
+        s4 = reinterpret_cast<float4*>(stage + f + c);
+        s4[0] = make_float4(du[0], du[1], du[2], du[3]);
+        s4[1] = make_float4(du[4], du[5], du[6], du[7]);
+      }
+    }
+    if (weighted) {
+      for (int s = 16; s >= 1; s /= 2) {
+        const float other = __shfl_down_sync(0xFFFFFFFFu, partial, s);
+        if (lane < s) partial = rn::add(partial, other);
+      }
+      if (lane == 0) d_row_weight[r] = swiglu_math::canonical_nan(partial);
+    }
+    if constexpr (!kAligned) {
+      __syncwarp();
+      for (int64_t q0 = 0; q0 < groups; q0 += 2) {
+        const int64_t grp = q0 + half, c = grp * kGroup + sub * kChunk;
+        const bool on = grp < groups && c < n;
+        float v[kChunk];
+        uint32_t a = 0;
+        if (on) {
+          const float4 x = reinterpret_cast<const float4*>(stage + c)[0];
+          const float4 y = reinterpret_cast<const float4*>(stage + c)[1];
+          v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
+          v[7] = y.w;
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(v[e]));
+        }
+        a = half_warp_max(a);
+        running = max(running, a);
+        const float scale = compute_scale(bits_float(a), rule);
+        if (grp < groups && sub == 0) scale_inv[r * groups + grp] = scale_inverse(scale);
+        if (on) *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(v, scale, kind);
+      }
+      __syncwarp();  // the staging is rewritten by the next row
+    }
+  }
+  block_amax<kThreads>(running, amax_out);
 }
 
 }  // namespace octet::cuda::swiglu_kernels

@@ -1,0 +1,307 @@
+// Vectorised device code of the swiglu family, for F a multiple of 8 and 16-byte aligned buffers
+// (the launchers check; other shapes take swiglu_kernels.cuh's scalar kernels). A lane owns a
+// "chunk" of 8 consecutive columns: one 16-byte load per BF16 operand (two for FP32), one 16-byte
+// BF16 store, one 8-byte FP8 store. The element math is swiglu_math.h's sequence of correctly
+// rounded operations, unchanged, so these kernels give the scalar kernels' (and the CPU's) bits:
+//
+//   what                      | scalar kernel                    | here
+//   --------------------------|----------------------------------|-----------------------------------
+//   loads                     | 2-byte, one element at a time    | 16-byte, 8 elements
+//   1x128 quantize (forward)  | a warp per group, 4 per lane     | a half-warp per group, 8 per lane
+//   exp's integer part        | float -> int conversion (F2I)    | read from the rounded sum's bits
+//   dSwiGLU + quantize        | dg and du each computed twice    | once (values staged per row)
+//   row index of a chunk      | 2-D grid                         | 32-bit division when it fits
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "ops/swiglu/swiglu_kernels.cuh"
+
+namespace octet::cuda::swiglu_kernels {
+
+constexpr int kChunk = 8;
+
+// Eight consecutive elements as FP32 (exact widening for BF16), read once and not kept in L1.
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, float (&v)[kChunk]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = __ldcs(reinterpret_cast<const float4*>(p));
+    const float4 b = __ldcs(reinterpret_cast<const float4*>(p) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));
+    const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = bits_float(x[i] << 16);  // little-endian: the even element is the low half
+      v[2 * i + 1] = bits_float(x[i] & 0xFFFF0000u);
+    }
+  }
+}
+
+// Eight FP32 values stored as T. BF16 by the hardware's cvt.rn.bf16x2.f32, which rounds as
+// float_to_bf16 does (nearest even, no flush, overflow to inf) and gives its 0x7FFF for the
+// canonical NaN 0x7FC00000, the only NaN these kernels store (swiglu_math::canonical_nan).
+template <typename T>
+__device__ __forceinline__ void store8(T* __restrict__ p, const float (&v)[kChunk]) {
+  if constexpr (sizeof(T) == 4) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint32_t x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)  // a goes to the upper half: the odd element
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(x[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    *reinterpret_cast<uint4*>(p) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+// rn::exp_rn, operation for operation, without branches (so that the compiler interleaves the
+// lane's 8 elements):
+//   - the integer n comes from the bits of t = x * log2(e) + 1.5 * 2^23 (in [2^23, 2^24) for every
+//     x in range, so t's low mantissa bits are n + 2^22 exactly) instead of a float-to-int
+//     conversion, which the SM runs at an eighth of its issue rate;
+//   - the three scalings by 2^n become one form, (p * 2^e1) * f2, with f2 = 1 (exact) where exp_rn
+//     multiplies once;
+//   - NaN, overflow and underflow are selected at the end; the arithmetic runs on x clamped to
+//     [-104, 89] (x itself wherever the result is kept), so n stays small.
+// Same n, same operations on every value that is kept: the same bits as exp_rn.
+__device__ __forceinline__ float exp_rn(float x_in) {
+  constexpr float kLog2e = 1.44269502162933349609375f;
+  constexpr float kLn2Hi = 0.693147182464599609375f;
+  constexpr float kLn2Lo = -1.904654323148236e-09f;
+  constexpr float kRound = 12582912.0f;
+  const float x = fminf(fmaxf(x_in, -104.0f), 89.0f);
+  const float t = rn::add(rn::mul(x, kLog2e), kRound);
+  const float n = rn::sub(t, kRound);
+  float r = rn::fma(-n, kLn2Hi, x);
+  r = rn::fma(-n, kLn2Lo, r);
+  float p = 1.0f / 5040.0f;
+  p = rn::fma(p, r, 1.0f / 720.0f);
+  p = rn::fma(p, r, 1.0f / 120.0f);
+  p = rn::fma(p, r, 1.0f / 24.0f);
+  p = rn::fma(p, r, 1.0f / 6.0f);
+  p = rn::fma(p, r, 0.5f);
+  p = rn::fma(p, r, 1.0f);
+  p = rn::fma(p, r, 1.0f);
+  const int ni = static_cast<int>(float_bits(t)) - 0x4B400000;  // in [-151, 129]
+  const bool high = ni > 127, low = ni < -126;
+  const int e1 = high ? 127 : (low ? ni + 64 : ni);
+  const float f2 = high ? rn::pow2i(high ? ni - 127 : 0) : (low ? rn::pow2i(-64) : 1.0f);
+  float y = rn::mul(rn::mul(p, rn::pow2i(e1)), f2);
+  y = x_in < -103.97283172607422f ? 0.0f : y;
+  y = x_in > 88.72283935546875f ? bits_float(0x7F800000u) : y;
+  return x_in != x_in ? x_in : y;
+}
+
+// swiglu_math::sigmoid with the exp above.
+__device__ __forceinline__ float sigmoid(float g) {
+  return rn::div(1.0f, rn::add(1.0f, exp_rn(-g)));
+}
+
+// swiglu_math::swiglu.
+__device__ __forceinline__ float swiglu(float g, float u) {
+  return swiglu_math::canonical_nan(rn::mul(rn::mul(g, sigmoid(g)), u));
+}
+
+// swiglu_math::swiglu_grad(g, u, dh) and swiglu_math::swiglu(g, u) sharing sigmoid(g) and g * s:
+// every output is the same sequence of operations as there.
+struct GradH {
+  float dg, du, h;
+};
+__device__ __forceinline__ GradH swiglu_grad_h(float g, float u, float dh) {
+  const float s = sigmoid(g);
+  const float gs = rn::mul(g, s);
+  const float dsilu = rn::mul(s, rn::add(1.0f, rn::mul(g, rn::add(1.0f, -s))));
+  return {swiglu_math::canonical_nan(rn::mul(rn::mul(dh, u), dsilu)),
+          swiglu_math::canonical_nan(rn::mul(dh, gs)), swiglu_math::canonical_nan(rn::mul(gs, u))};
+}
+
+// Max over the 16 lanes of a half-warp (every lane of the warp calls it).
+__device__ __forceinline__ uint32_t half_warp_max(uint32_t v) {
+  for (int o = 8; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Eight FP8 codes of v * scale (each product rounded to FP32, then cvt.rn.satfinite), element i in
+// byte i, as the scalar kernels pack them.
+__device__ __forceinline__ uint2 fp8x8(const float (&v)[kChunk], float scale,
+                                       __nv_fp8_interpretation_t kind) {
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint16_t lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(rn::mul(v[4 * h], scale), rn::mul(v[4 * h + 1], scale)), __NV_SATFINITE, kind);
+    const uint16_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(rn::mul(v[4 * h + 2], scale), rn::mul(v[4 * h + 3], scale)), __NV_SATFINITE,
+        kind);
+    w[h] = lo | (static_cast<uint32_t>(hi) << 16);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// a / b and a % b, in 32 bits when the caller knows a < 2^32 (b >= 1).
+struct QR {
+  int64_t q, r;
+};
+__device__ __forceinline__ QR divmod(int64_t a, int64_t b, bool small) {
+  if (small) {
+    const uint32_t q = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    return {q, static_cast<uint32_t>(a) - q * static_cast<uint32_t>(b)};
+  }
+  const int64_t q = a / b;
+  return {q, a - q * b};
+}
+
+// The block's largest |value| bits into *amax_out (atomicMax of unsigned words: any order gives the
+// same result). Every thread of the block calls it.
+template <int kThreads>
+__device__ __forceinline__ void block_amax(uint32_t running, uint32_t* amax_out) {
+  __shared__ uint32_t warp_amax[kThreads / 32];
+  running = warp_max(running);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = running;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t m = 0;
+    for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_amax[w]);
+    if (m) atomicMax(amax_out, m);
+  }
+}
+
+// Element-wise forward and backward: a thread per chunk, two chunks in flight, grid-stride over the
+// rows * F / 8 chunks.
+template <typename InT, typename OutT, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_vec_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+                              OutT* __restrict__ h) {
+  const int64_t cpr = f / kChunk, chunks = rows * cpr;
+  const bool small = chunks <= int64_t{0xFFFFFFFF};
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i0 < chunks;
+       i0 += 2 * stride) {
+    float g[2][kChunk], u[2][kChunk];
+    int64_t at[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t i = i0 + k * stride;
+      at[k] = -1;
+      if (i >= chunks) continue;
+      const QR rc = divmod(i, cpr, small);
+      const InT* p = gate_up + rc.q * 2 * f + rc.r * kChunk;
+      load8(p, g[k]);
+      load8(p + f, u[k]);
+      at[k] = rc.q * f + rc.r * kChunk;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (at[k] < 0) continue;
+      float o[kChunk];
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) o[e] = swiglu(g[k][e], u[k][e]);
+      store8(h + at[k], o);
+    }
+  }
+}
+
+template <typename InT, typename GradT, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_vec_kernel(const GradT* __restrict__ dh, const InT* __restrict__ gate_up,
+                               int64_t rows, int64_t f, GradT* __restrict__ d_gate_up) {
+  const int64_t cpr = f / kChunk, chunks = rows * cpr;
+  const bool small = chunks <= int64_t{0xFFFFFFFF};
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i0 < chunks;
+       i0 += 2 * stride) {
+    float g[2][kChunk], u[2][kChunk], d[2][kChunk];
+    int64_t at[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t i = i0 + k * stride;
+      at[k] = -1;
+      if (i >= chunks) continue;
+      const QR rc = divmod(i, cpr, small);
+      const InT* p = gate_up + rc.q * 2 * f + rc.r * kChunk;
+      load8(p, g[k]);
+      load8(p + f, u[k]);
+      load8(dh + rc.q * f + rc.r * kChunk, d[k]);
+      at[k] = rc.q * 2 * f + rc.r * kChunk;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (at[k] < 0) continue;
+      float dg[kChunk], du[kChunk];
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const GradH gr = swiglu_grad_h(g[k][e], u[k][e], d[k][e]);
+        dg[e] = gr.dg;
+        du[e] = gr.du;
+      }
+      store8(d_gate_up + at[k], dg);
+      store8(d_gate_up + at[k] + f, du);
+    }
+  }
+}
+
+// Fused SwiGLU + 1x128 quantization: a half-warp per 128-column group of h (8 columns a lane, the
+// amax by shuffles within the half-warp), a warp per pair of consecutive groups in row-major order,
+// two pairs in flight, grid-stride. Lanes past F (the last group of a row when F % 128 != 0) hold
+// 0, which leaves the amax as it is.
+template <typename InT, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_quantize_1x128_vec_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+                                     const float* __restrict__ row_weight, ScaleRule rule,
+                                     uint8_t* __restrict__ data, float* __restrict__ scale_inv,
+                                     uint32_t* __restrict__ amax_out) {
+  static_assert(kGroup == 16 * kChunk, "a half-warp of 8-column lanes covers one group");
+  const int lane = threadIdx.x % 32, half = lane / 16, sub = lane % 16;
+  const int64_t gpr = ceil_div(f, kGroup), groups = rows * gpr, pairs = ceil_div(groups, 2);
+  const bool small = groups <= int64_t{0xFFFFFFFF};
+  const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  uint32_t running = 0;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+       t0 < pairs; t0 += 2 * warps) {
+    float g[2][kChunk], u[2][kChunk], w[2];
+    int64_t grp[2], r[2], c[2];
+    bool on[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      grp[k] = 2 * (t0 + k * warps) + half;
+      const QR rc = divmod(grp[k] < groups ? grp[k] : 0, gpr, small);
+      r[k] = rc.q;
+      c[k] = rc.r * kGroup + sub * kChunk;
+      on[k] = grp[k] < groups && c[k] < f;
+      w[k] = 1.0f;
+      if (on[k]) {
+        const InT* p = gate_up + r[k] * 2 * f + c[k];
+        load8(p, g[k]);
+        load8(p + f, u[k]);
+        if (row_weight != nullptr) w[k] = row_weight[r[k]];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float h[kChunk];
+      uint32_t a = 0;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        h[e] = 0.0f;
+        if (on[k]) {
+          h[e] = swiglu(g[k][e], u[k][e]);
+          if (row_weight != nullptr) h[e] = swiglu_math::canonical_nan(rn::mul(h[e], w[k]));
+        }
+        a = max(a, abs_bits(h[e]));
+      }
+      a = half_warp_max(a);
+      running = max(running, a);
+      const float scale = compute_scale(bits_float(a), rule);
+      if (grp[k] < groups && sub == 0) scale_inv[grp[k]] = scale_inverse(scale);
+      if (on[k]) *reinterpret_cast<uint2*>(data + r[k] * f + c[k]) = fp8x8(h, scale, kind);
+    }
+  }
+  block_amax<kThreads>(running, amax_out);
+}
+
+}  // namespace octet::cuda::swiglu_kernels
