@@ -121,21 +121,37 @@ __global__ void __launch_bounds__(kThreads)
   const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
   const bool weighted = row_weight != nullptr;
   uint32_t running = 0;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const InT* g = gate_up + r * n;
-    const GradT* d = dh + r * f;
-    const float w = weighted ? row_weight[r] : 1.0f;
-    float partial = 0.0f;
-    for (int64_t k0 = 0; k0 < cpr; k0 += 32) {
+  // The warp's (row, window) steps in order, the next step's loads issued before this step's math.
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * kWarps;
+  Raw8<InT> next_g{}, next_u{};
+  Raw8<GradT> next_d{};
+  float next_w = 1.0f;
+  auto fetch = [&](int64_t row, int64_t k0) {
+    const int64_t k = k0 + lane;
+    if (k < cpr) {
+      next_g = load_raw8(gate_up + row * n + k * kChunk);
+      next_u = load_raw8(gate_up + row * n + f + k * kChunk);
+      next_d = load_raw8(dh + row * f + k * kChunk);
+    }
+    if (k0 == 0 && weighted) next_w = row_weight[row];
+  };
+  int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp, k0 = 0;
+  if (r < rows) fetch(r, 0);
+  float w = 1.0f, partial = 0.0f;
+  while (r < rows) {
+    const Raw8<InT> cur_g = next_g, cur_u = next_u;
+    const Raw8<GradT> cur_d = next_d;
+    if (k0 == 0) w = next_w, partial = 0.0f;
+    int64_t next_r = r, next_k0 = k0 + 32;
+    if (next_k0 >= cpr) next_r = r + row_step, next_k0 = 0;
+    if (next_r < rows) fetch(next_r, next_k0);
+    {
       const int64_t k = k0 + lane, c = k * kChunk;
       const bool on = k < cpr;
       float gv[kChunk], uv[kChunk], dv[kChunk], dg[kChunk], du[kChunk], p[kChunk];
-      if (on) {
-        load8(g + c, gv);
-        load8(g + f + c, uv);
-        load8(d + c, dv);
-      }
+      unpack8(cur_g, gv);
+      unpack8(cur_u, uv);
+      unpack8(cur_d, dv);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
         dg[e] = du[e] = p[e] = 0.0f;
@@ -178,36 +194,39 @@ __global__ void __launch_bounds__(kThreads)
         s4[1] = make_float4(du[4], du[5], du[6], du[7]);
       }
     }
-    if (weighted) {
-      for (int s = 16; s >= 1; s /= 2) {
-        const float other = __shfl_down_sync(0xFFFFFFFFu, partial, s);
-        if (lane < s) partial = rn::add(partial, other);
-      }
-      if (lane == 0) d_row_weight[r] = swiglu_math::canonical_nan(partial);
-    }
-    if constexpr (!kAligned) {
-      __syncwarp();
-      for (int64_t q0 = 0; q0 < groups; q0 += 2) {
-        const int64_t grp = q0 + half, c = grp * kGroup + sub * kChunk;
-        const bool on = grp < groups && c < n;
-        float v[kChunk];
-        uint32_t a = 0;
-        if (on) {
-          const float4 x = reinterpret_cast<const float4*>(stage + c)[0];
-          const float4 y = reinterpret_cast<const float4*>(stage + c)[1];
-          v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
-          v[7] = y.w;
-#pragma unroll
-          for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(v[e]));
+    if (next_k0 == 0) {  // the row's last window: its weight gradient, and the staged groups
+      if (weighted) {
+        for (int s = 16; s >= 1; s /= 2) {
+          const float other = __shfl_down_sync(0xFFFFFFFFu, partial, s);
+          if (lane < s) partial = rn::add(partial, other);
         }
-        a = half_warp_max(a);
-        running = max(running, a);
-        const float scale = compute_scale(bits_float(a), rule);
-        if (grp < groups && sub == 0) scale_inv[r * groups + grp] = scale_inverse(scale);
-        if (on) *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(v, scale, kind);
+        if (lane == 0) d_row_weight[r] = swiglu_math::canonical_nan(partial);
       }
-      __syncwarp();  // the staging is rewritten by the next row
+      if constexpr (!kAligned) {
+        __syncwarp();
+        for (int64_t q0 = 0; q0 < groups; q0 += 2) {
+          const int64_t grp = q0 + half, c = grp * kGroup + sub * kChunk;
+          const bool on = grp < groups && c < n;
+          float v[kChunk] = {};
+          uint32_t a = 0;
+          if (on) {
+            const float4 x = reinterpret_cast<const float4*>(stage + c)[0];
+            const float4 y = reinterpret_cast<const float4*>(stage + c)[1];
+            v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
+            v[7] = y.w;
+#pragma unroll
+            for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(v[e]));
+          }
+          a = half_warp_max(a);
+          running = max(running, a);
+          const float scale = compute_scale(bits_float(a), rule);
+          if (grp < groups && sub == 0) scale_inv[r * groups + grp] = scale_inverse(scale);
+          if (on) *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(v, scale, kind);
+        }
+        __syncwarp();  // the staging is rewritten by the next row
+      }
     }
+    r = next_r, k0 = next_k0;
   }
   block_amax<kThreads>(running, amax_out);
 }

@@ -23,22 +23,43 @@ namespace octet::cuda::swiglu_kernels {
 
 constexpr int kChunk = 8;
 
-// Eight consecutive elements as FP32 (exact widening for BF16), read once and not kept in L1.
+// Eight consecutive elements of a BF16 (one 16-byte word) or FP32 (two) buffer as loaded, read
+// once and not kept in L1; unpack8 widens them to FP32 (exactly).
 template <typename T>
-__device__ __forceinline__ void load8(const T* __restrict__ p, float (&v)[kChunk]) {
+struct Raw8 {
+  uint4 w[sizeof(T) / 2];
+};
+
+template <typename T>
+__device__ __forceinline__ Raw8<T> load_raw8(const T* __restrict__ p) {
+  Raw8<T> r;
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i)
+    r.w[i] = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&v)[kChunk]) {
   if constexpr (sizeof(T) == 4) {
-    const float4 a = __ldcs(reinterpret_cast<const float4*>(p));
-    const float4 b = __ldcs(reinterpret_cast<const float4*>(p) + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      v[4 * i] = bits_float(r.w[i].x), v[4 * i + 1] = bits_float(r.w[i].y);
+      v[4 * i + 2] = bits_float(r.w[i].z), v[4 * i + 3] = bits_float(r.w[i].w);
+    }
   } else {
-    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));
-    const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+    const uint32_t x[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       v[2 * i] = bits_float(x[i] << 16);  // little-endian: the even element is the low half
       v[2 * i + 1] = bits_float(x[i] & 0xFFFF0000u);
     }
   }
+}
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, float (&v)[kChunk]) {
+  unpack8(load_raw8(p), v);
 }
 
 // Eight FP32 values stored as T. BF16 by the hardware's cvt.rn.bf16x2.f32, which rounds as
