@@ -132,6 +132,8 @@ __global__ void __launch_bounds__(kThreads)
       next_g = load_raw8(gate_up + row * n + k * kChunk);
       next_u = load_raw8(gate_up + row * n + f + k * kChunk);
       next_d = load_raw8(dh + row * f + k * kChunk);
+    } else {  // zeros: dg = du = h = 0 past F, computed without a branch
+      next_g = {}, next_u = {}, next_d = {};
     }
     if (k0 == 0 && weighted) next_w = row_weight[row];
   };
@@ -154,8 +156,6 @@ __global__ void __launch_bounds__(kThreads)
       unpack8(cur_d, dv);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        dg[e] = du[e] = p[e] = 0.0f;
-        if (!on) continue;
         const GradH gr = swiglu_grad_h(gv[e], uv[e], weighted ? rn::mul(dv[e], w) : dv[e]);
         dg[e] = gr.dg;
         du[e] = gr.du;
@@ -173,18 +173,22 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kAligned) {
         // dg chunk k is in group k / 16, du chunk k in group (cpr + k) / 16 (cpr % 16 == 0): the
         // half-warp's chunks are one group, all on or all off.
-        auto quantize_chunk = [&](const float(&v)[kChunk], int64_t col) {
-          uint32_t a = 0;
+        uint32_t a_dg = 0, a_du = 0;
 #pragma unroll
-          for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(v[e]));
-          a = half_warp_max(a);
-          running = max(running, a);
-          const float scale = compute_scale(bits_float(a), rule);
-          if (on && sub == 0) scale_inv[r * groups + col / kGroup] = scale_inverse(scale);
-          if (on) *reinterpret_cast<uint2*>(data + r * n + col) = fp8x8(v, scale, kind);
-        };
-        quantize_chunk(dg, c);
-        quantize_chunk(du, f + c);
+        for (int e = 0; e < kChunk; ++e) {
+          a_dg = max(a_dg, abs_bits(dg[e]));
+          a_du = max(a_du, abs_bits(du[e]));
+        }
+        a_dg = half_warp_max(a_dg);
+        a_du = half_warp_max(a_du);
+        running = max(running, max(a_dg, a_du));
+        const TwoScales sc = two_scales(a_dg, a_du, rule, sub);
+        if (on && sub % 8 == 0)
+          scale_inv[r * groups + (sub < 8 ? c : f + c) / kGroup] = sc.own_inverse;
+        if (on) {
+          *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(dg, sc.scale[0], kind);
+          *reinterpret_cast<uint2*>(data + r * n + f + c) = fp8x8(du, sc.scale[1], kind);
+        }
       } else if (on) {
         float4* s4 = reinterpret_cast<float4*>(stage + c);
         s4[0] = make_float4(dg[0], dg[1], dg[2], dg[3]);
@@ -204,24 +208,33 @@ __global__ void __launch_bounds__(kThreads)
       }
       if constexpr (!kAligned) {
         __syncwarp();
-        for (int64_t q0 = 0; q0 < groups; q0 += 2) {
-          const int64_t grp = q0 + half, c = grp * kGroup + sub * kChunk;
-          const bool on = grp < groups && c < n;
-          float v[kChunk] = {};
-          uint32_t a = 0;
-          if (on) {
-            const float4 x = reinterpret_cast<const float4*>(stage + c)[0];
-            const float4 y = reinterpret_cast<const float4*>(stage + c)[1];
-            v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
-            v[7] = y.w;
+        for (int64_t q0 = 0; q0 < groups; q0 += 4) {  // groups q0 + half and q0 + 2 + half
+          float v[2][kChunk] = {};
+          uint32_t a[2] = {0, 0};
+          int64_t c[2];
+          bool on[2];
 #pragma unroll
-            for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(v[e]));
+          for (int k = 0; k < 2; ++k) {
+            c[k] = (q0 + 2 * k + half) * kGroup + sub * kChunk;
+            on[k] = c[k] < n;
+            if (!on[k]) continue;
+            const float4 x = reinterpret_cast<const float4*>(stage + c[k])[0];
+            const float4 y = reinterpret_cast<const float4*>(stage + c[k])[1];
+            v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
+            v[k][4] = y.x, v[k][5] = y.y, v[k][6] = y.z, v[k][7] = y.w;
+#pragma unroll
+            for (int e = 0; e < kChunk; ++e) a[k] = max(a[k], abs_bits(v[k][e]));
           }
-          a = half_warp_max(a);
-          running = max(running, a);
-          const float scale = compute_scale(bits_float(a), rule);
-          if (grp < groups && sub == 0) scale_inv[r * groups + grp] = scale_inverse(scale);
-          if (on) *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(v, scale, kind);
+          a[0] = half_warp_max(a[0]);
+          a[1] = half_warp_max(a[1]);
+          running = max(running, max(a[0], a[1]));
+          const TwoScales sc = two_scales(a[0], a[1], rule, sub);
+          const int64_t own = q0 + (sub < 8 ? 0 : 2) + half;
+          if (sub % 8 == 0 && own < groups) scale_inv[r * groups + own] = sc.own_inverse;
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            if (on[k])
+              *reinterpret_cast<uint2*>(data + r * n + c[k]) = fp8x8(v[k], sc.scale[k], kind);
         }
         __syncwarp();  // the staging is rewritten by the next row
       }

@@ -79,22 +79,25 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const float (&v)[kChun
   }
 }
 
-// rn::exp_rn, operation for operation, without branches (so that the compiler interleaves the
-// lane's 8 elements):
-//   - the integer n comes from the bits of t = x * log2(e) + 1.5 * 2^23 (in [2^23, 2^24) for every
-//     x in range, so t's low mantissa bits are n + 2^22 exactly) instead of a float-to-int
-//     conversion, which the SM runs at an eighth of its issue rate;
-//   - the three scalings by 2^n become one form, (p * 2^e1) * f2, with f2 = 1 (exact) where exp_rn
-//     multiplies once;
-//   - NaN, overflow and underflow are selected at the end; the arithmetic runs on x clamped to
-//     [-104, 89] (x itself wherever the result is kept), so n stays small.
-// Same n, same operations on every value that is kept: the same bits as exp_rn.
-__device__ __forceinline__ float exp_rn(float x_in) {
+// swiglu_math::sigmoid(g) = 1 / (1 + exp_rn(-g)) without branches, for the callers below, which
+// the compiler can then interleave over a lane's 8 elements. exp_rn's operations, unchanged, on
+// x = -g clamped to [-104, 89], except:
+//   - its integer n is read from the bits of t = x * log2(e) + 1.5 * 2^23 (in [2^23, 2^24) for every
+//     such x, so t's low mantissa bits are n + 2^22 exactly) instead of a float-to-int conversion,
+//     which the SM runs at an eighth of its issue rate;
+//   - where exp_rn gives 0 or a subnormal (x < -87.3) this gives p * 2^-126 instead: below 2^-24
+//     all the same, so 1 + exp is 1 either way;
+//   - where exp_rn gives +inf (x > 88.72283935546875, also for the clamped x = 89), the last
+//     product overflows to +inf here too (r > 0 there, so p >= 1 and p * 2^128 >= 2^128);
+//   - for a NaN g the result is a number, not NaN: every caller multiplies by g, so its outputs are
+//     NaN (canonical) just as swiglu_math's.
+// Hence the same bits as swiglu_math::sigmoid for every non-NaN g.
+__device__ __forceinline__ float sigmoid(float g) {
   constexpr float kLog2e = 1.44269502162933349609375f;
   constexpr float kLn2Hi = 0.693147182464599609375f;
   constexpr float kLn2Lo = -1.904654323148236e-09f;
   constexpr float kRound = 12582912.0f;
-  const float x = fminf(fmaxf(x_in, -104.0f), 89.0f);
+  const float x = fminf(fmaxf(-g, -104.0f), 89.0f);
   const float t = rn::add(rn::mul(x, kLog2e), kRound);
   const float n = rn::sub(t, kRound);
   float r = rn::fma(-n, kLn2Hi, x);
@@ -108,18 +111,10 @@ __device__ __forceinline__ float exp_rn(float x_in) {
   p = rn::fma(p, r, 1.0f);
   p = rn::fma(p, r, 1.0f);
   const int ni = static_cast<int>(float_bits(t)) - 0x4B400000;  // in [-151, 129]
-  const bool high = ni > 127, low = ni < -126;
-  const int e1 = high ? 127 : (low ? ni + 64 : ni);
-  const float f2 = high ? rn::pow2i(high ? ni - 127 : 0) : (low ? rn::pow2i(-64) : 1.0f);
-  float y = rn::mul(rn::mul(p, rn::pow2i(e1)), f2);
-  y = x_in < -103.97283172607422f ? 0.0f : y;
-  y = x_in > 88.72283935546875f ? bits_float(0x7F800000u) : y;
-  return x_in != x_in ? x_in : y;
-}
-
-// swiglu_math::sigmoid with the exp above.
-__device__ __forceinline__ float sigmoid(float g) {
-  return rn::div(1.0f, rn::add(1.0f, exp_rn(-g)));
+  const bool high = ni > 127;                                   // exp_rn: (p * 2^127) * 2^(n - 127)
+  const float f2 = rn::pow2i(high ? ni - 127 : 0);
+  const float e = rn::mul(rn::mul(p, rn::pow2i(min(max(ni, -126), 127))), f2);
+  return rn::div(1.0f, rn::add(1.0f, e));
 }
 
 // swiglu_math::swiglu.
@@ -128,7 +123,9 @@ __device__ __forceinline__ float swiglu(float g, float u) {
 }
 
 // swiglu_math::swiglu_grad(g, u, dh) and swiglu_math::swiglu(g, u) sharing sigmoid(g) and g * s:
-// every output is the same sequence of operations as there.
+// every output is the same sequence of operations as there, except that h is not made the
+// canonical NaN (its one use, the weight gradient's sum, is NaN then whatever the payload, and made
+// canonical at the end).
 struct GradH {
   float dg, du, h;
 };
@@ -137,13 +134,31 @@ __device__ __forceinline__ GradH swiglu_grad_h(float g, float u, float dh) {
   const float gs = rn::mul(g, s);
   const float dsilu = rn::mul(s, rn::add(1.0f, rn::mul(g, rn::add(1.0f, -s))));
   return {swiglu_math::canonical_nan(rn::mul(rn::mul(dh, u), dsilu)),
-          swiglu_math::canonical_nan(rn::mul(dh, gs)), swiglu_math::canonical_nan(rn::mul(gs, u))};
+          swiglu_math::canonical_nan(rn::mul(dh, gs)), rn::mul(gs, u)};
 }
 
 // Max over the 16 lanes of a half-warp (every lane of the warp calls it).
 __device__ __forceinline__ uint32_t half_warp_max(uint32_t v) {
   for (int o = 8; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   return v;
+}
+
+// The scales of two 1x128 groups whose amaxes a0 and a1 every lane of a half-warp holds: lanes 0-7
+// compute the first and lanes 8-15 the second (one compute_scale a lane instead of two), then
+// exchange them. own_inverse is the lane's own group's scale_inverse, meant for lanes 0 and 8.
+struct TwoScales {
+  float scale[2];
+  float own_inverse;
+};
+__device__ __forceinline__ TwoScales two_scales(uint32_t a0, uint32_t a1, const ScaleRule& rule,
+                                                int sub) {
+  const float s = compute_scale(bits_float(sub < 8 ? a0 : a1), rule);
+  const int base = static_cast<int>(threadIdx.x % 32) & 16;
+  TwoScales t;
+  t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
+  t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
+  t.own_inverse = sub % 8 == 0 ? scale_inverse(s) : 0.0f;
+  return t;
 }
 
 // Eight FP8 codes of v * scale (each product rounded to FP32, then cvt.rn.satfinite), element i in
@@ -284,7 +299,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t running = 0;
   for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
        t0 < pairs; t0 += 2 * warps) {
-    float g[2][kChunk], u[2][kChunk], w[2];
+    float g[2][kChunk] = {}, u[2][kChunk] = {}, w[2];  // lanes past F: h = 0, no branch
     int64_t grp[2], r[2], c[2];
     bool on[2];
 #pragma unroll
@@ -302,25 +317,26 @@ __global__ void __launch_bounds__(kThreads)
         if (row_weight != nullptr) w[k] = row_weight[r[k]];
       }
     }
+    float h[2][kChunk];
+    uint32_t a[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      float h[kChunk];
-      uint32_t a = 0;
+      a[k] = 0;
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        h[e] = 0.0f;
-        if (on[k]) {
-          h[e] = swiglu(g[k][e], u[k][e]);
-          if (row_weight != nullptr) h[e] = swiglu_math::canonical_nan(rn::mul(h[e], w[k]));
-        }
-        a = max(a, abs_bits(h[e]));
+        h[k][e] = swiglu(g[k][e], u[k][e]);
+        if (row_weight != nullptr) h[k][e] = swiglu_math::canonical_nan(rn::mul(h[k][e], w[k]));
+        a[k] = max(a[k], abs_bits(h[k][e]));
       }
-      a = half_warp_max(a);
-      running = max(running, a);
-      const float scale = compute_scale(bits_float(a), rule);
-      if (grp[k] < groups && sub == 0) scale_inv[grp[k]] = scale_inverse(scale);
-      if (on[k]) *reinterpret_cast<uint2*>(data + r[k] * f + c[k]) = fp8x8(h, scale, kind);
+      a[k] = half_warp_max(a[k]);
+      running = max(running, a[k]);
     }
+    const TwoScales sc = two_scales(a[0], a[1], rule, sub);
+    const int64_t own = sub < 8 ? grp[0] : grp[1];
+    if (sub % 8 == 0 && own < groups) scale_inv[own] = sc.own_inverse;
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (on[k]) *reinterpret_cast<uint2*>(data + r[k] * f + c[k]) = fp8x8(h[k], sc.scale[k], kind);
   }
   block_amax<kThreads>(running, amax_out);
 }
