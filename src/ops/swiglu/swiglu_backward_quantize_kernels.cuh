@@ -154,9 +154,11 @@ __global__ void __launch_bounds__(kThreads)
       unpack8(cur_g, gv);
       unpack8(cur_u, uv);
       unpack8(cur_d, dv);
+      float sv[kChunk];
+      sigmoid8(gv, sv);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        const GradH gr = swiglu_grad_h(gv[e], uv[e], weighted ? rn::mul(dv[e], w) : dv[e]);
+        const GradH gr = swiglu_grad_h(gv[e], uv[e], weighted ? rn::mul(dv[e], w) : dv[e], sv[e]);
         dg[e] = gr.dg;
         du[e] = gr.du;
         p[e] = rn::mul(dv[e], gr.h);

@@ -92,7 +92,7 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const float (&v)[kChun
 //   - for a NaN g the result is a number, not NaN: every caller multiplies by g, so its outputs are
 //     NaN (canonical) just as swiglu_math's.
 // Hence the same bits as swiglu_math::sigmoid for every non-NaN g.
-__device__ __forceinline__ float sigmoid(float g) {
+__device__ __forceinline__ float one_plus_exp_neg(float g) {
   constexpr float kLog2e = 1.44269502162933349609375f;
   constexpr float kLn2Hi = 0.693147182464599609375f;
   constexpr float kLn2Lo = -1.904654323148236e-09f;
@@ -114,23 +114,59 @@ __device__ __forceinline__ float sigmoid(float g) {
   const bool high = ni > 127;                                   // exp_rn: (p * 2^127) * 2^(n - 127)
   const float f2 = rn::pow2i(high ? ni - 127 : 0);
   const float e = rn::mul(rn::mul(p, rn::pow2i(min(max(ni, -126), 127))), f2);
-  return rn::div(1.0f, rn::add(1.0f, e));
+  return rn::add(1.0f, e);
 }
 
-// swiglu_math::swiglu.
-__device__ __forceinline__ float swiglu(float g, float u) {
-  return swiglu_math::canonical_nan(rn::mul(rn::mul(g, sigmoid(g)), u));
+// 1 / y, correctly rounded, for y in [1, 2^125): the fast path nvcc emits for div.rn.f32 with
+// numerator 1, operation for operation (rcp.approx, one Newton step, the residual and the final
+// correction; the quotient q0 = 1 * r1 is r1). nvcc guards that path with a check of the operands'
+// exponents (FCHK) and a slow path for quotients near the subnormal range and special operands,
+// none of which y in this range gives; larger y go to rn::div.
+__device__ __forceinline__ float rcp_small(float y) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+  const float r1 = __fmaf_rn(r, __fmaf_rn(-y, r, 1.0f), r);
+  return __fmaf_rn(r1, __fmaf_rn(-y, r1, 1.0f), r1);
 }
 
-// swiglu_math::swiglu_grad(g, u, dh) and swiglu_math::swiglu(g, u) sharing sigmoid(g) and g * s:
+// swiglu_math::sigmoid of a lane's 8 elements: 1 / one_plus_exp_neg by rcp_small, or by rn::div for
+// the whole warp when any of its lanes has a y >= 2^125 (g <= -86.6, never in trained models), so
+// that the common path has no branch per element. Every lane of the warp calls it.
+__device__ __forceinline__ void sigmoid8(const float (&g)[kChunk], float (&s)[kChunk]) {
+  float y[kChunk];
+  bool large = false;
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) {
+    y[e] = one_plus_exp_neg(g[e]);
+    large |= y[e] >= 0x1p125f;
+  }
+  if (__any_sync(0xFFFFFFFFu, large)) {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) s[e] = rn::div(1.0f, y[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) s[e] = rcp_small(y[e]);
+  }
+}
+
+// swiglu_math::swiglu of a lane's 8 elements (every lane of the warp calls it).
+__device__ __forceinline__ void swiglu8(const float (&g)[kChunk], const float (&u)[kChunk],
+                                        float (&h)[kChunk]) {
+  float s[kChunk];
+  sigmoid8(g, s);
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e)
+    h[e] = swiglu_math::canonical_nan(rn::mul(rn::mul(g[e], s[e]), u[e]));
+}
+
+// swiglu_math::swiglu_grad(g, u, dh) and swiglu_math::swiglu(g, u) given s = sigmoid(g), sharing g * s:
 // every output is the same sequence of operations as there, except that h is not made the
 // canonical NaN (its one use, the weight gradient's sum, is NaN then whatever the payload, and made
 // canonical at the end).
 struct GradH {
   float dg, du, h;
 };
-__device__ __forceinline__ GradH swiglu_grad_h(float g, float u, float dh) {
-  const float s = sigmoid(g);
+__device__ __forceinline__ GradH swiglu_grad_h(float g, float u, float dh, float s) {
   const float gs = rn::mul(g, s);
   const float dsilu = rn::mul(s, rn::add(1.0f, rn::mul(g, rn::add(1.0f, -s))));
   return {swiglu_math::canonical_nan(rn::mul(rn::mul(dh, u), dsilu)),
@@ -215,9 +251,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t cpr = f / kChunk, chunks = rows * cpr;
   const bool small = chunks <= int64_t{0xFFFFFFFF};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i0 < chunks;
-       i0 += 2 * stride) {
-    float g[2][kChunk], u[2][kChunk];
+  // The loop runs while any lane of the warp has a chunk (sigmoid8 is called by whole warps).
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t i0 = first; i0 - threadIdx.x % 32 < chunks; i0 += 2 * stride) {
+    float g[2][kChunk] = {}, u[2][kChunk] = {};  // chunks past the end: zeros, not stored
     int64_t at[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -232,11 +269,9 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      if (at[k] < 0) continue;
       float o[kChunk];
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) o[e] = swiglu(g[k][e], u[k][e]);
-      store8(h + at[k], o);
+      swiglu8(g[k], u[k], o);
+      if (at[k] >= 0) store8(h + at[k], o);
     }
   }
 }
@@ -248,9 +283,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t cpr = f / kChunk, chunks = rows * cpr;
   const bool small = chunks <= int64_t{0xFFFFFFFF};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i0 < chunks;
-       i0 += 2 * stride) {
-    float g[2][kChunk], u[2][kChunk], d[2][kChunk];
+  // The loop runs while any lane of the warp has a chunk (sigmoid8 is called by whole warps).
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t i0 = first; i0 - threadIdx.x % 32 < chunks; i0 += 2 * stride) {
+    float g[2][kChunk] = {}, u[2][kChunk] = {}, d[2][kChunk] = {};  // past the end: zeros
     int64_t at[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -266,14 +302,15 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      if (at[k] < 0) continue;
-      float dg[kChunk], du[kChunk];
+      float s[kChunk], dg[kChunk], du[kChunk];
+      sigmoid8(g[k], s);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        const GradH gr = swiglu_grad_h(g[k][e], u[k][e], d[k][e]);
+        const GradH gr = swiglu_grad_h(g[k][e], u[k][e], d[k][e], s[e]);
         dg[e] = gr.dg;
         du[e] = gr.du;
       }
+      if (at[k] < 0) continue;
       store8(d_gate_up + at[k], dg);
       store8(d_gate_up + at[k] + f, du);
     }
@@ -322,9 +359,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       a[k] = 0;
+      swiglu8(g[k], u[k], h[k]);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        h[k][e] = swiglu(g[k][e], u[k][e]);
         if (row_weight != nullptr) h[k][e] = swiglu_math::canonical_nan(rn::mul(h[k][e], w[k]));
         a[k] = max(a[k], abs_bits(h[k][e]));
       }
