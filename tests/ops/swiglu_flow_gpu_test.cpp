@@ -98,6 +98,8 @@ TEST(SwigluFlowGpuVec, FormatsRoundingsAndPaddingRows) {
   for (int64_t f : {8, 64, 704, 2048}) {
     const int64_t rows = 301;
     Tensor gu = random_tensor({rows, 2 * f}, DType::kBF16, 3500 + f, Dist::kOutliers);
+    for (int64_t i = 0; i < rows * f; ++i)  // gates: a sweep of BF16 patterns, NaN and inf included
+      gu.data_as<uint16_t>()[(i / f) * 2 * f + i % f] = static_cast<uint16_t>(i * 211 + f);
     Tensor dh = random_tensor({rows, f}, DType::kBF16, 3600 + f, Dist::kOutliers);
     Tensor w = row_weights(rows, 3700 + f);
     for (int64_t r = 0; r < rows; ++r) {

@@ -160,6 +160,23 @@ TEST(SwigluGpuSpecial, PaddingRowsAndUnalignedViews) {
   }
 }
 
+// Every BF16 bit pattern as a gate value (the vectorised kernels' sigmoid and its reciprocal
+// against swiglu_math's, NaNs, infinities and subnormals included), and F32 gates swept densely
+// over [-100, 100] (1 + exp(-g) from 1 to past 2^125): every op as the CPU, bit for bit.
+TEST(SwigluGpuSpecial, EveryBf16GateAndADenseF32Sweep) {
+  OCTET_REQUIRE_GPU();
+  constexpr int64_t kF = 1024, kRows = 65536 / kF;
+  Tensor gu = random_tensor({kRows, 2 * kF}, DType::kBF16, 1500, Dist::kGaussian);
+  for (int64_t i = 0; i < 65536; ++i)
+    gu.data_as<uint16_t>()[(i / kF) * 2 * kF + i % kF] = static_cast<uint16_t>(i);
+  check_all(gu, DType::kBF16, "every bf16 gate");
+  Tensor g32 = random_tensor({kRows, 2 * kF}, DType::kF32, 1501, Dist::kGaussian);
+  for (int64_t i = 0; i < 65536; ++i)
+    g32.data_as<float>()[(i / kF) * 2 * kF + i % kF] =
+        -100.0f + 200.0f * static_cast<float>(i) / 65536.0f + 1e-4f * static_cast<float>(i % 7);
+  check_all(g32, DType::kF32, "f32 gate sweep");
+}
+
 TEST(SwigluGpuSpecial, NonFiniteZerosAndExtremes) {
   OCTET_REQUIRE_GPU();
   Tensor gu = random_tensor({9, 2 * 300}, DType::kF32, 1100, Dist::kWide);
