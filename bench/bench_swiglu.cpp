@@ -112,7 +112,8 @@ int run(const std::vector<std::string>& argv) {
       const double gbs = op.bytes / (ms * 1e-3) / 1e9;
       table.push_back({s.name, std::to_string(rows) + " x 2*" + std::to_string(f), op.name,
                        fmt(op.bytes / 1e6, 0), fmt(ms * 1e3, 1), fmt(gbs, 0), fmt(copy_ms * 1e3, 1),
-                       fmt(100.0 * copy_ms / ms, 1) + "%"});
+                       fmt(100.0 * copy_ms / ms, 1) + "%", fmt(scalar_ms * 1e3, 1),
+                       fmt(scalar_ms / ms, 2) + "x"});
     }
   }
   print_table(
