@@ -128,20 +128,18 @@ TEST(SwigluFlowGpuVec, FormatsRoundingsAndPaddingRows) {
               gpu))
               << where << " weighted swiglu_quantize";
           for (bool weighted : {false, true}) {
+            auto args = [&](const Tensor& d, const Tensor& g, const Tensor& rw) {
+              return SwigluBackwardQuantizeArgs{.dh = d,
+                                                .gate_up = g,
+                                                .row_weight = weighted ? rw : Tensor(),
+                                                .format = fmt,
+                                                .rounding = rnd,
+                                                .epsilon = eps};
+            };
             const SwigluBackwardQuantizeResult want =
-                swiglu_backward_quantize(cpu, {.dh = dh,
-                                               .gate_up = gu,
-                                               .row_weight = weighted ? w : Tensor(),
-                                               .format = fmt,
-                                               .rounding = rnd,
-                                               .epsilon = eps});
+                swiglu_backward_quantize(cpu, args(dh, gu, w));
             const SwigluBackwardQuantizeResult got =
-                swiglu_backward_quantize(gpu, {.dh = dh_d,
-                                               .gate_up = gu_d,
-                                               .row_weight = weighted ? w_d : Tensor(),
-                                               .format = fmt,
-                                               .rounding = rnd,
-                                               .epsilon = eps});
+                swiglu_backward_quantize(gpu, args(dh_d, gu_d, w_d));
             ASSERT_TRUE(same_quant(want.d_gate_up, got.d_gate_up, gpu))
                 << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize";
             if (weighted)
