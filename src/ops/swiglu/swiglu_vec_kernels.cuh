@@ -1,14 +1,18 @@
 // Vectorised device code of the swiglu family, for F a multiple of 8 and 16-byte aligned buffers
 // (the launchers check; other shapes take swiglu_kernels.cuh's scalar kernels). A lane owns a
 // "chunk" of 8 consecutive columns: one 16-byte load per BF16 operand (two for FP32), one 16-byte
-// BF16 store, one 8-byte FP8 store. The element math is swiglu_math.h's sequence of correctly
-// rounded operations, unchanged, so these kernels give the scalar kernels' (and the CPU's) bits:
+// BF16 store, one 8-byte FP8 store. Every value kept is swiglu_math.h's sequence of correctly
+// rounded operations, so these kernels give the scalar kernels' (and the CPU's) bits; what changes
+// is how many instructions the SM issues for them (the fused quantizers are bound by that, not by
+// memory):
 //
 //   what                      | scalar kernel                    | here
 //   --------------------------|----------------------------------|-----------------------------------
 //   loads                     | 2-byte, one element at a time    | 16-byte, 8 elements
 //   1x128 quantize (forward)  | a warp per group, 4 per lane     | a half-warp per group, 8 per lane
-//   exp's integer part        | float -> int conversion (F2I)    | read from the rounded sum's bits
+//   scale of a group          | compute_scale on every lane      | half the lanes, two groups at once
+//   sigmoid's exp             | branches, float -> int (F2I)     | no branches, n from the sum's bits
+//   sigmoid's 1 / (1 + e)     | div.rn, a branch per element     | div.rn's fast path (see rcp_small)
 //   dSwiGLU + quantize        | dg and du each computed twice    | once (values staged per row)
 //   row index of a chunk      | 2-D grid                         | 32-bit division when it fits
 #pragma once
