@@ -25,6 +25,7 @@ Suite gemm_suite(), gemm_accum_suite();  // bench_gemm.cpp
 Suite attention_suite();                 // bench_attention.cpp
 Suite train_step_suite();                // bench_train_step.cpp
 Suite moe_dispatch_suite();              // bench_moe_dispatch.cpp
+Suite swiglu_suite();                    // bench_swiglu.cpp
 
 struct Timing {
   double median_ms = 0;
@@ -52,6 +53,10 @@ class L2Flusher {
 // Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median over `runs` copies
 // of `bytes` bytes: the memory-bound baseline every bandwidth figure is divided by.
 double copy_bandwidth_gbs(Context& ctx, int64_t bytes, int runs = 30);
+
+// Random BF16 data of `shape` on ctx's device (a host LCG, a sum of three uniforms in [-1, 1)),
+// reproducible from `seed`.
+Tensor random_bf16(Context& ctx, const Shape& shape, uint64_t seed);
 
 // Prints a table: header row then rows, columns padded to their widest cell.
 void print_table(const std::vector<std::string>& header,

@@ -17,18 +17,6 @@
 namespace octet::bench {
 namespace {
 
-Tensor random_bf16(Context& ctx, const Shape& shape, uint64_t seed) {
-  Tensor h = Tensor::empty(shape, DType::kBF16);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&] {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>(static_cast<int32_t>(s >> 32)) * 0x1p-31f;
-  };
-  auto* p = h.data_as<uint16_t>();
-  for (int64_t i = 0; i < h.numel(); ++i) p[i] = float_to_bf16(next() + next() + next());
-  return h.to(ctx, ctx.device);
-}
-
 // MLA's RoPE on the attention inputs of the first shape: q (B, T, H, 96) with the rope part at 64,
 // and the shared key row (B, T, kv_lora 256 + 32) with it at 256, forward and backward.
 // Memory-bound (the whole row is written, the non-rope channels copied): GB/s of input read +

@@ -3,6 +3,7 @@
 
 #include "backend/backend.h"
 #include "bench.h"
+#include "numerics/fp8.h"
 
 namespace octet::bench {
 
@@ -40,6 +41,18 @@ double copy_bandwidth_gbs(Context& ctx, int64_t bytes, int runs) {
   const Timing t = time_op(
       ctx, [&] { ctx.be().copy(b.data(), a.data(), bytes, kind); }, 3, runs);
   return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
+}
+
+Tensor random_bf16(Context& ctx, const Shape& shape, uint64_t seed) {
+  Tensor h = Tensor::empty(shape, DType::kBF16);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int32_t>(s >> 32)) * 0x1p-31f;
+  };
+  auto* p = h.data_as<uint16_t>();
+  for (int64_t i = 0; i < h.numel(); ++i) p[i] = float_to_bf16(next() + next() + next());
+  return h.to(ctx, ctx.device);
 }
 
 std::string fmt(double v, int precision) {

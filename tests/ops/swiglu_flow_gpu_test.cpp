@@ -89,6 +89,67 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, SwigluFlowGpu,
                                             ::testing::Values(7, 129, 1000, 2048),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
+// Widths that take the vectorised kernel (8, 64: one partial group; 704: the baseline's expert
+// width, groups straddling the gate/up boundary; 2048: whole groups), padding rows (all zero, weight
+// 0), both FP8 formats, both scale roundings and an amax floor.
+TEST(SwigluFlowGpuVec, FormatsRoundingsAndPaddingRows) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  for (int64_t f : {8, 64, 704, 2048}) {
+    const int64_t rows = 301;
+    Tensor gu = random_tensor({rows, 2 * f}, DType::kBF16, 3500 + f, Dist::kOutliers);
+    for (int64_t i = 0; i < rows * f; ++i)  // gates: a sweep of BF16 patterns, NaN and inf included
+      gu.data_as<uint16_t>()[(i / f) * 2 * f + i % f] = static_cast<uint16_t>(i * 211 + f);
+    Tensor dh = random_tensor({rows, f}, DType::kBF16, 3600 + f, Dist::kOutliers);
+    Tensor w = row_weights(rows, 3700 + f);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r % 9 != 4 && r < 290) continue;
+      for (int64_t j = 0; j < 2 * f; ++j) gu.data_as<uint16_t>()[r * 2 * f + j] = 0;
+      for (int64_t j = 0; j < f; ++j) dh.data_as<uint16_t>()[r * f + j] = 0;
+      w.data_as<float>()[r] = 0.0f;
+    }
+    const Tensor gu_d = gu.to(gpu, Device::kCuda), dh_d = dh.to(gpu, Device::kCuda),
+                 w_d = w.to(gpu, Device::kCuda);
+    for (Fp8Format fmt : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+      for (ScaleRounding rnd : {ScaleRounding::kPow2, ScaleRounding::kExact})
+        for (float eps : {0.0f, 1e-4f}) {
+          const std::string where = "F " + std::to_string(f) + " " + format_name(fmt) +
+                                    (rnd == ScaleRounding::kPow2 ? " pow2" : " exact") + " eps " +
+                                    std::to_string(eps);
+          ASSERT_TRUE(same_quant(
+              swiglu_quantize(
+                  cpu,
+                  {.gate_up = gu, .format = fmt, .rounding = rnd, .epsilon = eps, .row_weight = w}),
+              swiglu_quantize(gpu, {.gate_up = gu_d,
+                                    .format = fmt,
+                                    .rounding = rnd,
+                                    .epsilon = eps,
+                                    .row_weight = w_d}),
+              gpu))
+              << where << " weighted swiglu_quantize";
+          for (bool weighted : {false, true}) {
+            auto args = [&](const Tensor& d, const Tensor& g, const Tensor& rw) {
+              return SwigluBackwardQuantizeArgs{.dh = d,
+                                                .gate_up = g,
+                                                .row_weight = weighted ? rw : Tensor(),
+                                                .format = fmt,
+                                                .rounding = rnd,
+                                                .epsilon = eps};
+            };
+            const SwigluBackwardQuantizeResult want =
+                swiglu_backward_quantize(cpu, args(dh, gu, w));
+            const SwigluBackwardQuantizeResult got =
+                swiglu_backward_quantize(gpu, args(dh_d, gu_d, w_d));
+            ASSERT_TRUE(same_quant(want.d_gate_up, got.d_gate_up, gpu))
+                << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize";
+            if (weighted)
+              ASSERT_TRUE(bitwise_equal(want.d_row_weight, got.d_row_weight.to_host(gpu)))
+                  << where << " d_row_weight";
+          }
+        }
+  }
+}
+
 TEST(MoeRowWeightGpu, MatchesCpuBitwise) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();

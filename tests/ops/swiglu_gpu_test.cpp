@@ -4,6 +4,7 @@
 // Outputs are poisoned with NaN first.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 
@@ -122,6 +123,59 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, SwigluGpu,
                                             ::testing::Values(7, 129, 1000, 2048),
                                             ::testing::Values(DType::kBF16, DType::kF32),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
+
+// Widths that take the vectorised kernels (F % 8 == 0): one partial group (8, 64), the baseline's
+// expert width (704: the last group of a row is 64 wide), whole groups (1024).
+INSTANTIATE_TEST_SUITE_P(VecShapes, SwigluGpu,
+                         ::testing::Combine(::testing::Values(3, 1481),
+                                            ::testing::Values(8, 64, 704, 1024),
+                                            ::testing::Values(DType::kBF16, DType::kF32),
+                                            ::testing::Values(DType::kBF16, DType::kF32)));
+
+// Padding rows (all zero, as the permute's 128-row tiles leave them) between data rows, and a
+// gate_up that starts 2 bytes past an aligned address (the scalar kernels' path): both as the CPU.
+TEST(SwigluGpuSpecial, PaddingRowsAndUnalignedViews) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  for (int64_t f : {64, 704, 2048}) {
+    Tensor gu = random_tensor({517, 2 * f}, DType::kBF16, 1300 + f, Dist::kOutliers);
+    for (int64_t r = 0; r < 517; ++r)
+      if (r % 5 == 2 || r >= 500)
+        for (int64_t j = 0; j < 2 * f; ++j) gu.data_as<uint16_t>()[r * 2 * f + j] = 0;
+    check_all(gu, DType::kBF16, "padding rows F " + std::to_string(f));
+    // The same rows read through a view one element in.
+    const Tensor big = random_tensor({517 * 2 * f + 1}, DType::kBF16, 1400 + f);
+    Tensor big_d = big.to(gpu, Device::kCuda);
+    const Tensor view =
+        Tensor::wrap(big_d.data_as<uint16_t>() + 1, {517, 2 * f}, DType::kBF16, Device::kCuda);
+    Tensor host = Tensor::empty({517, 2 * f}, DType::kBF16);
+    std::copy_n(big.data_as<uint16_t>() + 1, 517 * 2 * f, host.data_as<uint16_t>());
+    for (Fp8Format fmt : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+      ASSERT_TRUE(same_quant(swiglu_quantize(cpu, {.gate_up = host, .format = fmt}),
+                             swiglu_quantize(gpu, {.gate_up = view, .format = fmt}), gpu))
+          << "unaligned view F " << f;
+    }
+    ASSERT_TRUE(bitwise_equal(forward(cpu, host, DType::kBF16), forward(gpu, view, DType::kBF16)))
+        << "unaligned view forward F " << f;
+  }
+}
+
+// Every BF16 bit pattern as a gate value (the vectorised kernels' sigmoid and its reciprocal
+// against swiglu_math's, NaNs, infinities and subnormals included), and F32 gates swept densely
+// over [-100, 100] (1 + exp(-g) from 1 to past 2^125): every op as the CPU, bit for bit.
+TEST(SwigluGpuSpecial, EveryBf16GateAndADenseF32Sweep) {
+  OCTET_REQUIRE_GPU();
+  constexpr int64_t kF = 1024, kRows = 65536 / kF;
+  Tensor gu = random_tensor({kRows, 2 * kF}, DType::kBF16, 1500, Dist::kGaussian);
+  for (int64_t i = 0; i < 65536; ++i)
+    gu.data_as<uint16_t>()[(i / kF) * 2 * kF + i % kF] = static_cast<uint16_t>(i);
+  check_all(gu, DType::kBF16, "every bf16 gate");
+  Tensor g32 = random_tensor({kRows, 2 * kF}, DType::kF32, 1501, Dist::kGaussian);
+  for (int64_t i = 0; i < 65536; ++i)
+    g32.data_as<float>()[(i / kF) * 2 * kF + i % kF] =
+        -100.0f + 200.0f * static_cast<float>(i) / 65536.0f + 1e-4f * static_cast<float>(i % 7);
+  check_all(g32, DType::kF32, "f32 gate sweep");
+}
 
 TEST(SwigluGpuSpecial, NonFiniteZerosAndExtremes) {
   OCTET_REQUIRE_GPU();

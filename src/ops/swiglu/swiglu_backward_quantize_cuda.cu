@@ -1,7 +1,10 @@
-// CUDA launcher of swiglu_backward_quantize (device code in swiglu_backward_quantize_kernels.cuh).
-// Arguments were validated by swiglu.cpp; enqueued on the context's stream, no host sync.
+// CUDA launcher of swiglu_backward_quantize (device code in swiglu_backward_quantize_kernels.cuh):
+// the vectorised kernel when F % 8 == 0, the buffers are 16-byte aligned and a row's staging fits
+// in shared memory, else the scalar one (the same bits either way). Arguments were validated by
+// swiglu.cpp; enqueued on the context's stream, no host sync.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "backend/cuda_check.h"
 #include "ops/swiglu/swiglu_backends.h"
@@ -10,7 +13,50 @@
 namespace octet::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 8 rows per block, a warp each
+constexpr int kThreads = 256;     // 8 rows per block, a warp each
+constexpr int kVecThreads = 128;  // the vectorised kernel: 4 rows per block, a warp each
+
+int device_attr(const Context& ctx, cudaDeviceAttr attr) {
+  int v = 0;
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, ctx.device_index));
+  return v;
+}
+
+// Launches the vectorised kernel and returns true, or returns false when it does not apply.
+template <typename InT, typename GradT>
+bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a,
+                SwigluBackwardQuantizeResult& out, const ScaleRule& rule) {
+  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
+  if (f % swiglu_kernels::kChunk != 0) return false;
+  for (const void* p : {a.dh.data(), a.gate_up.data(), out.d_gate_up.data.data()})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  const bool aligned = f % kGroup == 0;
+  const int64_t smem = int64_t{kVecThreads / 32} * (256 + (aligned ? 0 : 2 * f)) * 4;
+  if (smem > device_attr(ctx, cudaDevAttrMaxSharedMemoryPerBlockOptin)) return false;
+  auto kernel =
+      aligned
+          ? swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<InT, GradT, kVecThreads, true>
+          : swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<InT, GradT, kVecThreads,
+                                                                      false>;
+  if (smem > 48 * 1024)
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  int per_sm = 0;
+  OCTET_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kVecThreads, smem));
+  const int64_t blocks = std::clamp<int64_t>(
+      ceil_div(rows, kVecThreads / 32), 1,
+      int64_t{device_attr(ctx, cudaDevAttrMultiProcessorCount)} * std::max(per_sm, 1));
+  kernel<<<static_cast<unsigned>(blocks), kVecThreads, static_cast<size_t>(smem),
+           static_cast<cudaStream_t>(ctx.stream)>>>(
+      a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(),
+      a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rows, f, rule,
+      out.d_gate_up.data.data_as<uint8_t>(), out.d_gate_up.scale_inv.data_as<float>(),
+      out.d_gate_up.amax.data_as<uint32_t>(),
+      out.d_row_weight.defined() ? out.d_row_weight.data_as<float>() : nullptr);
+  OCTET_CUDA_CHECK_LAUNCH();
+  return true;
+}
 
 template <typename InT, typename GradT>
 void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a,
@@ -19,13 +65,14 @@ void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a,
   const auto st = static_cast<cudaStream_t>(ctx.stream);
   auto* amax_bits = out.d_gate_up.amax.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
+  if (launch_vec<InT, GradT>(ctx, a, out, rule)) return;
   auto kernel = swiglu_kernels::swiglu_backward_quantize_1x128_kernel<InT, GradT, kThreads>;
   int per_sm = 0, sms = 0;
   OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
   OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
   const int64_t blocks =
       std::clamp<int64_t>(ceil_div(rows, kThreads / 32), 1, int64_t{sms} * std::max(per_sm, 1));
-  const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(
       a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(),
       a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rows, f, rule,

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "ops/swiglu/swiglu_kernels.cuh"
+#include "ops/swiglu/swiglu_vec_kernels.cuh"
 
 namespace octet::cuda::swiglu_kernels {
 
@@ -89,6 +89,161 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kWarps; ++i) m = max(m, warp_amax[i]);
     if (m) atomicMax(amax_out, m);
   }
+}
+
+// The vectorised kernel (F % 8 == 0, 16-byte aligned buffers): a warp per row, the row in windows of
+// 256 input columns (8 a lane), each column's dg, du (and h for the weight's gradient) computed once.
+//   weight gradient: the window's products dh * h go through a 256-float scratch so that lane l adds
+//     columns l, l + 32, ..., l + 224 of the window, in order, to its partial sum: the order
+//     swiglu.h states.
+//   kAligned (F % 128 == 0): the window's dg columns are two whole output groups and so are its du
+//     columns (F / 128 groups further on): each half-warp quantizes from registers.
+//   otherwise a group may straddle windows and the dg/du boundary: the row's 2F FP32 values are
+//     staged in shared memory and quantized from there (a half-warp per group) once the row is done.
+// Dynamic shared memory: per warp 256 floats of scratch, plus 2F floats of staging unless kAligned.
+template <typename InT, typename GradT, int kThreads, bool kAligned>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_quantize_1x128_vec_kernel(const GradT* __restrict__ dh,
+                                              const InT* __restrict__ gate_up,
+                                              const float* __restrict__ row_weight, int64_t rows,
+                                              int64_t f, ScaleRule rule, uint8_t* __restrict__ data,
+                                              float* __restrict__ scale_inv,
+                                              uint32_t* __restrict__ amax_out,
+                                              float* __restrict__ d_row_weight) {
+  static_assert(kGroup == 16 * kChunk, "a half-warp of 8-column lanes covers one group");
+  constexpr int kWarps = kThreads / 32;
+  extern __shared__ float4 smem4[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16, sub = lane % 16;
+  const int64_t n = 2 * f, groups = ceil_div(n, kGroup), cpr = f / kChunk;
+  const int64_t per_warp = 256 + (kAligned ? 0 : n);
+  float* scratch = reinterpret_cast<float*>(smem4) + warp * per_warp;
+  float* stage = scratch + 256;
+  const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const bool weighted = row_weight != nullptr;
+  uint32_t running = 0;
+  // The warp's (row, window) steps in order, the next step's loads issued before this step's math.
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * kWarps;
+  Raw8<InT> next_g{}, next_u{};
+  Raw8<GradT> next_d{};
+  float next_w = 1.0f;
+  auto fetch = [&](int64_t row, int64_t k0) {
+    const int64_t k = k0 + lane;
+    if (k < cpr) {
+      next_g = load_raw8(gate_up + row * n + k * kChunk);
+      next_u = load_raw8(gate_up + row * n + f + k * kChunk);
+      next_d = load_raw8(dh + row * f + k * kChunk);
+    } else {  // zeros: dg = du = h = 0 past F, computed without a branch
+      next_g = {}, next_u = {}, next_d = {};
+    }
+    if (k0 == 0 && weighted) next_w = row_weight[row];
+  };
+  int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp, k0 = 0;
+  if (r < rows) fetch(r, 0);
+  float w = 1.0f, partial = 0.0f;
+  while (r < rows) {
+    const Raw8<InT> cur_g = next_g, cur_u = next_u;
+    const Raw8<GradT> cur_d = next_d;
+    if (k0 == 0) w = next_w, partial = 0.0f;
+    int64_t next_r = r, next_k0 = k0 + 32;
+    if (next_k0 >= cpr) next_r = r + row_step, next_k0 = 0;
+    if (next_r < rows) fetch(next_r, next_k0);
+    {
+      const int64_t k = k0 + lane, c = k * kChunk;
+      const bool on = k < cpr;
+      float gv[kChunk], uv[kChunk], dv[kChunk], dg[kChunk], du[kChunk], p[kChunk];
+      unpack8(cur_g, gv);
+      unpack8(cur_u, uv);
+      unpack8(cur_d, dv);
+      float sv[kChunk];
+      sigmoid8(gv, sv);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const GradH gr = swiglu_grad_h(gv[e], uv[e], weighted ? rn::mul(dv[e], w) : dv[e], sv[e]);
+        dg[e] = gr.dg;
+        du[e] = gr.du;
+        p[e] = rn::mul(dv[e], gr.h);
+      }
+      if (weighted) {
+        reinterpret_cast<float4*>(scratch)[2 * lane] = make_float4(p[0], p[1], p[2], p[3]);
+        reinterpret_cast<float4*>(scratch)[2 * lane + 1] = make_float4(p[4], p[5], p[6], p[7]);
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+          if (k0 * kChunk + lane + 32 * m < f) partial = rn::add(partial, scratch[lane + 32 * m]);
+        __syncwarp();
+      }
+      if constexpr (kAligned) {
+        // dg chunk k is in group k / 16, du chunk k in group (cpr + k) / 16 (cpr % 16 == 0): the
+        // half-warp's chunks are one group, all on or all off.
+        uint32_t a_dg = 0, a_du = 0;
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          a_dg = max(a_dg, abs_bits(dg[e]));
+          a_du = max(a_du, abs_bits(du[e]));
+        }
+        a_dg = half_warp_max(a_dg);
+        a_du = half_warp_max(a_du);
+        running = max(running, max(a_dg, a_du));
+        const TwoScales sc = two_scales(a_dg, a_du, rule, sub);
+        if (on && sub % 8 == 0)
+          scale_inv[r * groups + (sub < 8 ? c : f + c) / kGroup] = sc.own_inverse;
+        if (on) {
+          *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(dg, sc.scale[0], kind);
+          *reinterpret_cast<uint2*>(data + r * n + f + c) = fp8x8(du, sc.scale[1], kind);
+        }
+      } else if (on) {
+        float4* s4 = reinterpret_cast<float4*>(stage + c);
+        s4[0] = make_float4(dg[0], dg[1], dg[2], dg[3]);
+        s4[1] = make_float4(dg[4], dg[5], dg[6], dg[7]);
+        s4 = reinterpret_cast<float4*>(stage + f + c);
+        s4[0] = make_float4(du[0], du[1], du[2], du[3]);
+        s4[1] = make_float4(du[4], du[5], du[6], du[7]);
+      }
+    }
+    if (next_k0 == 0) {  // the row's last window: its weight gradient, and the staged groups
+      if (weighted) {
+        for (int s = 16; s >= 1; s /= 2) {
+          const float other = __shfl_down_sync(0xFFFFFFFFu, partial, s);
+          if (lane < s) partial = rn::add(partial, other);
+        }
+        if (lane == 0) d_row_weight[r] = swiglu_math::canonical_nan(partial);
+      }
+      if constexpr (!kAligned) {
+        __syncwarp();
+        for (int64_t q0 = 0; q0 < groups; q0 += 4) {  // groups q0 + half and q0 + 2 + half
+          float v[2][kChunk] = {};
+          uint32_t a[2] = {0, 0};
+          int64_t c[2];
+          bool on[2];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            c[k] = (q0 + 2 * k + half) * kGroup + sub * kChunk;
+            on[k] = c[k] < n;
+            if (!on[k]) continue;
+            const float4 x = reinterpret_cast<const float4*>(stage + c[k])[0];
+            const float4 y = reinterpret_cast<const float4*>(stage + c[k])[1];
+            v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
+            v[k][4] = y.x, v[k][5] = y.y, v[k][6] = y.z, v[k][7] = y.w;
+#pragma unroll
+            for (int e = 0; e < kChunk; ++e) a[k] = max(a[k], abs_bits(v[k][e]));
+          }
+          a[0] = half_warp_max(a[0]);
+          a[1] = half_warp_max(a[1]);
+          running = max(running, max(a[0], a[1]));
+          const TwoScales sc = two_scales(a[0], a[1], rule, sub);
+          const int64_t own = q0 + (sub < 8 ? 0 : 2) + half;
+          if (sub % 8 == 0 && own < groups) scale_inv[r * groups + own] = sc.own_inverse;
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            if (on[k])
+              *reinterpret_cast<uint2*>(data + r * n + c[k]) = fp8x8(v[k], sc.scale[k], kind);
+        }
+        __syncwarp();  // the staging is rewritten by the next row
+      }
+    }
+    r = next_r, k0 = next_k0;
+  }
+  block_amax<kThreads>(running, amax_out);
 }
 
 }  // namespace octet::cuda::swiglu_kernels

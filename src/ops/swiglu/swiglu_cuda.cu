@@ -1,12 +1,14 @@
-// CUDA launchers of the swiglu family (device code in swiglu_kernels.cuh). Arguments were validated
-// by swiglu.cpp; everything is enqueued on the context's stream, nothing synchronises with the
-// host.
+// CUDA launchers of the swiglu family (device code in swiglu_vec_kernels.cuh when F % 8 == 0 and
+// the buffers are 16-byte aligned, else swiglu_kernels.cuh's scalar kernels; both give the same
+// bits). Arguments were validated by swiglu.cpp; everything is enqueued on the context's stream,
+// nothing synchronises with the host.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "backend/cuda_check.h"
 #include "ops/swiglu/swiglu_backends.h"
-#include "ops/swiglu/swiglu_kernels.cuh"
+#include "ops/swiglu/swiglu_vec_kernels.cuh"
 
 namespace octet::cuda {
 namespace {
@@ -22,6 +24,24 @@ cudaStream_t stream_of(const Context& ctx) {
   return static_cast<cudaStream_t>(ctx.stream);
 }
 
+// The vectorised kernels need 8-column chunks that start on 16 bytes.
+bool vectorizable(int64_t f, std::initializer_list<const void*> ptrs) {
+  if (f % k::kChunk != 0) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// A persistent grid: as many blocks of `threads` as the SMs hold at once, at most `want`.
+template <typename Kernel>
+unsigned persistent_blocks(const Context& ctx, Kernel kernel, int threads, int64_t want,
+                           size_t smem = 0) {
+  int per_sm = 0, sms = 0;
+  OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
+  return static_cast<unsigned>(std::clamp<int64_t>(want, 1, int64_t{sms} * std::max(per_sm, 1)));
+}
+
 dim3 elementwise_grid(int64_t rows, int64_t f) {
   return dim3(static_cast<unsigned>(ceil_div(f, int64_t{kThreads} * kPerThread)),
               static_cast<unsigned>(std::min(rows, kMaxGridY)));
@@ -30,6 +50,15 @@ dim3 elementwise_grid(int64_t rows, int64_t f) {
 template <typename InT, typename OutT>
 void forward_typed(Context& ctx, const SwigluForwardArgs& a) {
   const int64_t rows = a.h.rows(), f = a.h.cols();
+  if (vectorizable(f, {a.gate_up.data(), a.h.data()})) {
+    auto kernel = k::swiglu_forward_vec_kernel<InT, OutT, kThreads>;
+    const unsigned blocks =
+        persistent_blocks(ctx, kernel, kThreads, ceil_div(rows * (f / k::kChunk), 2 * kThreads));
+    kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(a.gate_up.data_as<const InT>(), rows, f,
+                                                    a.h.data_as<OutT>());
+    OCTET_CUDA_CHECK_LAUNCH();
+    return;
+  }
   k::swiglu_forward_kernel<InT, OutT, kThreads, kPerThread>
       <<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(a.gate_up.data_as<const InT>(),
                                                                    rows, f, a.h.data_as<OutT>());
@@ -39,6 +68,16 @@ void forward_typed(Context& ctx, const SwigluForwardArgs& a) {
 template <typename InT, typename GradT>
 void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
+  if (vectorizable(f, {a.dh.data(), a.gate_up.data(), a.d_gate_up.data()})) {
+    auto kernel = k::swiglu_backward_vec_kernel<InT, GradT, kThreads>;
+    const unsigned blocks =
+        persistent_blocks(ctx, kernel, kThreads, ceil_div(rows * (f / k::kChunk), 2 * kThreads));
+    kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(a.dh.data_as<const GradT>(),
+                                                    a.gate_up.data_as<const InT>(), rows, f,
+                                                    a.d_gate_up.data_as<GradT>());
+    OCTET_CUDA_CHECK_LAUNCH();
+    return;
+  }
   k::swiglu_backward_kernel<InT, GradT, kThreads, kPerThread>
       <<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(
           a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(), rows, f,
@@ -52,23 +91,22 @@ void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out)
   const cudaStream_t st = stream_of(ctx);
   auto* amax_bits = out.amax.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
-  auto kernel = k::swiglu_quantize_1x128_kernel<InT, kQuantThreads>;
-  // A persistent grid: as many blocks as the SMs hold at once, never more than there are groups
-  // for.
-  int per_sm = 0, sms = 0;
-  OCTET_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, 0));
-  OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
-  const int64_t groups = rows * ceil_div(f, kGroup);
-  const int64_t blocks = std::clamp<int64_t>(ceil_div(groups, kQuantThreads / 32), 1,
-                                             int64_t{sms} * std::max(per_sm, 1));
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
-  kernel<<<static_cast<unsigned>(blocks), kQuantThreads, 0, st>>>(
-      a.gate_up.data_as<const InT>(), rows, f,
-      a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rule,
-      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits);
-  OCTET_CUDA_CHECK_LAUNCH();
+  const int64_t groups = rows * ceil_div(f, kGroup);
+  const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
+  auto launch = [&](auto kernel, int64_t want) {
+    kernel<<<persistent_blocks(ctx, kernel, kQuantThreads, want), kQuantThreads, 0, st>>>(
+        a.gate_up.data_as<const InT>(), rows, f, w, rule, out.data.data_as<uint8_t>(),
+        out.scale_inv.data_as<float>(), amax_bits);
+    OCTET_CUDA_CHECK_LAUNCH();
+  };
+  if (vectorizable(f, {a.gate_up.data(), out.data.data()}))  // a warp per 2 groups, 2 in flight
+    launch(k::swiglu_quantize_1x128_vec_kernel<InT, kQuantThreads>,
+           ceil_div(groups, 4 * (kQuantThreads / 32)));
+  else  // a warp per group
+    launch(k::swiglu_quantize_1x128_kernel<InT, kQuantThreads>,
+           ceil_div(groups, kQuantThreads / 32));
 }
 
 }  // namespace
