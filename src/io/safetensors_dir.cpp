@@ -228,7 +228,11 @@ std::map<std::string, std::string> parse_safetensors_index(std::string_view text
   return map;
 }
 
-std::map<std::string, LocatedTensor> read_safetensors_dir(const std::string& dir_name) {
+std::map<std::string, LocatedTensor> read_safetensors_dir(const std::string& dir_name,
+                                                          const ElementRanges* ranges) {
+  auto read = [ranges](const std::string& path) {
+    return ranges != nullptr ? read_safetensors_ranges(path, *ranges) : read_safetensors(path);
+  };
   const fs::path dir = normalized_dir(dir_name);
   const fs::path index = dir / kShardIndexName, single = dir / kSingleShardName;
   std::error_code ec;  // the error_code forms: a name too long is a missing file, not a throw
@@ -239,7 +243,7 @@ std::map<std::string, LocatedTensor> read_safetensors_dir(const std::string& dir
               " nor ", kSingleShardName, ")");
   std::map<std::string, LocatedTensor> found;
   if (has_single) {
-    for (auto& [name, t] : read_safetensors(single.string()).tensors)
+    for (auto& [name, t] : read(single.string()).tensors)
       found.emplace(name, LocatedTensor{std::move(t), single.string()});
     return found;
   }
@@ -258,7 +262,7 @@ std::map<std::string, LocatedTensor> read_safetensors_dir(const std::string& dir
                     : std::string("missing"),
                 " (", kShardIndexName, " maps tensor '", names.front(), "'",
                 names.size() > 1 ? " and others" : "", " to it)");
-    for (auto& [name, t] : read_safetensors(path.string()).tensors)
+    for (auto& [name, t] : read(path.string()).tensors)
       held[name].push_back(LocatedTensor{std::move(t), path.string()});
   }
   for (auto& [name, locs] : held) {

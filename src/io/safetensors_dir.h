@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "io/safetensors_parts.h"
 
 namespace octet::io {
 
@@ -67,8 +68,11 @@ struct LocatedTensor {
 };
 
 // Every tensor of the directory, checked against the index: each listed tensor in its file, each
-// file's tensors listed there, no tensor twice. Throws naming the file and tensor.
-std::map<std::string, LocatedTensor> read_safetensors_dir(const std::string& dir);
+// file's tensors listed there, no tensor twice. Throws naming the file and tensor. With `ranges`,
+// a tensor named there has only those elements read (read_safetensors_ranges: a rank reading
+// only what it holds); the others are read whole.
+std::map<std::string, LocatedTensor> read_safetensors_dir(const std::string& dir,
+                                                          const ElementRanges* ranges = nullptr);
 
 // The weight_map (tensor name -> shard file) of the text of a model.safetensors.index.json. Every
 // file must be a plain name inside the directory and no tensor may be listed twice; errors name

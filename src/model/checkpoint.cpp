@@ -419,7 +419,8 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name,
               ": not a checkpoint directory");
   LoadedCheckpoint out;
   out.config = read_model_config((dir / kConfigName).string());
-  const std::map<std::string, Located> found = io::read_safetensors_dir(dir.string());
+  const std::map<std::string, Located> found =
+      io::read_safetensors_dir(dir.string(), options.ranges);
 
   const std::vector<TensorSpec> specs = expected_tensors(out.config);
   std::vector<const TensorSpec*> missing;

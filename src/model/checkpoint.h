@@ -40,6 +40,7 @@
 
 #include "core/quant_tensor.h"
 #include "io/safetensors.h"
+#include "io/safetensors_parts.h"
 #include "model/config.h"
 #include "model/module_tree.h"
 
@@ -116,6 +117,11 @@ enum class ReadCast : uint8_t {
 struct CheckpointReadOptions {
   Fp8Weights fp8_weights = Fp8Weights::kDequantize;
   ReadCast cast = ReadCast::kAsStored;
+  // Non-null: the tensors named there have only those element ranges read (the rest of them
+  // uninitialised; an empty list reads nothing): what a rank that holds part of the model reads
+  // (train/checkpoint_plan.h, model_resume_ranges). A converted tensor (BF16 or FP8 to F32) is
+  // converted whole, its unread elements into values the caller must not use.
+  const io::ElementRanges* ranges = nullptr;
 };
 
 struct LoadedCheckpoint {

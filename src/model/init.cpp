@@ -79,14 +79,13 @@ Tensor to_bf16(const Tensor& f32) {
   return out;
 }
 
-// Where `model` holds checkpoint tensor `s` (not an MTP copy): an F32 view of its elements.
-Tensor held_view(Model& model, const TensorSpec& s) {
-  Parameter& p = model.parameter(s.fused_name.empty() ? s.name : s.fused_name);
-  const int64_t n = shape_numel(s.shape);
-  OCTET_CHECK(p.value.dtype() == DType::kF32 && s.fused_offset + n <= p.value.numel(),
-              "init_model: parameter ", p.name, " does not hold ", s.name);
-  return Tensor::wrap(p.value.data_as<float>() + s.fused_offset, s.shape, DType::kF32,
-                      p.value.device());
+// Where `model` holds checkpoint tensor `s` (not an MTP copy): an F32 view of its elements, or an
+// undefined optional when it is another expert-parallel rank's expert.
+std::optional<Tensor> held_view(Model& model, const TensorSpec& s) {
+  float* at = model.held_elements(s.name);
+  if (at == nullptr) return std::nullopt;
+  const Parameter& p = model.parameter(s.fused_name.empty() ? s.name : s.fused_name);
+  return Tensor::wrap(at, s.shape, DType::kF32, p.value.device());
 }
 
 }  // namespace
@@ -126,7 +125,9 @@ void init_model(Context& ctx, Model& model, uint64_t seed) {
   const std::vector<TensorSpec> specs = expected_tensors(c);
   for (const TensorSpec& s : specs) {
     if (!s.copy_of.empty()) continue;  // the MTP modules read the shared embedding and head
-    Tensor t = held_view(model, s);
+    std::optional<Tensor> held = held_view(model, s);
+    if (!held) continue;  // another expert-parallel rank's expert: initialised there
+    Tensor& t = *held;
     if (!is_gaussian(s.kind)) {
       init_fill(ctx, t, s.kind == TensorKind::kNorm ? 1.0f : 0.0f);
       continue;

@@ -45,6 +45,8 @@ uint64_t init_stream(const std::string& name);
 // Sets every parameter of `model` (F32 masters on ctx's device) to what
 // model.load(init_parameters(model.config(), seed)) would set, bit for bit, computing on the
 // model's device. Synchronises (CUDA: once per Gaussian tensor, to read its uncertified indices).
+// With the routed experts sharded (expert parallelism) each rank draws only its own experts: an
+// element's value depends on its tensor's name and index alone, so they are the single rank's.
 void init_model(Context& ctx, Model& model, uint64_t seed);
 
 }  // namespace octet

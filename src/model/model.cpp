@@ -254,40 +254,36 @@ void Model::load(Context& ctx, const io::NamedTensors& tensors, const io::NamedT
 }
 
 io::NamedTensors Model::export_tensors(Context& ctx) const {
+  OCTET_CHECK(shard_base_.empty(),
+              "model: export_tensors needs every routed expert, but this rank holds ",
+              experts_.count, " of ", config_.n_routed_experts,
+              " (expert parallelism); each rank writes its own to a checkpoint "
+              "(train/checkpoint_plan.h)");
   io::NamedTensors out;
   const CopyKind kind =
       ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToHost;
-  const std::map<const Parameter*, Tensor> whole = gather_experts(ctx);
   for (const TensorSpec& s : expected_tensors(config_)) {
     const std::string& source = s.copy_of.empty() ? s.name : s.copy_of;
     const Slot slot = slots_.count(source) ? slots_.at(source)
                                            : Slot{by_name_.at(source), 0, shape_numel(s.shape)};
     Tensor t = Tensor::empty(s.shape, DType::kF32);
-    if (const auto w = whole.find(slot.param); w != whole.end()) {
-      std::memcpy(t.data(), w->second.data_as<const float>() + slot.offset, t.nbytes());
-    } else {
-      ctx.be().copy(t.data(), slot.param->value.data_as<const float>() + slot.offset, t.nbytes(),
-                    kind);
-    }
+    ctx.be().copy(t.data(), slot.param->value.data_as<const float>() + slot.offset, t.nbytes(),
+                  kind);
     out.emplace_back(s.name, t);
   }
   return out;
 }
 
-std::map<const Parameter*, Tensor> Model::gather_experts(Context& ctx) const {
-  // The one place that assembles whole experts for a checkpoint; a per-rank shard writer would
-  // replace it by writing each rank's experts itself.
-  // Collective: every rank gathers the same parameters in the same (model) order.
-  std::map<const Parameter*, Tensor> out;
-  for (const auto& q : params_) {
-    const Parameter* p = q.get();
-    if (!shard_base_.count(p)) continue;
-    const int64_t n = p->value.numel();
-    Tensor all = Tensor::empty(ctx, {n * expert_group_->size()}, DType::kF32);
-    expert_group_->all_gather(ctx, p->value.data(), all.data(), n, DType::kF32);
-    out[p] = all.to_host(ctx);
+float* Model::held_elements(const std::string& name) {
+  const auto it = slots_.find(name);
+  OCTET_CHECK(it != slots_.end(), "model: no parameter holds checkpoint tensor '", name, "'");
+  const Slot& s = it->second;
+  int64_t at = s.offset;
+  if (const auto sh = shard_base_.find(s.param); sh != shard_base_.end()) {
+    at -= sh->second;  // sharded experts: into this rank's part
+    if (at < 0 || at >= s.param->value.numel()) return nullptr;
   }
-  return out;
+  return s.param->value.data_as<float>() + at;
 }
 
 std::vector<Parameter*> Model::expert_parameters() {

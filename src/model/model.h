@@ -59,8 +59,8 @@ class Model {
  public:
   // Parameters allocated (uninitialised) on ctx's device; see init / load. With an expert group
   // of W > 1 ranks (expert parallelism, model/moe_ep.h), this rank holds its E / W routed experts
-  // only (E % W == 0, else an error): the experts' parameters are (E / W, Out, In), load() takes
-  // this rank's experts from a whole checkpoint, and export_tensors() gathers them (collective).
+  // only (E % W == 0, else an error): the experts' parameters are (E / W, Out, In), and load()
+  // takes this rank's experts from the checkpoint's (the others may be absent or unread).
   Model(Context& ctx, const ModelConfig& config, const Precision& precision,
         std::shared_ptr<Comm> expert_group = nullptr);
   Model(const Model&) = delete;
@@ -81,9 +81,13 @@ class Model {
   // checkpoint's. Missing MTP tensors (a transformers checkpoint) keep the values from `fallback`.
   void load(Context& ctx, const io::NamedTensors& tensors,
             const io::NamedTensors* fallback = nullptr);
-  // Host F32 tensors in expected_tensors order. With sharded experts, collective over the expert
-  // group: every rank gathers the whole experts (every rank returns the whole checkpoint form).
+  // Host F32 tensors in expected_tensors order. Refused with sharded experts: no rank holds them
+  // all (the checkpoint writer, train/checkpoint_plan.h, has each rank write its own).
   io::NamedTensors export_tensors(Context& ctx) const;
+  // Where this rank holds checkpoint tensor `name` (an expected_tensors name that is no MTP copy):
+  // its first F32 element in the parameter on the model's device, its elements contiguous; null
+  // when it is a routed expert of another expert-parallel rank.
+  float* held_elements(const std::string& name);
   // Whether the routed experts are sharded over an expert group of more than one rank.
   bool experts_sharded() const { return expert_group_ != nullptr; }
   // The routed experts' parameters (sharded over the expert group when experts_sharded()).
@@ -167,8 +171,6 @@ class Model {
   std::shared_ptr<Comm> expert_group_;
   ExpertSlice experts_;
   std::map<const Parameter*, int64_t> shard_base_;
-  // The whole host values of the sharded parameters (export_tensors), gathered over the group.
-  std::map<const Parameter*, Tensor> gather_experts(Context& ctx) const;
 
   Parameter* embed_ = nullptr;
   LinearLayer head_proj_;

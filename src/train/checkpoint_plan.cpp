@@ -1,9 +1,12 @@
 #include "train/checkpoint_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "io/safetensors_dir.h"
+#include "train/expert_parallel.h"
 #include "train/optimizer.h"
 #include "train/zero_optimizer.h"
 
@@ -11,6 +14,44 @@ namespace octet::train {
 namespace {
 
 const char* const kOptimizerFile = "optimizer.safetensors";
+
+bool is_routed_expert(const TensorSpec& s) {
+  return s.role == ParamRole::kExpertsGateUp || s.role == ParamRole::kExpertsDown;
+}
+
+// The moments' holdings of one ZeRO-1 optimizer: piece c of parameter c.param is elements
+// [base + c.offset, ...) of file tensor first[c.param] (+1 for exp_avg_sq), written by world rank
+// world_rank(c.rank); the data is this rank's shards where that is `rank`.
+void add_moment_holdings(std::vector<Holding>& out, size_t file, const ZeroAdamW& zero,
+                         const std::vector<size_t>& first, int64_t base_experts,
+                         const std::function<int(int)>& world_rank, int rank) {
+  for (const ZeroLayout::Piece& c : zero.layout().pieces) {
+    const Parameter& p = *zero.params()[static_cast<size_t>(c.param)];
+    const int64_t base = base_experts == 0 ? 0 : base_experts * (p.value.numel() / p.value.size(0));
+    for (int which = 0; which < 2; ++which) {
+      Holding h;
+      h.file = file;
+      h.tensor = first[static_cast<size_t>(c.param)] + static_cast<size_t>(which);
+      h.begin = base + c.offset;
+      h.end = base + c.offset + c.numel;
+      h.ranks = {world_rank(c.rank)};
+      if (h.ranks[0] == rank)
+        h.data = static_cast<const uint16_t*>(
+                     (which == 0 ? zero.exp_avg_shard() : zero.exp_avg_sq_shard()).data()) +
+                 c.shard_offset;
+      out.push_back(std::move(h));
+    }
+  }
+}
+
+// Each parameter's index in `params` -> its exp_avg's index in the optimizer file (by name).
+std::vector<size_t> firsts(const std::vector<Parameter*>& params,
+                           const std::map<std::string, size_t>& first_by_name) {
+  std::vector<size_t> out;
+  out.reserve(params.size());
+  for (const Parameter* p : params) out.push_back(first_by_name.at(p->name));
+  return out;
+}
 
 int64_t elem_bytes(const CheckpointPlan& p, size_t file, size_t tensor) {
   return dtype_size(p.files[file].tensors[tensor].dtype);
@@ -161,19 +202,27 @@ CheckpointPlan make_checkpoint_plan(std::vector<PlanFile> files,
   return p;
 }
 
-std::vector<int> weight_holders(const TensorSpec& /*spec*/, int world) {
-  std::vector<int> all(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
-  return all;
+std::vector<int> weight_holders(const TensorSpec& spec, int world, int ep, int64_t experts) {
+  std::vector<int> out;
+  if (ep > 1 && is_routed_expert(spec)) {
+    const int64_t per_expert = shape_numel(spec.fused_shape) / spec.fused_shape.at(0);
+    const int64_t expert = spec.fused_offset / per_expert;
+    const auto e = static_cast<int>(expert / (experts / ep));  // its EP rank
+    for (int r = e; r < world; r += ep) out.push_back(r);
+    return out;
+  }
+  for (int r = 0; r < world; ++r) out.push_back(r);
+  return out;
 }
 
 TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
-  OCTET_CHECK(s.model && (s.zero || s.optim) && s.optimizer_steps,
+  OCTET_CHECK(s.model && (s.zero || s.ep || s.optim) && s.optimizer_steps,
               "training checkpoint: model, optimizer and step count are required");
   TrainingCheckpoint out;
   Model& model = *s.model;
   const ModelConfig& config = model.config();
   const std::vector<TensorSpec> specs = expected_tensors(config);
+  const int ep = s.ep ? s.ep->ep_size() : 1;
   // The model shards: F32 masters in expected_tensors order, transformers' sharding rule (a new
   // shard when the next tensor would overflow a non-empty one), as write_checkpoint does.
   std::vector<std::vector<size_t>> shards(1);
@@ -217,9 +266,12 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
       h.file = out.files.size();
       h.tensor = pf.tensors.size() - 1;
       h.end = shape_numel(t.shape);
-      h.ranks = weight_holders(t, s.world);
-      if (std::find(h.ranks.begin(), h.ranks.end(), s.rank) != h.ranks.end())
-        h.data = p.value.data_as<const float>() + src.fused_offset;
+      h.ranks = weight_holders(t, s.world, ep, config.n_routed_experts);
+      if (std::find(h.ranks.begin(), h.ranks.end(), s.rank) != h.ranks.end()) {
+        h.data = model.held_elements(src.name);
+        OCTET_CHECK(h.data != nullptr, "training checkpoint: rank ", s.rank, " should hold ",
+                    t.name, " but its model does not");
+      }
       out.holdings.push_back(std::move(h));
     }
     out.files.push_back(std::move(pf));
@@ -238,40 +290,48 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
   // optimizer.safetensors: AdamWOptimizer::state_dict's tensors.
   PlanFile opt;
   opt.name = kOptimizerFile;
-  const std::vector<Parameter*>& params = s.zero ? s.zero->params() : s.optim->params();
-  std::vector<size_t> first(params.size(), 0);  // index of the parameter's exp_avg in opt
+  // In model order (AdamWOptimizer's; ZeRO-1's and EP's trainable parameters are that order),
+  // each moment whole: a sharded expert parameter's (E / P, ...) is (E, ...) in the file.
+  const std::vector<Parameter*> params = s.zero ? s.zero->params()
+                                         : s.ep ? model.parameters()
+                                                : s.optim->params();
+  std::map<std::string, size_t> first;  // parameter -> its exp_avg's index in opt
   const size_t file = out.files.size();
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i]->trainable) continue;
-    first[i] = opt.tensors.size();
-    opt.tensors.push_back({params[i]->name + ".exp_avg", DType::kBF16, params[i]->value.shape()});
-    opt.tensors.push_back(
-        {params[i]->name + ".exp_avg_sq", DType::kBF16, params[i]->value.shape()});
+  std::set<const Parameter*> sharded;
+  if (s.ep)
+    for (const Parameter* p : s.ep->experts().params()) sharded.insert(p);
+  for (const Parameter* p : params) {
+    if (!p->trainable) continue;
+    first[p->name] = opt.tensors.size();
+    Shape shape = p->value.shape();
+    if (sharded.count(p)) shape[0] *= ep;
+    opt.tensors.push_back({p->name + ".exp_avg", DType::kBF16, shape});
+    opt.tensors.push_back({p->name + ".exp_avg_sq", DType::kBF16, shape});
   }
   opt.tensors.push_back({AdamWOptimizer::kStepTensorName, DType::kI64, {1}});
   if (s.zero) {
-    for (const ZeroLayout::Piece& c : s.zero->layout().pieces) {
-      for (int which = 0; which < 2; ++which) {
-        Holding h;
-        h.file = file;
-        h.tensor = first[static_cast<size_t>(c.param)] + static_cast<size_t>(which);
-        h.begin = c.offset;
-        h.end = c.offset + c.numel;
-        h.ranks = {c.rank};
-        if (c.rank == s.rank)
-          h.data = static_cast<const uint16_t*>(
-                       (which == 0 ? s.zero->exp_avg_shard() : s.zero->exp_avg_sq_shard()).data()) +
-                   c.shard_offset;
-        out.holdings.push_back(std::move(h));
-      }
-    }
+    add_moment_holdings(
+        out.holdings, file, *s.zero, firsts(s.zero->params(), first), 0, [](int r) { return r; },
+        s.rank);
+  } else if (s.ep) {
+    const EpAdamW& e = *s.ep;
+    add_moment_holdings(
+        out.holdings, file, e.replicated(), firsts(e.replicated().params(), first), 0,
+        [](int r) { return r; }, s.rank);
+    // Every EP rank's experts, from this rank's layout: the expert optimizers of all EP ranks
+    // have the same shapes over data groups of the same size, so the same pieces.
+    const std::vector<size_t> ef = firsts(e.experts().params(), first);
+    for (int er = 0; er < ep; ++er)
+      add_moment_holdings(
+          out.holdings, file, e.experts(), ef, er * e.expert_count(),
+          [er, ep](int d) { return d * ep + er; }, er == e.ep_rank() ? s.rank : -1);
   } else {
     for (size_t i = 0; i < params.size(); ++i) {
       if (!params[i]->trainable) continue;
       for (int which = 0; which < 2; ++which) {
         Holding h;
         h.file = file;
-        h.tensor = first[i] + static_cast<size_t>(which);
+        h.tensor = first.at(params[i]->name) + static_cast<size_t>(which);
         h.end = params[i]->value.numel();
         h.ranks = {0};
         if (s.rank == 0)
@@ -306,6 +366,53 @@ io::ElementRanges zero_resume_ranges(const ZeroAdamW& zero, int rank) {
     out[p->name + ".exp_avg_sq"];
   }
   return out;
+}
+
+io::ElementRanges ep_resume_ranges(const EpAdamW& ep, int rank) {
+  io::ElementRanges out = zero_resume_ranges(ep.replicated(), rank);
+  const ZeroAdamW& experts = ep.experts();
+  const int data_rank = rank / ep.ep_size();
+  for (const Parameter* p : experts.params()) {  // named even when this rank owns no piece
+    out[p->name + ".exp_avg"];
+    out[p->name + ".exp_avg_sq"];
+  }
+  for (const ZeroLayout::Piece& c : experts.layout().pieces) {
+    if (c.rank != data_rank) continue;
+    const Parameter& p = *experts.params()[static_cast<size_t>(c.param)];
+    const int64_t base = ep.first_expert() * (p.value.numel() / p.value.size(0));
+    for (const char* m : {".exp_avg", ".exp_avg_sq"})
+      out[p.name + m].emplace_back(base + c.offset, base + c.offset + c.numel);
+  }
+  return out;
+}
+
+io::ElementRanges model_resume_ranges(Model& model) {
+  io::ElementRanges out;
+  for (const TensorSpec& t : expected_tensors(model.config()))
+    if (t.copy_of.empty() && model.held_elements(t.name) == nullptr) out[t.name];  // none
+  return out;
+}
+
+std::vector<std::string> load_training_checkpoint(Context& ctx, const std::string& dir,
+                                                  const TrainingSources& s) {
+  OCTET_CHECK(s.model && (s.zero || s.ep || s.optim),
+              "training checkpoint: a model and an optimizer to load into are required");
+  const io::ElementRanges model_ranges = model_resume_ranges(*s.model);
+  CheckpointReadOptions ro;
+  ro.cast = ReadCast::kToF32;
+  ro.ranges = &model_ranges;
+  const LoadedCheckpoint ck = read_checkpoint(dir, ro);
+  std::vector<std::string> warnings = load_checkpoint_into(ctx, *s.model, ck);
+  const std::string optim_file = dir + "/" + kOptimizerFile;
+  if (s.ep)
+    s.ep->load_state_dict(
+        ctx, io::read_safetensors_ranges(optim_file, ep_resume_ranges(*s.ep, s.rank)).tensors);
+  else if (s.zero)
+    s.zero->load_state_dict(
+        ctx, io::read_safetensors_ranges(optim_file, zero_resume_ranges(*s.zero, s.rank)).tensors);
+  else
+    s.optim->load_state_dict(ctx, io::read_safetensors(optim_file).tensors);
+  return warnings;
 }
 
 }  // namespace octet::train

@@ -20,9 +20,14 @@
 //             masters (ZeroAdamW::master_released), each piece's owner, from its master shard;
 //   moments   ZeRO-1: each piece's owner (ZeroLayout); one process: rank 0;
 //   step      rank 0 (a host value).
-// Expert parallelism extends weight_holders: an expert's tensors are held by the ranks of its
-// expert-parallel group only (and its moments by their ZeRO owners within that group); nothing
-// else changes, and the files stay the same at every world size and grid.
+// Expert parallelism (train/expert_parallel.h, EP = P): a routed expert's weights are held by its
+// data group only (the W / P ranks with its EP rank: weight_holders), its moments by their ZeRO-1
+// owners in that group (world rank d P + e for data rank d and EP rank e), the replicated moments
+// as with data parallelism; nothing is gathered, and the files stay the same at every grid.
+//
+// Resume at any world size and grid (load_training_checkpoint): each rank reads only what it holds
+// (io::read_safetensors_ranges): its experts' weights, not the other ranks' (model_resume_ranges),
+// and its ZeRO-1 pieces' rows of the moments (zero_resume_ranges, ep_resume_ranges).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +43,7 @@
 namespace octet::train {
 
 class ZeroAdamW;
+class EpAdamW;
 class AdamWOptimizer;
 
 struct PlanFile {
@@ -79,9 +85,9 @@ struct CheckpointPlan {
 CheckpointPlan make_checkpoint_plan(std::vector<PlanFile> files,
                                     const std::vector<Holding>& holdings, int world);
 
-// The ranks that hold checkpoint weight `spec` whole: every rank today. The entry point for
-// expert parallelism (see the top of this file).
-std::vector<int> weight_holders(const TensorSpec& spec, int world);
+// The ranks that hold checkpoint weight `spec` whole: every rank, but a routed expert with
+// ep > 1 (of `experts` routed experts): the data group of its EP rank, {e, e + ep, ...}.
+std::vector<int> weight_holders(const TensorSpec& spec, int world, int ep = 1, int64_t experts = 0);
 
 struct TrainingCheckpoint {
   std::vector<PlanFile> files;
@@ -93,6 +99,7 @@ struct TrainingCheckpoint {
 struct TrainingSources {
   Model* model = nullptr;
   ZeroAdamW* zero = nullptr;                 // ZeRO-1 (any world size), or
+  EpAdamW* ep = nullptr;                     // expert parallelism (sharded experts), or
   AdamWOptimizer* optim = nullptr;           // one process
   const int64_t* optimizer_steps = nullptr;  // host value, read at the snapshot
   int rank = 0, world = 1;
@@ -103,5 +110,16 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s);
 // The element ranges of optimizer.safetensors this rank's ZeRO-1 pieces need on resume (at any
 // world size): what io::read_safetensors_ranges reads.
 io::ElementRanges zero_resume_ranges(const ZeroAdamW& zero, int rank);
+// The same for expert parallelism (world rank `rank`): the replicated pieces' rows and this
+// rank's experts' pieces' rows of the whole (E, ...) moments.
+io::ElementRanges ep_resume_ranges(const EpAdamW& ep, int rank);
+// The model files' ranges this rank reads: nothing of another expert-parallel rank's experts
+// (empty lists), every other tensor whole (not named).
+io::ElementRanges model_resume_ranges(Model& model);
+
+// Loads checkpoint `dir` (any world size and grid) into s.model and s's optimizer, each rank
+// reading only the elements it holds (above). Not collective. Returns the checkpoint's warnings.
+std::vector<std::string> load_training_checkpoint(Context& ctx, const std::string& dir,
+                                                  const TrainingSources& s);
 
 }  // namespace octet::train

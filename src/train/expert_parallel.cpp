@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <map>
 
 #include "backend/backend.h"
 #include "train/optimizer.h"
@@ -88,22 +87,9 @@ void EpAdamW::zero_grad(Context& ctx) {
   experts_->zero_grad(ctx);
 }
 
-io::NamedTensors EpAdamW::state_dict(Context& ctx) {
-  std::map<std::string, Tensor> by_name;
-  for (auto& [n, t] : replicated_->state_dict(ctx)) by_name[n] = t;
-  for (auto& [n, t] : experts_->state_dict(ctx)) {
-    if (n == AdamWOptimizer::kStepTensorName) continue;
-    // This rank's experts' moments, whole over the data group; the expert group's are
-    // contiguous in EP rank order, so the gather is the single-rank (E, Out, In) tensor.
-    Shape shape = t.shape();
-    shape[0] *= groups_.experts->size();
-    by_name[n] = gather_host(ctx, *groups_.experts, t).reshape(shape);
-  }
-  io::NamedTensors out;
-  for (const std::string& p : order_)
-    for (const char* m : {".exp_avg", ".exp_avg_sq"}) out.emplace_back(p + m, by_name.at(p + m));
-  out.emplace_back(AdamWOptimizer::kStepTensorName, by_name.at(AdamWOptimizer::kStepTensorName));
-  return out;
+void EpAdamW::gather_masters(Context& ctx) {
+  replicated_->gather_masters(ctx);
+  experts_->gather_masters(ctx);
 }
 
 void EpAdamW::load_state_dict(Context& ctx, const io::NamedTensors& state) {

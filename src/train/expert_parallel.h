@@ -15,9 +15,10 @@
 // The loss means, the router's expert loads (summed over the world), the spike and rollback
 // decisions are the data-parallel ones (data_parallel.h), over all W ranks.
 //
-// Checkpoints are the single-rank form: the experts' weights and moments gathered over the expert
-// group at save time (Model::export_tensors, EpAdamW::state_dict), each rank taking its experts at
-// load, so a run saved at any grid resumes at any other.
+// Checkpoints are the single-rank form, written by every rank in parallel (train/checkpoint_plan.h):
+// each expert's weights by its data group, its moments by their ZeRO-1 owners in that group, so
+// nothing is gathered; at load each rank reads its experts' rows only, so a run saved at any grid
+// resumes at any other.
 #pragma once
 
 #include <memory>
@@ -50,11 +51,22 @@ class EpAdamW {
 
   StepStats step(Context& ctx, float lr);
   void zero_grad(Context& ctx);
-  // AdamWOptimizer::state_dict's tensors for the whole model (the experts' moments gathered over
-  // the expert group); collective over the world, every rank returns them.
-  io::NamedTensors state_dict(Context& ctx);
-  // From a state of any grid (the single-rank form): each rank takes its experts' moments.
+  // From AdamWOptimizer::state_dict's tensors (the single-rank form, any grid): each rank takes its
+  // experts' rows (the rest may be unread: train/checkpoint_plan.h, ep_resume_ranges).
   void load_state_dict(Context& ctx, const io::NamedTensors& state);
+  // Every master whole on its holders (collective): before a checkpoint reads them.
+  void gather_masters(Context& ctx);
+
+  // For the checkpoint writer and reader (train/checkpoint_plan.h): the replicated parameters'
+  // optimizer (over the world), the experts' (over the data group), this rank's place in the grid
+  // and its experts [first_expert, first_expert + expert_count).
+  const ZeroAdamW& replicated() const { return *replicated_; }
+  const ZeroAdamW& experts() const { return *experts_; }
+  int ep_size() const { return groups_.experts->size(); }
+  int ep_rank() const { return groups_.experts->rank(); }
+  int64_t first_expert() const { return first_; }
+  int64_t expert_count() const { return count_; }
+  int64_t steps_taken() const { return replicated_->steps_taken(); }
 
  private:
   EpGroups groups_;

@@ -44,7 +44,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* const kOptimizerFile = "optimizer.safetensors";
 const char* const kRecipeStateFile = "recipe_state.safetensors";
 const char* const kTrainerStateFile = "trainer_state.json";
 
@@ -200,58 +199,34 @@ struct Run {
         << mib(elems * 4) << "\n";
   }
 
-  // Expert parallelism's checkpoint (not yet on the per-rank writer of checkpoint_save.h): the
-  // sharded experts and their optimizer state are gathered over their groups (collective), and
-  // rank 0 writes the same files synchronously, as one process would.
-  void save_checkpoint_gathered(int64_t at, const std::string& final_dir) {
-    io::NamedTensors optim_state = ep_opt->state_dict(ctx);
-    io::NamedTensors weights = model->export_tensors(ctx);
-    last_checkpoint = final_dir;
-    rollback_dir = final_dir;
-    if (dp.writer()) {
-      nlohmann::json st;
-      st["step"] = at;
-      st["tokens_seen"] = tokens_seen;
-      const auto s = sampler->state().to_array();
-      st["sampler"] = std::vector<int64_t>(s.begin(), s.end());
-      st["spike_window"] = std::vector<double>(spike_window.begin(), spike_window.end());
-      const std::string partial = final_dir + ".partial";
-      std::error_code ec;
-      fs::remove_all(partial, ec);
-      write_checkpoint(partial, model_config(), weights);
-      io::write_safetensors(partial + "/" + kOptimizerFile, optim_state);
-      io::write_safetensors(partial + "/" + kRecipeStateFile, model->recipe_state(ctx));
-      io::write_text_file_atomic(partial + "/" + kTrainerStateFile, st.dump(1) + "\n");
-      fs::remove_all(final_dir, ec);
-      fs::rename(partial, final_dir);  // the checkpoint appears whole or not at all
-      io::write_text_file_atomic(ckpt_root + "/latest", step_dir_name(at) + "\n");
-      prune_checkpoints(at);
-    }
-    dp.barrier(ctx);
+  // The model and optimizer, for the checkpoint writer and reader (checkpoint_plan.h).
+  TrainingSources sources() {
+    return {.model = model.get(),
+            .zero = zero.get(),
+            .ep = ep_opt.get(),
+            .optim = optim.get(),
+            .optimizer_steps = &saved_optimizer_steps,
+            .rank = dp.rank(),
+            .world = dp.size()};
   }
 
   // The checkpoint of the current step (collective with several ranks): each rank snapshots what
-  // it writes (checkpoint_plan.h: its share of the weights, its ZeRO-1 moment shards) into pinned
-  // host memory behind the step's work, and writes it in the background into step_N.partial,
-  // which rank 0 renames into place once every rank has written its part (checkpoint_save.h).
+  // it writes (checkpoint_plan.h: its share of the weights, its ZeRO-1 moment shards, with
+  // expert parallelism its own experts) into pinned host memory behind the step's work, and
+  // writes it in the background into step_N.partial, which rank 0 renames into place once every
+  // rank has written its part (checkpoint_save.h).
   void save_checkpoint() {
     const int64_t at = step;
     const std::string final_dir = ckpt_root + "/" + step_dir_name(at);
-    if (ep_opt) {
-      save_checkpoint_gathered(at, final_dir);
-      return;
-    }
     last_checkpoint = final_dir;
     rollback_dir = final_dir;  // a rollback waits for the write (load_checkpoint)
-    saved_optimizer_steps = zero ? zero->steps_taken() : optim->steps_taken();
+    saved_optimizer_steps = zero     ? zero->steps_taken()
+                            : ep_opt ? ep_opt->steps_taken()
+                                     : optim->steps_taken();
     // Sharded masters are written from their owners' shards; unsharded ones must be whole.
     if (zero && !zero->masters_sharded()) zero->gather_masters(ctx);  // (collective)
-    TrainingCheckpoint tc = training_checkpoint({.model = model.get(),
-                                                 .zero = zero.get(),
-                                                 .optim = optim.get(),
-                                                 .optimizer_steps = &saved_optimizer_steps,
-                                                 .rank = dp.rank(),
-                                                 .world = dp.size()});
+    if (ep_opt) ep_opt->gather_masters(ctx);
+    TrainingCheckpoint tc = training_checkpoint(sources());
     SaveRequest req{.root = ckpt_root,
                     .name = step_dir_name(at),
                     .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, dp.size()),
@@ -372,8 +347,10 @@ struct Run {
   // A new run's weights from a checkpoint of any form read_checkpoint takes (FP8 weights
   // dequantized into the FP32 masters); missing MTP layers are initialised from the seed.
   void init_from_checkpoint(const std::string& dir) {
+    const io::ElementRanges mine = model_resume_ranges(*model);  // EP: not the others' experts
     CheckpointReadOptions ro;
     ro.cast = ReadCast::kToF32;
+    ro.ranges = &mine;
     const LoadedCheckpoint ck = read_checkpoint(dir, ro);
     for (const std::string& w :
          load_checkpoint_into(ctx, *model, ck, static_cast<uint64_t>(cfg.seed)))
@@ -389,20 +366,9 @@ struct Run {
     finish_checkpoint();                  // a rollback may read the checkpoint being written
     outputs_attached = false;             // the masters change: the next step prepares everything
     if (zero) zero->gather_masters(ctx);  // sharded masters: whole storage to load into
-    CheckpointReadOptions ro;
-    ro.cast = ReadCast::kToF32;
-    const LoadedCheckpoint ck = read_checkpoint(dir, ro);
-    for (const std::string& w : load_checkpoint_into(ctx, *model, ck))
+    // Each rank reads what it holds: its experts, its ZeRO-1 pieces' moments (checkpoint_plan.h).
+    for (const std::string& w : load_training_checkpoint(ctx, dir, sources()))
       out << "warning: " << w << "\n";
-    const std::string optim_file = dir + "/" + kOptimizerFile;
-    if (ep_opt)
-      ep_opt->load_state_dict(ctx, io::read_safetensors(optim_file).tensors);
-    else if (zero)  // only the rows of this rank's pieces are read
-      zero->load_state_dict(
-          ctx,
-          io::read_safetensors_ranges(optim_file, zero_resume_ranges(*zero, dp.rank())).tensors);
-    else
-      optim->load_state_dict(ctx, io::read_safetensors(optim_file).tensors);
     model->load_recipe_state(ctx, io::read_safetensors(dir + "/" + kRecipeStateFile).tensors);
     const std::string state_file = dir + "/" + kTrainerStateFile;
     std::error_code ec;
@@ -839,11 +805,8 @@ std::unique_ptr<MetricsWriter> open_run(Run& run, const RunOptions& opt,
     if (writer) start_new_run(cfg.run_dir, opt.start, &removed);
     if (!removed.empty()) out << removed << "\n";
   } else if (!target) {
-    if (run.model->experts_sharded())  // each rank keeps its experts of the whole host init
-      run.model->load(run.ctx,
-                      init_parameters(run.model_config(), static_cast<uint64_t>(cfg.seed)));
-    else
-      init_model(run.ctx, *run.model, static_cast<uint64_t>(cfg.seed));  // on the model's device
+    // On the model's device; with expert parallelism each rank draws its own experts only.
+    init_model(run.ctx, *run.model, static_cast<uint64_t>(cfg.seed));
     // Claimed only now, so that a run failing to start leaves no run behind to refuse the next.
     std::string removed;
     if (writer) start_new_run(cfg.run_dir, opt.start, &removed);

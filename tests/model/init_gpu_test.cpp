@@ -3,7 +3,12 @@
 // its default and narrowed so that many elements take the host fix-up path.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
+#include <set>
+
 #include "backend/backend.h"
+#include "dist/comm.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "ops/init/init_normal.h"
@@ -57,6 +62,64 @@ TEST(InitCuda, ManyValuesMatchTheHostBitwise) {
         EXPECT_LT(st.host_elements, n / 4096) << std;
       } else {
         EXPECT_EQ(st.host_elements, n) << std;  // the whole-tensor fallback ran
+      }
+    }
+  }
+}
+
+// An expert group's rank and size without a transport: enough to build a model whose routed
+// experts are sharded (init_model runs no collective); any collective fails the test.
+class RankOnlyComm : public Comm {
+ public:
+  RankOnlyComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "rank-only"; }
+  void all_reduce(Context&, const void*, void*, int64_t, DType, ReduceOp) override { fail(); }
+  void reduce_scatter(Context&, const void*, void*, int64_t, DType, ReduceOp) override { fail(); }
+  void all_gather(Context&, const void*, void*, int64_t, DType) override { fail(); }
+  void all_to_all_v(Context&, const void*, const int64_t*, const int64_t*, void*, const int64_t*,
+                    const int64_t*, DType) override {
+    fail();
+  }
+  void broadcast(Context&, void*, int64_t, DType, int) override { fail(); }
+  void barrier(Context&) override { fail(); }
+  std::shared_ptr<Comm> split(Context&, int, int) override {
+    fail();
+    return nullptr;
+  }
+  void abort(const std::string&) noexcept override {}
+
+ private:
+  static void fail() { OCTET_THROW("init_model ran a collective over the expert group"); }
+  int rank_, size_;
+};
+
+// Expert parallelism: EP rank r of 2 and 4 draws its own experts on the GPU, bit for bit the
+// single rank's (host) values of those experts.
+TEST(InitCuda, ExpertParallelRanksDrawTheirOwnExperts) {
+  OCTET_REQUIRE_GPU();
+  ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;
+  c.moe_intermediate_size = 64;
+  ASSERT_EQ(c.n_routed_experts % 4, 0);
+  const Precision p{recipe_preset("bf16"), DType::kBF16};
+  Context cpu = make_context(Device::kCpu), gpu = make_context(Device::kCuda);
+  Model one(cpu, c, p);
+  init_model(cpu, one, 77);
+  for (const int size : {2, 4}) {
+    for (int r = 0; r < size; ++r) {
+      Model m(gpu, c, p, std::make_shared<RankOnlyComm>(r, size));
+      ASSERT_TRUE(m.experts_sharded());
+      init_model(gpu, m, 77);
+      std::set<const Parameter*> experts;
+      for (const Parameter* e : m.expert_parameters()) experts.insert(e);
+      for (Parameter* q : m.parameters()) {
+        const Tensor got = q->value.to_host(gpu);
+        const Tensor& full = one.parameter(q->name).value;
+        const int64_t from = experts.count(q) ? r * got.numel() : 0;
+        EXPECT_EQ(std::memcmp(got.data(), full.data_as<const float>() + from, got.nbytes()), 0)
+            << "EP rank " << r << " of " << size << ": " << q->name;
       }
     }
   }

@@ -36,70 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-std::string temp_dir(const std::string& name) {
-  return test::fresh_temp_dir("ep", name);
-}
-
-std::string write_corpus(const std::string& dir) {
-  return test::write_pangram_corpus(dir, 300);
-}
-
-// A small MoE model: 8 routed experts (top 2) and a shared one in layer 1 of 2.
-constexpr const char* kModelKeys[] = {"model.hidden_size=32",
-                                      "model.intermediate_size=64",
-                                      "model.moe_intermediate_size=16",
-                                      "model.num_attention_heads=2",
-                                      "model.q_lora_rank=16",
-                                      "model.kv_lora_rank=16",
-                                      "model.qk_nope_head_dim=16",
-                                      "model.qk_rope_head_dim=16",
-                                      "model.v_head_dim=16",
-                                      "model.max_position_embeddings=32",
-                                      "model.num_nextn_predict_layers=0"};
-
-TrainConfig tiny(const std::string& run_dir, const std::string& corpus, const std::string& recipe,
-                 int64_t batch, int64_t accum, int64_t ep) {
-  TrainConfig c;
-  for (const char* kv :
-       {"steps=4", "checkpoint_every=2", "keep_checkpoints=3", "seq_len=16", "log_every=1",
-        "eval.every=0", "optim.warmup_steps=1", "device=cpu", "safety.shadow_bf16=2"})
-    apply_set(c, kv);
-  for (const char* kv : kModelKeys) apply_set(c, kv);
-  apply_set(c, "recipe=" + recipe);
-  apply_set(c, "batch_size=" + std::to_string(batch));
-  apply_set(c, "grad_accum=" + std::to_string(accum));
-  apply_set(c, "parallel.ep=" + std::to_string(ep));
-  apply_set(c, "run_dir=" + run_dir);
-  apply_set(c, "data.text=\"" + corpus + "\"");
-  c.validate();
-  return c;
-}
-
-// The largest |a - b| over every element of same-named tensors (same names and shapes required).
-double max_diff(const io::NamedTensors& a, const io::NamedTensors& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    EXPECT_EQ(a[i].second.shape(), b[i].second.shape()) << a[i].first;
-    if (a[i].second.shape() != b[i].second.shape() || a[i].second.dtype() != DType::kF32) continue;
-    for (int64_t k = 0; k < a[i].second.numel(); ++k)
-      worst = std::max<double>(worst, std::fabs(a[i].second.data_as<const float>()[k] -
-                                                b[i].second.data_as<const float>()[k]));
-  }
-  return worst;
-}
-
-class ExpertParallelTrainer : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    corpus_ = write_corpus(dir_);
-    cache_ = dir_ + "/cache";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string dir_, corpus_, cache_;
-};
+class ExpertParallelTrainer : public MoeRunTest {};
 
 // Tolerances over 4 steps of this model (lr 3e-3 after one warm-up step). The first loss is bit
 // for bit; the later ones follow updates whose expert gradients differ: in bf16 in the FP32
@@ -128,8 +65,10 @@ TEST_F(ExpertParallelTrainer, EpTwoFourAndTwoByTwoMatchOneRank) {
       const std::string one = dir_ + "/one_" + recipe + std::to_string(g.world);
       const std::string many =
           dir_ + "/ep_" + recipe + std::to_string(g.world) + std::to_string(g.ep);
-      if (!fs::exists(one)) run_ranks(1, tiny(one, corpus_, recipe, 2, g.world, 1), cache_);
-      const RunResult b = run_ranks(g.world, tiny(many, corpus_, recipe, 2, 1, g.ep), cache_);
+      if (!fs::exists(one))
+        run_ranks(1, moe_run_config(one, corpus_, recipe, 2, g.world, 1), cache_);
+      const RunResult b =
+          run_ranks(g.world, moe_run_config(many, corpus_, recipe, 2, 1, g.ep), cache_);
       EXPECT_EQ(b.steps_done, 4) << tag;
       const std::vector<double> la = logged_losses(one), lb = logged_losses(many);
       ASSERT_EQ(la.size(), 4u) << tag;
@@ -140,7 +79,7 @@ TEST_F(ExpertParallelTrainer, EpTwoFourAndTwoByTwoMatchOneRank) {
       EXPECT_LT(lb.back(), lb.front()) << tag;
       // The checkpoint is the single-rank form (every expert, whole), the weights close.
       const double dw =
-          max_diff(checkpoint_tensors(one, 4, "model"), checkpoint_tensors(many, 4, "model"));
+          max_abs_diff(checkpoint_tensors(one, 4, "model"), checkpoint_tensors(many, 4, "model"));
       EXPECT_LE(dw, weight_abs(recipe)) << tag;
       std::cout << "[ measured ] " << tag << ": max |weight difference| " << dw << ", last loss "
                 << la.back() << " vs " << lb.back() << "\n";
@@ -159,13 +98,13 @@ TEST_F(ExpertParallelTrainer, SavedAtEpTwoResumesAtTwoBitForBitAndAtOne) {
   const std::string recipe = "deepseek";
   // Uninterrupted EP 2.
   const std::string straight = dir_ + "/straight";
-  run_ranks(2, tiny(straight, corpus_, recipe, 2, 1, 2), cache_);
-  // EP 2 for two steps, then EP 2 again: the gathered checkpoint scattered back, bit for bit.
+  run_ranks(2, moe_run_config(straight, corpus_, recipe, 2, 1, 2), cache_);
+  // EP 2 for two steps, then EP 2 again: every rank wrote and reads its own experts, bit for bit.
   const std::string again = dir_ + "/again";
-  TrainConfig half = tiny(again, corpus_, recipe, 2, 1, 2);
+  TrainConfig half = moe_run_config(again, corpus_, recipe, 2, 1, 2);
   half.steps = 2;
   run_ranks(2, half, cache_);
-  run_ranks(2, tiny(again, corpus_, recipe, 2, 1, 2), cache_, again);
+  run_ranks(2, moe_run_config(again, corpus_, recipe, 2, 1, 2), cache_, again);
   EXPECT_EQ(logged_losses(again), logged_losses(straight));
   expect_bitwise(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(again, 4, "model"),
                  "EP 2 -> EP 2");
@@ -174,47 +113,44 @@ TEST_F(ExpertParallelTrainer, SavedAtEpTwoResumesAtTwoBitForBitAndAtOne) {
 
   // EP 2 for two steps, then one rank with grad_accum 2 (the same global batch).
   const std::string to_one = dir_ + "/to_one";
-  TrainConfig h1 = tiny(to_one, corpus_, recipe, 2, 1, 2);
+  TrainConfig h1 = moe_run_config(to_one, corpus_, recipe, 2, 1, 2);
   h1.steps = 2;
   run_ranks(2, h1, cache_);
-  run_ranks(1, tiny(to_one, corpus_, recipe, 2, 2, 1), cache_, to_one, /*allow_change=*/true);
+  run_ranks(1, moe_run_config(to_one, corpus_, recipe, 2, 2, 1), cache_, to_one,
+            /*allow_change=*/true);
   const std::vector<double> got = logged_losses(to_one), want = logged_losses(straight);
   ASSERT_EQ(got.size(), 4u);
   // Step 3 is the first one rank computes: its forward from the EP checkpoint's weights is the EP
   // run's bit for bit (so the checkpoint held every expert); step 4 follows an update.
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
   EXPECT_NEAR(got[3], want[3], loss_rel(recipe) * std::fabs(want[3]));
-  EXPECT_LE(
-      max_diff(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(to_one, 4, "model")),
-      weight_abs(recipe));
+  EXPECT_LE(max_abs_diff(checkpoint_tensors(straight, 4, "model"),
+                         checkpoint_tensors(to_one, 4, "model")),
+            weight_abs(recipe));
 }
 
 TEST_F(ExpertParallelTrainer, SavedAtOneResumesAtEpTwo) {
   const std::string recipe = "bf16";
   const std::string straight = dir_ + "/straight";
-  run_ranks(1, tiny(straight, corpus_, recipe, 2, 2, 1), cache_);
+  run_ranks(1, moe_run_config(straight, corpus_, recipe, 2, 2, 1), cache_);
   const std::string r = dir_ + "/r";
-  TrainConfig half = tiny(r, corpus_, recipe, 2, 2, 1);
+  TrainConfig half = moe_run_config(r, corpus_, recipe, 2, 2, 1);
   half.steps = 2;
   run_ranks(1, half, cache_);
-  run_ranks(2, tiny(r, corpus_, recipe, 2, 1, 2), cache_, r, /*allow_change=*/true);
+  run_ranks(2, moe_run_config(r, corpus_, recipe, 2, 1, 2), cache_, r, /*allow_change=*/true);
   const std::vector<double> got = logged_losses(r), want = logged_losses(straight);
   ASSERT_EQ(got.size(), 4u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;  // step 3: one
   EXPECT_NEAR(got[3], want[3], loss_rel(recipe) * std::fabs(want[3]));            // after an update
-  EXPECT_LE(max_diff(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(r, 4, "model")),
-            weight_abs(recipe));
+  EXPECT_LE(
+      max_abs_diff(checkpoint_tensors(straight, 4, "model"), checkpoint_tensors(r, 4, "model")),
+      weight_abs(recipe));
 }
 
 // The model alone, one micro-batch per rank against one rank accumulating them in rank order:
 // losses and the replicated parameters' gradients (summed over the ranks in rank order) bit for
 // bit; each rank's experts' gradients equal the single rank's slice to FP32 accumulation order
 // (relative to the tensor's largest element, 1e-5).
-ModelConfig tiny_model() {
-  TrainConfig tc;
-  for (const char* kv : kModelKeys) apply_set(tc, kv);
-  return tc.model;
-}
 
 void check_against_one_rank(const ModelConfig& mc, const io::NamedTensors& init,
                             const std::vector<std::string>& recipes,
@@ -312,14 +248,14 @@ void check_against_one_rank(const ModelConfig& mc, const io::NamedTensors& init,
 }
 
 TEST(ExpertParallelModel, GradientsMatchOneRank) {
-  const ModelConfig mc = tiny_model();
+  const ModelConfig mc = moe_model_config();
   check_against_one_rank(mc, init_parameters(mc, 7), {"bf16", "deepseek", "fp8-flow"}, {2, 4});
 }
 
 // A large router bias on experts 0-3 routes every token there: at EP 2, rank 1 receives no rows
 // and rank 0 sends it none (empty all-to-all moves, empty local grouped GEMMs).
 TEST(ExpertParallelModel, AnEpRankWithoutTokens) {
-  const ModelConfig mc = tiny_model();
+  const ModelConfig mc = moe_model_config();
   io::NamedTensors init = init_parameters(mc, 7);
   bool found = false;
   for (auto& [name, t] : init) {
@@ -335,8 +271,8 @@ TEST_F(ExpertParallelTrainer, BadGridsAreRefused) {
   auto error_of = [&](int world, int64_t ep) -> std::string {
     try {
       run_ranks(world,
-                tiny(dir_ + "/bad" + std::to_string(world) + std::to_string(ep), corpus_, "bf16", 2,
-                     1, ep),
+                moe_run_config(dir_ + "/bad" + std::to_string(world) + std::to_string(ep), corpus_,
+                               "bf16", 2, 1, ep),
                 cache_);
     } catch (const Error& e) {
       return e.what();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "train/metrics.h"
+#include "train/train_config.h"
 #include "train/trainer.h"
 
 namespace octet::train {
@@ -66,6 +68,75 @@ inline RunResult run_ranks(int world, const TrainConfig& cfg, const std::string&
       std::chrono::milliseconds(120000));
   return r0;
 }
+
+// The expert-parallel tests' model: 8 routed experts (top 2) and a shared one in layer 1 of 2.
+inline constexpr const char* kMoeModelKeys[] = {"model.hidden_size=32",
+                                                "model.intermediate_size=64",
+                                                "model.moe_intermediate_size=16",
+                                                "model.num_attention_heads=2",
+                                                "model.q_lora_rank=16",
+                                                "model.kv_lora_rank=16",
+                                                "model.qk_nope_head_dim=16",
+                                                "model.qk_rope_head_dim=16",
+                                                "model.v_head_dim=16",
+                                                "model.max_position_embeddings=32",
+                                                "model.num_nextn_predict_layers=0"};
+
+inline ModelConfig moe_model_config() {
+  TrainConfig tc;
+  for (const char* kv : kMoeModelKeys) apply_set(tc, kv);
+  return tc.model;
+}
+
+// 4 steps of that model on the CPU, a checkpoint every 2, at parallel.ep = ep.
+inline TrainConfig moe_run_config(const std::string& run_dir, const std::string& corpus,
+                                  const std::string& recipe, int64_t batch, int64_t accum,
+                                  int64_t ep) {
+  TrainConfig c;
+  for (const char* kv :
+       {"steps=4", "checkpoint_every=2", "keep_checkpoints=3", "seq_len=16", "log_every=1",
+        "eval.every=0", "optim.warmup_steps=1", "device=cpu", "safety.shadow_bf16=2"})
+    apply_set(c, kv);
+  for (const char* kv : kMoeModelKeys) apply_set(c, kv);
+  apply_set(c, "recipe=" + recipe);
+  apply_set(c, "batch_size=" + std::to_string(batch));
+  apply_set(c, "grad_accum=" + std::to_string(accum));
+  apply_set(c, "parallel.ep=" + std::to_string(ep));
+  apply_set(c, "run_dir=" + run_dir);
+  apply_set(c, "data.text=\"" + corpus + "\"");
+  c.validate();
+  return c;
+}
+
+// The largest |a - b| over every element of same-named F32 tensors (same names and shapes
+// required).
+inline double max_abs_diff(const io::NamedTensors& a, const io::NamedTensors& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second.shape(), b[i].second.shape()) << a[i].first;
+    if (a[i].second.shape() != b[i].second.shape() || a[i].second.dtype() != DType::kF32) continue;
+    for (int64_t k = 0; k < a[i].second.numel(); ++k)
+      worst = std::max<double>(worst, std::fabs(a[i].second.data_as<const float>()[k] -
+                                                b[i].second.data_as<const float>()[k]));
+  }
+  return worst;
+}
+
+// A fixture with a fresh directory per test (removed after it), a small corpus in it and a data
+// cache, for the runs of the MoE model above.
+class MoeRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::fresh_temp_dir("moe",
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    corpus_ = test::write_pangram_corpus(dir_, 300);
+    cache_ = dir_ + "/cache";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_, corpus_, cache_;
+};
 
 inline void expect_bitwise(const io::NamedTensors& a, const io::NamedTensors& b,
                            const std::string& what) {
