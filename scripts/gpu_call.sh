@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, the step breakdown, a per-kernel profile, the trainer's throughput, the
+# DeepSeek-V3 slice and the peer. The commands docs/benchmarks.md quotes.
+# Here: copy build/octet, build/tests/octet_tests_gpu, ../shared/bench/peer_step.py and a prepared
+# fortunes corpus (data/fortunes-*) into gpu-carry/ (git-ignored), then on the GPU machine, carrying
+# gpu-carry:  bash scripts/gpu_call.sh [attn] [tests] [bench] [ncu] [train] [peer] [slice]
+# (env: TEST_TIMEOUT, GTEST_FILTER, RECIPES, NCU_RECIPES, TRAIN_SET, SLICE_RUNS, SLICE_SET, PEER_SLICE_MODES)
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+ncclib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}${ncclib:+:$ncclib}
+G=${CARRY:-gpu-carry}; OUT=${OUT:-gpu-out}; mkdir -p $OUT
+DATA=$(ls -d $G/data/fortunes-*)
+for what in "$@"; do case $what in
+  tests) timeout ${TEST_TIMEOUT:-300} $G/octet_tests_gpu --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; tail -n 6 $OUT/gpu_tests.log; grep -E "^\[  FAILED|Failure" $OUT/gpu_tests.log | head -20;;
+  bench) for r in ${RECIPES:-bf16 deepseek}; do $G/octet bench train-step configs/baseline-h100.toml --runs 5 --recipe $r 2>&1 | grep -E "^\| [a-z]" | tee -a $OUT/train_step.log; done;;
+  ncu) for nr in ${NCU_RECIPES:-deepseek}; do timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base --launch-count 9000 $G/octet bench train-step configs/baseline-h100.toml --recipe $nr --runs 1 > /tmp/ncu-$nr.csv 2>/dev/null; python3 scripts/ncu_phases.py /tmp/ncu-$nr.csv --top 60 > $OUT/phases-$nr.txt; gzip -c /tmp/ncu-$nr.csv > $OUT/ncu-$nr.csv.gz; head -4 $OUT/phases-$nr.txt; done;;
+  train) for r in ${RECIPES:-bf16 deepseek}; do $G/octet train configs/baseline-h100.toml --set recipe=$r --set run_dir=/tmp/runs/b-$r --set data.shards=$DATA --set steps=30 --set checkpoint_every=-1 ${TRAIN_SET:-} > $OUT/train-$r.log 2>&1; echo "== train $r rc=$?"; grep -E "tokens/s|peak|step time" $OUT/train-$r.log | tail -4; done;;
+  attn) $G/octet bench attention --runs 10 2>&1 | tee $OUT/attention.log;;
+  peer) python3 $G/peer_step.py --preset baseline --mode compile 2>&1 | tail -2 | tee $OUT/peer.log;;
+  slice) for v in ${SLICE_RUNS:-bf16:1 deepseek:1 deepseek:0}; do set -- ${v/:/ }; $G/octet train configs/dsv3-slice.toml --set recipe=$1 --set model.num_nextn_predict_layers=$2 --set run_dir=/tmp/runs/s-$1-$2 --set data.shards=$DATA --set steps=${SLICE_STEPS:-12} --set log_every=1 --set checkpoint_every=-1 ${SLICE_SET:-} > $OUT/slice-$1-$2.log 2>&1; echo "== slice $1 mtp=$2 rc=$?"; grep -E "tokens/s|peak" $OUT/slice-$1-$2.log | tail -2; done
+    for m in ${PEER_SLICE_MODES:-eager compile}; do python3 $G/peer_step.py --preset dsv3-slice --mode $m 2>&1 | tail -2 | tee -a $OUT/peer-slice.log; done;;
+esac; done
+# fused: the trainer with optim.fused_prepare on and off (the same losses expected, bit for bit)
+if [ "${FUSED_CHECK:-0}" = 1 ]; then
+  for f in true false; do $G/octet train configs/baseline-h100.toml --set recipe=deepseek --set run_dir=/tmp/runs/f-$f --set data.shards=$DATA --set steps=${FSTEPS:-20} --set log_every=1 --set optim.fused_prepare=$f > $OUT/fused-$f.log 2>&1; echo "fused=$f rc=$?"; grep -E "tokens/s|peak" $OUT/fused-$f.log | tail -2; done
+  python3 - <<'PY'
+import json
+a=[json.loads(l) for l in open('/tmp/runs/f-true/metrics.jsonl')]; b=[json.loads(l) for l in open('/tmp/runs/f-false/metrics.jsonl')]
+same=all(x.get('loss')==y.get('loss') and x.get('grad_norm')==y.get('grad_norm') for x,y in zip(a,b))
+print('fused vs unfused: %d steps, losses and grad norms identical: %s; last loss %s' % (len(a), same, a[-1].get('loss')))
+PY
+fi
