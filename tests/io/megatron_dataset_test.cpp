@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "tiny_model.h"
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -192,28 +193,11 @@ TEST_F(MegatronTest, IsARunsDataSourceWithAValidationTail) {
 
   // octet train on it: a tiny model, two steps, with validation.
   train::TrainConfig c;
-  for (const char* kv : {"steps=2",
-                         "batch_size=2",
-                         "seq_len=16",
-                         "eval.every=2",
-                         "eval.batches=1",
-                         "optim.warmup_steps=0",
-                         "device=cpu",
-                         "model.vocab_size=160",
-                         "model.hidden_size=32",
-                         "model.intermediate_size=64",
-                         "model.moe_intermediate_size=16",
-                         "model.num_attention_heads=2",
-                         "model.q_lora_rank=16",
-                         "model.kv_lora_rank=16",
-                         "model.qk_nope_head_dim=16",
-                         "model.qk_rope_head_dim=16",
-                         "model.v_head_dim=16",
-                         "model.max_position_embeddings=32",
-                         "recipe=bf16",
-                         "data.val_fraction=0.1",
-                         "sites_every=0"})
+  for (const char* kv : {"steps=2", "batch_size=2", "seq_len=16", "eval.every=2", "eval.batches=1",
+                         "optim.warmup_steps=0", "device=cpu", "model.vocab_size=160",
+                         "recipe=bf16", "data.val_fraction=0.1", "sites_every=0"})
     train::apply_set(c, kv);
+  for (const char* kv : test::kTinyTrainModelKeys) train::apply_set(c, kv);
   train::apply_set(c, "run_dir=" + (dir_ / "run").string());
   train::apply_set(c, "data.megatron=\"" + p + "\"");
   c.validate();

@@ -32,4 +32,17 @@ inline ModelConfig tiny_model_config() {
   return c;
 }
 
+// The trainer tests' model as `--set` assignments (hidden 32, the default 8 layers and experts with
+// 16-wide heads and MLA ranks, positions up to 32): each test applies them with train::apply_set.
+inline constexpr const char* kTinyTrainModelKeys[] = {"model.hidden_size=32",
+                                                      "model.intermediate_size=64",
+                                                      "model.moe_intermediate_size=16",
+                                                      "model.num_attention_heads=2",
+                                                      "model.q_lora_rank=16",
+                                                      "model.kv_lora_rank=16",
+                                                      "model.qk_nope_head_dim=16",
+                                                      "model.qk_rope_head_dim=16",
+                                                      "model.v_head_dim=16",
+                                                      "model.max_position_embeddings=32"};
+
 }  // namespace octet::test

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "rank_runs.h"
 #include "test_util.h"
+#include "tiny_model.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -40,15 +41,13 @@ TrainConfig tiny(const std::string& run_dir, const std::string& corpus, int64_t 
   for (const char* kv :
        {"steps=4", "checkpoint_every=2", "keep_checkpoints=3", "seq_len=16", "log_every=1",
         "eval.every=0", "optim.warmup_steps=1", "device=cpu", "recipe=deepseek",
-        "safety.shadow_bf16=2", "model.hidden_size=32", "model.intermediate_size=64",
-        "model.moe_intermediate_size=16", "model.num_attention_heads=2", "model.q_lora_rank=16",
-        "model.kv_lora_rank=16", "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=16",
-        "model.v_head_dim=16", "model.max_position_embeddings=32",
+        "safety.shadow_bf16=2",
         // Without MTP: its head is the main head's parameter, which then takes two additions per
         // micro-batch, and a single rank's (((a0 + b0) + a1) + b1) is not DP's (a0 + b0) + (a1 +
         // b1) in the last bit. Every other parameter takes one addition per micro-batch.
         "model.num_nextn_predict_layers=0"})
     apply_set(c, kv);
+  for (const char* kv : test::kTinyTrainModelKeys) apply_set(c, kv);
   apply_set(c, "batch_size=" + std::to_string(batch));
   apply_set(c, "grad_accum=" + std::to_string(accum));
   apply_set(c, "run_dir=" + run_dir);

@@ -17,6 +17,7 @@
 #include "dist/inprocess_comm.h"
 #include "io/safetensors.h"
 #include "test_util.h"
+#include "tiny_model.h"
 #include "train/metrics.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -70,21 +71,15 @@ inline RunResult run_ranks(int world, const TrainConfig& cfg, const std::string&
 }
 
 // The expert-parallel tests' model: 8 routed experts (top 2) and a shared one in layer 1 of 2.
-inline constexpr const char* kMoeModelKeys[] = {"model.hidden_size=32",
-                                                "model.intermediate_size=64",
-                                                "model.moe_intermediate_size=16",
-                                                "model.num_attention_heads=2",
-                                                "model.q_lora_rank=16",
-                                                "model.kv_lora_rank=16",
-                                                "model.qk_nope_head_dim=16",
-                                                "model.qk_rope_head_dim=16",
-                                                "model.v_head_dim=16",
-                                                "model.max_position_embeddings=32",
-                                                "model.num_nextn_predict_layers=0"};
+// (test::kTinyTrainModelKeys without MTP.)
+inline void apply_moe_model_keys(TrainConfig& c) {
+  for (const char* kv : test::kTinyTrainModelKeys) apply_set(c, kv);
+  apply_set(c, "model.num_nextn_predict_layers=0");
+}
 
 inline ModelConfig moe_model_config() {
   TrainConfig tc;
-  for (const char* kv : kMoeModelKeys) apply_set(tc, kv);
+  apply_moe_model_keys(tc);
   return tc.model;
 }
 
@@ -97,7 +92,7 @@ inline TrainConfig moe_run_config(const std::string& run_dir, const std::string&
        {"steps=4", "checkpoint_every=2", "keep_checkpoints=3", "seq_len=16", "log_every=1",
         "eval.every=0", "optim.warmup_steps=1", "device=cpu", "safety.shadow_bf16=2"})
     apply_set(c, kv);
-  for (const char* kv : kMoeModelKeys) apply_set(c, kv);
+  apply_moe_model_keys(c);
   apply_set(c, "recipe=" + recipe);
   apply_set(c, "batch_size=" + std::to_string(batch));
   apply_set(c, "grad_accum=" + std::to_string(accum));

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "test_util.h"
+#include "tiny_model.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -30,27 +31,11 @@ std::string write_corpus(const std::string& dir) {
 
 TrainConfig tiny(const std::string& run_dir, const std::string& corpus, const std::string& recipe) {
   TrainConfig c;
-  for (const char* kv : {"steps=6",
-                         "checkpoint_every=3",
-                         "keep_checkpoints=2",
-                         "batch_size=2",
-                         "seq_len=16",
-                         "log_every=1",
-                         "eval.every=3",
-                         "eval.batches=1",
-                         "optim.warmup_steps=2",
-                         "device=cpu",
-                         "model.hidden_size=32",
-                         "model.intermediate_size=64",
-                         "model.moe_intermediate_size=16",
-                         "model.num_attention_heads=2",
-                         "model.q_lora_rank=16",
-                         "model.kv_lora_rank=16",
-                         "model.qk_nope_head_dim=16",
-                         "model.qk_rope_head_dim=16",
-                         "model.v_head_dim=16",
-                         "model.max_position_embeddings=32"})
+  for (const char* kv :
+       {"steps=6", "checkpoint_every=3", "keep_checkpoints=2", "batch_size=2", "seq_len=16",
+        "log_every=1", "eval.every=3", "eval.batches=1", "optim.warmup_steps=2", "device=cpu"})
     apply_set(c, kv);
+  for (const char* kv : test::kTinyTrainModelKeys) apply_set(c, kv);
   apply_set(c, "recipe=" + recipe);
   apply_set(c, "run_dir=" + run_dir);
   apply_set(c, "data.text=\"" + corpus + "\"");
