@@ -37,6 +37,7 @@
 #include "dist/inprocess_comm.h"
 #include "dist/nccl_comm.h"
 #include "launch.h"
+#include "model/describe.h"
 #include "model/moe_ep.h"
 #include "ops/moe_router/moe_router.h"
 #include "train/train_config.h"
@@ -81,6 +82,8 @@ struct CommBenchShape {
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0, n_group = 1, topk_group = 1;
   int64_t bucket_bytes = 0;
   int64_t moe_layers = 0;
+  int64_t grad_accum = 1;
+  int64_t params = 0, expert_params = 0;  // the model's, for the per-step estimates
 };
 
 void run_comm_bench(Context& ctx, Comm& comm, const CommBenchShape& sh, int warmup, int runs) {
@@ -201,13 +204,13 @@ void run_comm_bench(Context& ctx, Comm& comm, const CommBenchShape& sh, int warm
                     comm.all_reduce(ctx, full.data(), out.data(), count, DType::kF32,
                                     ReduceOp::kSum);
                   })});
+  const double rs_us = timed([&] {
+    comm.reduce_scatter(ctx, full.data(), part.data(), count / W, DType::kF32, ReduceOp::kSum);
+  });
   rows.push_back({.op = "reduce-scatter, one bucket (FP32)",
                   .bytes = bucket,
                   .busbw_factor = ring,
-                  .us = timed([&] {
-                    comm.reduce_scatter(ctx, full.data(), part.data(), count / W, DType::kF32,
-                                        ReduceOp::kSum);
-                  })});
+                  .us = rs_us});
   rows.push_back({.op = "all-gather, one bucket (FP32)",
                   .bytes = bucket,
                   .busbw_factor = ring,
@@ -252,6 +255,23 @@ void run_comm_bench(Context& ctx, Comm& comm, const CommBenchShape& sh, int warm
       "one MoE layer, forward + backward (counts, dispatch, combine, 2 BF16 moves back): %.1f us;"
       " x %lld MoE layers = %.2f ms a micro-batch\n",
       layer_us, static_cast<long long>(sh.moe_layers), layer_us * sh.moe_layers / 1e3);
+  // A step's gradient reduce-scatter, in buckets of this size: every parameter's FP32 gradient
+  // under data parallelism, the replicated ones' under expert parallelism over all W ranks.
+  auto rs_step_ms = [&](int64_t params) {
+    const double buckets = 4.0 * static_cast<double>(params) / bucket;
+    return std::pair{buckets, buckets * rs_us / 1e3};
+  };
+  const auto [dp_buckets, dp_ms] = rs_step_ms(sh.params);
+  const auto [ep_buckets, ep_ms] = rs_step_ms(sh.params - sh.expert_params);
+  std::printf(
+      "a step's gradient reduce-scatter: DP = %d, all %.1f M parameters: %.1f buckets = %.2f ms;"
+      " EP = %d, the %.1f M replicated: %.1f buckets = %.2f ms\n"
+      "a step's all-to-all at EP = %d: %lld micro-batch%s x %.2f ms = %.2f ms\n",
+      W, static_cast<double>(sh.params) / 1e6, dp_buckets, dp_ms, W,
+      static_cast<double>(sh.params - sh.expert_params) / 1e6, ep_buckets, ep_ms, W,
+      static_cast<long long>(sh.grad_accum), sh.grad_accum == 1 ? "" : "es",
+      layer_us * sh.moe_layers / 1e3,
+      layer_us * sh.moe_layers * static_cast<double>(sh.grad_accum) / 1e3);
 }
 
 struct CommBenchOptions {
@@ -291,7 +311,11 @@ CommBenchOptions parse_options(const cli::Args& args, const std::vector<std::str
              .n_group = mc.n_group,
              .topk_group = mc.topk_group,
              .bucket_bytes = 0,
-             .moe_layers = mc.num_hidden_layers - mc.first_k_dense_replace};
+             .moe_layers = mc.num_hidden_layers - mc.first_k_dense_replace,
+             .grad_accum = cfg.grad_accum};
+  const ParameterCount pc = count_parameters(mc);
+  o.shape.params = pc.total;
+  o.shape.expert_params = pc.routed_experts;
   double mb = cfg.optim.bucket_mb;
   if (const auto v = args.get("bucket-mb")) {
     char* end = nullptr;
