@@ -27,7 +27,10 @@
 # NCCL_NVLS_ENABLE=0 is exported for everything (the device tool requires NVLink multicast off).
 # Env: CARRY (gpu-carry), OUT (gpu-out), RUNS (/tmp/runs/two18), NPROC (2), STEPS (50),
 # RESUME_STEPS (5), SCALE_STEPS (30), BATCH (8: sequences per micro-batch), RUN_TIMEOUT (300 s a
-# run), OCTET_DIST_TIMEOUT_S (120), BENCH_RUNS (20).
+# run), OCTET_DIST_TIMEOUT_S (120), BENCH_RUNS (20), PARTS ("a b c e f g h": a subset splits the
+# call in two; (e) and (f) read (a), (b) and (c) from RUNS, so keep RUNS between the calls and
+# set KEEP_RUNS=1 not to clear it), TRAIN_SET and BENCH_SET (extra arguments to every training
+# run and to the bench, e.g. TRAIN_SET="--set model.num_hidden_layers=4").
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 export OCTET_DIST_TIMEOUT_S=${OCTET_DIST_TIMEOUT_S:-120}
@@ -51,12 +54,14 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 ncclib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}${ncclib:+:$ncclib}
 O=$G/octet
-mkdir -p "$OUT"; rm -rf "$R"; mkdir -p "$R"
+PARTS=" ${PARTS:-a b c e f g h} "
+want() { [[ $PARTS == *" $1 "* ]]; }
+mkdir -p "$OUT"; [ "${KEEP_RUNS:-0}" = 1 ] || rm -rf "$R"; mkdir -p "$R"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$OUT/gpus.txt" 2>&1
 [ "$NPROC" -ge 2 ] && nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 cat "$OUT/gpus.txt"
 BASE=(--set recipe=deepseek --set "data.shards=$DATA" --set seed=1234 --set batch_size=$BATCH
-      --set steps=$STEPS --set log_every=1 --set eval.every=0 --set checkpoint_every=-1)
+      --set steps=$STEPS --set log_every=1 --set eval.every=0 --set checkpoint_every=-1 ${TRAIN_SET:-})
 fails=0
 # run NAME CMD...: one training run with its log in $OUT/NAME.log; prints its status and summary.
 run() {
@@ -71,66 +76,83 @@ run() {
 }
 
 # (a), (a'): one GPU, G as two micro-batches.
-run ref "$O" train $CFG "${BASE[@]}" --set grad_accum=2 --set run_dir=$R/ref
-run ref-eager "$O" train $CFG "${BASE[@]}" --set grad_accum=2 --set cuda_graphs=false --set run_dir=$R/ref-eager
+if want a; then
+  run ref "$O" train $CFG "${BASE[@]}" --set grad_accum=2 --set run_dir=$R/ref
+  run ref-eager "$O" train $CFG "${BASE[@]}" --set grad_accum=2 --set cuda_graphs=false --set run_dir=$R/ref-eager
+fi
 
 if [ "$NPROC" -ge 2 ]; then
   # (b) EP = 2 through the spawner, checkpoints at STEPS - RESUME_STEPS and at the end.
-  run ep2 "$O" train $CFG "${BASE[@]}" --set parallel.ep=2 --set checkpoint_every=$((STEPS - RESUME_STEPS)) \
+  want b && run ep2 "$O" train $CFG "${BASE[@]}" --set parallel.ep=2 --set checkpoint_every=$((STEPS - RESUME_STEPS)) \
       --set keep_checkpoints=0 --set run_dir=$R/ep2 --nproc 2
-  [ -f $R/ep2/metrics.jsonl ] && cp $R/ep2/metrics.jsonl "$OUT/ep2-metrics.jsonl"
+  want b && [ -f $R/ep2/metrics.jsonl ] && cp $R/ep2/metrics.jsonl "$R/ep2-metrics.jsonl"
 
   # (c) DP = 2 (ZeRO-1): two ranks as torchrun starts them.
-  port=$((29500 + RANDOM % 2000)); pids=(); t0=$SECONDS
-  for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout "$RUN_TIMEOUT" "$O" train $CFG "${BASE[@]}" --set run_dir=$R/dp2 > "$OUT/dp2-rank$r.log" 2>&1 &
-    pids+=($!)
-  done
-  rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  echo "== dp2 (torchrun variables, 2 background ranks) rc=$rc ($((SECONDS - t0)) s)"
-  grep -E "^trained|tokens/s  |skipped steps|peak memory|data parallel" "$OUT/dp2-rank0.log" | sed 's/^/   /'
-  [ $rc -eq 0 ] || { fails=$((fails + 1)); tail -n 5 "$OUT"/dp2-rank*.log | sed 's/^/   | /'; }
+  if want c; then
+    port=$((29500 + RANDOM % 2000)); pids=(); t0=$SECONDS
+    for r in 0 1; do
+      RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        timeout "$RUN_TIMEOUT" "$O" train $CFG "${BASE[@]}" --set run_dir=$R/dp2 > "$OUT/dp2-rank$r.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    echo "== dp2 (torchrun variables, 2 background ranks) rc=$rc ($((SECONDS - t0)) s)"
+    grep -E "^trained|tokens/s  |skipped steps|peak memory|data parallel" "$OUT/dp2-rank0.log" | sed 's/^/   /'
+    [ $rc -eq 0 ] || { fails=$((fails + 1)); tail -n 5 "$OUT"/dp2-rank*.log | sed 's/^/   | /'; }
+  fi
 
   # (d)
   echo "== dp x ep: not run: on 2 GPUs parallel.ep = 2 leaves DP = 1 (that is (b)); DP 2 x EP 2 needs 4 ranks"
 
   # (e) losses against (a).
-  echo "== (e) losses, EP 2 and DP 2 against one GPU"
-  python3 scripts/two_gpu_compare.py losses --ref $R/ref/metrics.jsonl \
-      --run ep2="$OUT/ep2-metrics.jsonl" --run dp2=$R/dp2/metrics.jsonl | tee "$OUT/losses.txt" \
-      || fails=$((fails + 1))
+  if want e; then
+    echo "== (e) losses, EP 2 and DP 2 against one GPU"
+    python3 scripts/two_gpu_compare.py losses --ref $R/ref/metrics.jsonl \
+        --run ep2=$R/ep2-metrics.jsonl --run dp2=$R/dp2/metrics.jsonl | tee "$OUT/losses.txt" \
+        || fails=$((fails + 1))
+  fi
 
   # (f) (b)'s earlier checkpoint resumed on one GPU (G as two micro-batches), steps to STEPS.
-  ck=$(ls -d $R/ep2/checkpoints/step_* 2>/dev/null | sort | head -n 1)
-  if [ -n "$ck" ]; then
-    run resume-ep2-on-1 "$O" train --resume "$ck" --set parallel.ep=1 --set grad_accum=2 --allow-config-change
-    python3 scripts/two_gpu_compare.py losses --ref $R/ref/metrics.jsonl --run ep2-resumed-on-1=$R/ep2/metrics.jsonl \
-        --from-step $((STEPS - RESUME_STEPS + 1)) | tee "$OUT/resume.txt" || fails=$((fails + 1))
-  else
-    echo "== resume: no checkpoint in $R/ep2/checkpoints"; fails=$((fails + 1))
+  if want f; then
+    ck=$(ls -d $R/ep2/checkpoints/step_* 2>/dev/null | grep -v partial | sort | head -n 1)
+    if [ -n "$ck" ]; then
+      run resume-ep2-on-1 "$O" train --resume "$ck" --set parallel.ep=1 --set grad_accum=2 --allow-config-change
+      python3 scripts/two_gpu_compare.py losses --ref $R/ref/metrics.jsonl \
+          --run ep2-resumed-on-1=$R/ep2/metrics.jsonl --from-step $((STEPS - RESUME_STEPS + 1)) \
+          | tee "$OUT/resume.txt" || fails=$((fails + 1))
+    else
+      echo "== resume: no checkpoint in $R/ep2/checkpoints"; fails=$((fails + 1))
+    fi
   fi
 
   # (g) weak scaling: 2G, each GPU two micro-batches per step as in (a).
-  run ep2-weak "$O" train $CFG "${BASE[@]}" --set steps=$SCALE_STEPS --set grad_accum=2 --set parallel.ep=2 --set run_dir=$R/ep2-weak --nproc 2
-  run dp2-weak "$O" train $CFG "${BASE[@]}" --set steps=$SCALE_STEPS --set grad_accum=2 --set run_dir=$R/dp2-weak --nproc 2
-  echo "== (g) weak scaling"
-  for ref in ref ref-eager; do
-    python3 scripts/two_gpu_compare.py speed --ref $ref=$R/$ref/metrics.jsonl:1 \
-        --run ep2-weak=$R/ep2-weak/metrics.jsonl:2 --run dp2-weak=$R/dp2-weak/metrics.jsonl:2 \
-        --run ep2-G=$OUT/ep2-metrics.jsonl:2 --run dp2-G=$R/dp2/metrics.jsonl:2
-  done | tee "$OUT/scaling.txt"
-else
+  if want g; then
+    run ep2-weak "$O" train $CFG "${BASE[@]}" --set steps=$SCALE_STEPS --set grad_accum=2 --set parallel.ep=2 \
+        --set run_dir=$R/ep2-weak --nproc 2
+    run dp2-weak "$O" train $CFG "${BASE[@]}" --set steps=$SCALE_STEPS --set grad_accum=2 \
+        --set run_dir=$R/dp2-weak --nproc 2
+    echo "== (g) weak scaling"
+    for ref in ref ref-eager; do
+      python3 scripts/two_gpu_compare.py speed --ref $ref=$R/$ref/metrics.jsonl:1 \
+          --run ep2-weak=$R/ep2-weak/metrics.jsonl:2 --run dp2-weak=$R/dp2-weak/metrics.jsonl:2 \
+          --run ep2-G=$R/ep2-metrics.jsonl:2 --run dp2-G=$R/dp2/metrics.jsonl:2
+    done | tee "$OUT/scaling.txt"
+  fi
+elif want g; then
   echo "== (g) reference (one GPU; the two-GPU runs need NPROC=2)"
-  python3 scripts/two_gpu_compare.py speed --ref ref=$R/ref/metrics.jsonl:1 --run ref-eager=$R/ref-eager/metrics.jsonl:1 \
-      | tee "$OUT/scaling.txt"
+  python3 scripts/two_gpu_compare.py speed --ref ref=$R/ref/metrics.jsonl:1 \
+      --run ref-eager=$R/ref-eager/metrics.jsonl:1 | tee "$OUT/scaling.txt"
 fi
 
 # (h) the collectives at NPROC ranks, through the spawner.
-t0=$SECONDS
-timeout "$RUN_TIMEOUT" "$O" bench comm $CFG --set batch_size=$BATCH --nproc "$NPROC" --runs ${BENCH_RUNS:-20} > "$OUT/bench-comm.log" 2>&1
-rc=$?; echo "== bench comm --nproc $NPROC rc=$rc ($((SECONDS - t0)) s)"; cat "$OUT/bench-comm.log"
-[ $rc -eq 0 ] || fails=$((fails + 1))
-for f in $R/*/metrics.jsonl; do d=$(basename "$(dirname "$f")"); cp "$f" "$OUT/metrics-$d.jsonl"; done
+if want h; then
+  t0=$SECONDS
+  timeout "$RUN_TIMEOUT" "$O" bench comm $CFG --set batch_size=$BATCH --nproc "$NPROC" --runs ${BENCH_RUNS:-20} ${BENCH_SET:-} \
+      > "$OUT/bench-comm.log" 2>&1
+  rc=$?; echo "== bench comm --nproc $NPROC rc=$rc ($((SECONDS - t0)) s)"; cat "$OUT/bench-comm.log"
+  [ $rc -eq 0 ] || fails=$((fails + 1))
+fi
+for f in $R/*/metrics.jsonl; do cp "$f" "$OUT/metrics-$(basename "$(dirname "$f")").jsonl"; done
+[ -f $R/ep2-metrics.jsonl ] && cp $R/ep2-metrics.jsonl "$OUT/metrics-ep2-before-resume.jsonl"
 echo "two_gpu.sh: NPROC=$NPROC done, $fails part(s) failed"
 [ $fails -eq 0 ]

@@ -94,7 +94,7 @@ def speed(a):
         name, path, world = parse(spec)
         tps, ms, n = rate(path, a.skip)
         print(f"  {name}: {tps / 1e3:.1f}k total, {tps / world / 1e3:.1f}k per GPU, step {ms:.1f} ms; "
-              f"{tps / ref_tps:.2f}x {rname} on {world} GPUs ({tps / world / ref_gpu:.2f}x per GPU)")
+              f"{tps / ref_tps:.2f}x {rname} on {world} GPU{'s' if world > 1 else ''} ({tps / world / ref_gpu:.2f}x per GPU)")
     return 0
 
 

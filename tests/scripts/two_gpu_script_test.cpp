@@ -1,7 +1,8 @@
 // scripts/two_gpu.sh (issue 18's device call) at the shell level: it parses (bash -n), and it
 // refuses cleanly, before touching a GPU, a missing carry directory, a carry without octet or
-// without a prepared corpus, and a bad NPROC; scripts/two_gpu_compare.py's verdicts on made-up
-// metrics (a run within the tolerance passes, one beyond it or with a skipped step fails).
+// without a prepared corpus, and a bad NPROC; its one-GPU mode (NPROC=1) end to end on the CPU
+// with a tiny model (TRAIN_SET) and a stand-in nvidia-smi; scripts/two_gpu_compare.py's verdicts on
+// made-up metrics (a run within the tolerance passes, one beyond it or with a skipped step fails).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -51,6 +52,51 @@ TEST_F(TwoGpuScript, ParsesAndRefusesWhatIsMissing) {
     EXPECT_NE(r.err.find(c.why), std::string::npos) << c.env << ": " << r.err;
     EXPECT_FALSE(fs::exists(path("out"))) << "wrote output before refusing";
   }
+}
+
+TEST_F(TwoGpuScript, OneGpuModeRunsOnTheCpu) {
+  if (shell("command -v python3").code != 0) GTEST_SKIP() << "no python3";
+  // A prepared corpus: what `octet train` caches from a text file.
+  {
+    std::ofstream text(path("corpus.txt"));
+    for (int i = 0; i < 300; ++i) text << "The quick brown fox " << i % 7 << " jumps over it.\n";
+  }
+  const std::string tiny =
+      "--set device=cpu --set seq_len=16 --set sites_every=0 --set model.hidden_size=32"
+      " --set model.intermediate_size=64 --set model.moe_intermediate_size=16"
+      " --set model.num_attention_heads=2 --set model.q_lora_rank=16 --set model.kv_lora_rank=16"
+      " --set model.qk_nope_head_dim=16 --set model.qk_rope_head_dim=16 --set model.v_head_dim=16"
+      " --set model.max_position_embeddings=32 --set model.num_hidden_layers=2"
+      " --set model.vocab_size=512 --set optim.warmup_steps=0";
+  ASSERT_EQ(
+      run_octet("train '" + (kRoot / "configs/baseline-h100.toml").string() + "' " + tiny +
+                " --set batch_size=2 --set steps=1" + " --set 'data.text=\"" + path("corpus.txt") +
+                "\"' --cache-dir '" + path("cache") + "' --set run_dir='" + path("prep") + "'")
+          .code,
+      0);
+  fs::path prepared;
+  for (const auto& e : fs::directory_iterator(path("cache"))) prepared = e.path();
+  ASSERT_FALSE(prepared.empty());
+  fs::create_directories(path("carry/data"));
+  fs::create_directories(path("bin"));
+  fs::copy(prepared, path("carry/data/fortunes-test"));
+  fs::copy_file(OCTET_CLI_PATH, path("carry/octet"));
+  std::ofstream(path("bin/nvidia-smi")) << "#!/bin/sh\ncase \"$1\" in -L) echo 'GPU 0: none';; "
+                                           "*) echo '0, none';; esac\n";
+  fs::permissions(path("bin/nvidia-smi"), fs::perms::owner_all);
+  const test::CliResult r =
+      shell("PATH='" + path("bin") + "':$PATH CARRY='" + path("carry") + "' OUT='" + path("out") +
+            "' RUNS='" + path("runs") + "' NPROC=1 STEPS=3 RESUME_STEPS=1 BATCH=2 TRAIN_SET='" +
+            tiny + "' BENCH_SET='--device cpu --tokens 64 --warmup 0 --bucket-mb 0.1' " +
+            "BENCH_RUNS=1 bash scripts/two_gpu.sh");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (const char* want : {"== ref rc=0", "== ref-eager rc=0", "== bench comm --nproc 1 rc=0",
+                           "comm on cpu (in-process), 1 rank:", "NPROC=1 done, 0 part(s) failed"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  EXPECT_NE(r.out.find("ref-eager: "), std::string::npos) << r.out;  // the speed comparison
+  EXPECT_EQ(r.out.find("== ep2"), std::string::npos) << "a two-GPU part ran at NPROC=1";
+  EXPECT_TRUE(fs::exists(path("out/metrics-ref.jsonl")));
+  EXPECT_TRUE(fs::exists(path("out/bench-comm.log")));
 }
 
 TEST_F(TwoGpuScript, CompareScriptsVerdicts) {
