@@ -16,7 +16,7 @@ namespace octet {
 namespace {
 
 const std::string kBaseline =
-    (std::filesystem::path(__FILE__).parent_path() / "../../configs/baseline-h100.toml").string();
+    (std::filesystem::path(OCTET_SOURCE_DIR) / "configs/baseline-h100.toml").string();
 
 class BenchCommCli : public test::CliFixture {
  protected:

@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kRoot = fs::path(__FILE__).parent_path() / "../..";
+const fs::path kRoot = OCTET_SOURCE_DIR;
 
 class TwoGpuScript : public test::CliFixture {
  protected:
