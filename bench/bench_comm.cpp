@@ -226,6 +226,10 @@ void run_comm_bench(Context& ctx, Comm& comm, const CommBenchShape& sh, int warm
       device_name(ctx.device), comm.name().c_str(), W, W == 1 ? "" : "s", static_cast<long long>(T),
       static_cast<long long>(D), static_cast<long long>(E), static_cast<long long>(k),
       bucket / (1 << 20), runs, runs == 1 ? "" : "s");
+  std::printf(
+      "routing (router on random logits): %.1f%% of the dispatched rows leave their rank "
+      "(uniform: %.1f%%)\n",
+      100.0 * disp_off / disp_bytes, 100.0 * ring);
   std::vector<std::vector<std::string>> table;
   for (const Row& r : rows) {
     std::vector<std::string> cells = {r.op, r.bytes > 0 ? fmt(r.bytes / (1 << 20), 2) : "-",
