@@ -102,7 +102,7 @@ int run(const std::vector<std::string>& argv) {
     m.prepare(ctx);
     train::AdamWOptimizer opt(ctx, m.parameters(), c.adamw());
     for (Parameter* p : m.parameters())  // a small gradient, as after a backward
-      ctx.be().memset(p->grad.data(), 0x30, p->grad.nbytes());
+      if (p->grad.data()) ctx.be().memset(p->grad.data(), 0x30, p->grad.nbytes());
     const Sizes s = sizes_of(m);
     auto add = [&](const std::string& what, const Timing& t, double bytes, double peak) {
       const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;

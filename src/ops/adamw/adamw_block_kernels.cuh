@@ -4,7 +4,9 @@
 // One block of 256 threads per 128x128 tile of the (rows, cols) matrix, three blocks per SM:
 //   1. update: a warp covers one tile row per step (4 elements a lane: 16-byte loads of master and
 //      gradient, 8-byte loads of the moments), 16 steps in rounds of kBqInFlight steps whose loads
-//      are all issued before the first is used. The new master, moments go back to global memory;
+//      are all issued before the first is used (2: 78 registers, no spills; 4 spills at the 80 that
+//      three blocks of 256 threads allow, and 24 warps x 2 x 1.5 KB in flight per SM already cover
+//      the memory latency at full bandwidth). The new master, moments go back to global memory;
 //      the new master is also staged in shared memory (64 KB, FP32, the whole tile), and each
 //      thread keeps the max |x| of its 64 values.
 //   2. scale: the tile's amax reduced through shared memory (warp shuffles, then 8 words); one
@@ -146,7 +148,6 @@ __device__ __forceinline__ uint32_t codes4(const float4& f, float scale, Fp8Form
 static __global__ void __launch_bounds__(kBqThreads, kBqBlocksPerSm)
     adamw_block_quantize_kernel(BlockQuantParams a) {
   extern __shared__ float4 bq_smem[];  // the tile, [tile row][tile col], FP32
-  float* tile = reinterpret_cast<float*>(bq_smem);
   __shared__ uint32_t warp_amax[kBqThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t tiles_c = ceil_div(a.cols, int64_t{kBqTile});
