@@ -1,6 +1,7 @@
 // CUDA launchers of the adamw family (device code in adamw_kernels.cuh). Everything is enqueued on
 // the context's stream; nothing synchronises with the host.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda_check.h"
@@ -105,7 +106,7 @@ void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWCons
                                const BlockQuantOutput& o) {
   // 64 KB of dynamic shared memory per block (above the default 48 KB), and the largest carveout so
   // that kBqBlocksPerSm blocks fit. Set once per device.
-  static bool configured[64] = {};
+  static std::atomic<bool> configured[64] = {};
   OCTET_CHECK(ctx.device_index >= 0 && ctx.device_index < 64, "adamw_step_block_quantize: device ",
               ctx.device_index, " out of range");
   if (!configured[ctx.device_index]) {
