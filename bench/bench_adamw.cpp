@@ -1,13 +1,13 @@
-// `octet bench adamw`: the optimizer step and the weight preparation of a model config (the baseline
-// configuration by default) on its real parameter set, per recipe. The model, its parameters and
-// their weight outputs are built as the trainer builds them (Model::weight_outputs). Times, each a
-// median over runs: AdamW alone; AdamW followed by the separate weight preparation; AdamW writing
-// the BF16 copies (optim.fused_prepare) with the rest prepared after it; AdamW writing the FP8
-// 128x128 blocks too (optim.fused_prepare_fp8, one pass: adamw_block_kernels.cuh) with the rest
-// prepared after it. Then the kernels alone on the FP8 block weights: AdamW, and the one-pass AdamW
-// + block quantization. Each with the bytes it must move and their share of the device-to-device
-// copy bandwidth measured in the same run, and the memory the prepared weights take (resident) and
-// the peak each path adds above it.
+// `octet bench adamw`: the optimizer step and the weight preparation of a model config (the
+// baseline configuration by default) on its real parameter set, per recipe. The model, its
+// parameters and their weight outputs are built as the trainer builds them (Model::weight_outputs).
+// Times, each a median over runs: AdamW alone; AdamW followed by the separate weight preparation;
+// AdamW writing the BF16 copies (optim.fused_prepare) with the rest prepared after it; AdamW
+// writing the FP8 128x128 blocks too (optim.fused_prepare_fp8, one pass: adamw_block_kernels.cuh)
+// with the rest prepared after it. Then the kernels alone on the FP8 block weights: AdamW, and the
+// one-pass AdamW + block quantization. Each with the bytes it must move and their share of the
+// device-to-device copy bandwidth measured in the same run, and the memory the prepared weights
+// take (resident) and the peak each path adds above it.
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -176,7 +176,8 @@ int run(const std::vector<std::string>& argv) {
               mem_rows);
   std::printf(
       "prepared copies: the resident weight copies the optimizer writes (FP8 row-wise + "
-      "column-wise codes and scales, BF16 copies); the FP8 sites keep no BF16 copy, fused or not\n");
+      "column-wise codes and scales, BF16 copies); the FP8 sites keep no BF16 copy, fused or "
+      "not\n");
   return 0;
 }
 
