@@ -55,13 +55,17 @@ int exit_code(int status) {
 
 }  // namespace
 
-int spawn_local_ranks(int nproc, const std::vector<std::string>& child_args) {
+int spawn_local_ranks(int nproc, const std::vector<std::string>& child_args,
+                      const std::vector<std::string>& command) {
   OCTET_CHECK(nproc >= 1 && nproc <= 1024, "--nproc ", nproc, ": expected 1 to 1024 ranks");
   OCTET_CHECK(!std::getenv("RANK") && !std::getenv("WORLD_SIZE"),
               "--nproc starts its own ranks: it cannot run inside a launched rank (RANK or "
               "WORLD_SIZE is set)");
   const int port = free_local_port();
-  std::vector<std::string> argv = {"octet", "train"};
+  std::vector<std::string> argv = {"octet"};
+  argv.insert(argv.end(), command.begin(), command.end());
+  std::string who = "octet";  // "octet train", for the messages
+  for (const std::string& c : command) who += " " + c;
   argv.insert(argv.end(), child_args.begin(), child_args.end());
   std::vector<char*> cargv;
   cargv.reserve(argv.size() + 1);
@@ -82,7 +86,7 @@ int spawn_local_ranks(int nproc, const std::vector<std::string>& child_args) {
       // NVLink SHARP (multicast) stays off in every environment this launcher builds.
       ::setenv("NCCL_NVLS_ENABLE", "0", 1);
       ::execv("/proc/self/exe", cargv.data());
-      std::fprintf(stderr, "octet train: rank %d: cannot start %s: %s\n", r, "/proc/self/exe",
+      std::fprintf(stderr, "%s: rank %d: cannot start %s: %s\n", who.c_str(), r, "/proc/self/exe",
                    std::strerror(errno));
       ::_exit(127);
     }
@@ -114,7 +118,7 @@ int spawn_local_ranks(int nproc, const std::vector<std::string>& child_args) {
     if (exit_code(status) != 0 && first_failure < 0) {
       first_failure = r;
       result = exit_code(status);
-      std::fprintf(stderr, "octet train: rank %d %s%s\n", r, describe_status(status).c_str(),
+      std::fprintf(stderr, "%s: rank %d %s%s\n", who.c_str(), r, describe_status(status).c_str(),
                    running > 0 ? "; stopping the other ranks" : "");
       for (int o = 0; o < nproc; ++o)
         if (!done[static_cast<size_t>(o)]) ::kill(pids[static_cast<size_t>(o)], SIGTERM);

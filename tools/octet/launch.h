@@ -1,4 +1,5 @@
-// Multi-process launches of `octet train` (src/dist/launch.h reads the environment):
+// Multi-process launches of `octet train` and `octet bench comm` (src/dist/launch.h reads the
+// environment):
 //   - `octet train --nproc N ...` starts N ranks of itself on this machine (RANK, WORLD_SIZE,
 //     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT, NCCL_NVLS_ENABLE=0)
 //     and waits for them; when one fails the others are stopped (SIGTERM) and the first failure's
@@ -17,8 +18,10 @@
 
 namespace octet::cli {
 
-// Runs `octet train child_args...` as `nproc` local ranks; returns the exit status to use.
-int spawn_local_ranks(int nproc, const std::vector<std::string>& child_args);
+// Runs `octet <command> child_args...` (`octet train ...`, `octet bench comm ...`) as `nproc` local
+// ranks; returns the exit status to use.
+int spawn_local_ranks(int nproc, const std::vector<std::string>& child_args,
+                      const std::vector<std::string>& command = {"train"});
 
 // This process's communicator for a launch of several ranks (null for a single process), with the
 // GPU it runs on. Throws when the build or the machine cannot (no NCCL, no GPU LOCAL_RANK).
