@@ -120,11 +120,14 @@ INSTANTIATE_TEST_SUITE_P(Recipes, TrainerResume,
 // optim.fused_prepare (the optimizer writes the next step's GEMM weights) gives the bits of a
 // separate preparation: the same losses and gradient norms, including across a spike rollback
 // (which reloads the weights), with the BF16 copies only (fused_prepare_fp8 = false) and with the
-// FP8 128x128 blocks written by the same pass (the default). Width 128 so the stacked experts' down
-// projection is fused too.
+// FP8 128x128 blocks written by the same pass (the default), which a resume may switch. Width 128
+// so the stacked experts' down projection is fused too.
 TEST(Trainer, FusedWeightPreparationIsBitIdentical) {
   EXPECT_TRUE(TrainConfig{}.optim.fused_prepare);
   EXPECT_TRUE(TrainConfig{}.optim.fused_prepare_fp8);
+  // The same bits either way, so a resume may switch them (a run saved with the old default).
+  EXPECT_TRUE(resume_may_change("optim.fused_prepare"));
+  EXPECT_TRUE(resume_may_change("optim.fused_prepare_fp8"));
   const std::string dir = temp_dir("fused");
   const std::string corpus = write_corpus(dir);
   for (const char* recipe : {"deepseek", "fp8-flow", "bf16"}) {
