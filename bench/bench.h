@@ -27,6 +27,7 @@ Suite train_step_suite();                // bench_train_step.cpp
 Suite moe_dispatch_suite();              // bench_moe_dispatch.cpp
 Suite swiglu_suite();                    // bench_swiglu.cpp
 Suite comm_suite();                      // bench_comm.cpp
+Suite adamw_suite();                     // bench_adamw.cpp
 
 struct Timing {
   double median_ms = 0;

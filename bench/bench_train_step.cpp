@@ -47,7 +47,8 @@ Tensor random_act(Context& ctx, int64_t rows, int64_t cols) {
 
 // A whole optimizer step as the trainer runs it (optim.fused_prepare): the rest of the weight
 // preparation with the gradients' zeroing, the forward + backward of one micro-batch (its batch
-// uploaded from pinned memory) and AdamW writing the BF16 weights, with CUDA graphs on or off
+// uploaded from pinned memory) and AdamW writing the BF16 and FP8 block weights (the trainer's
+// default), with CUDA graphs on or off
 // (train/step_graph.h). Host time: the host's own time enqueueing the step, against its GPU time.
 struct StepTimes {
   Timing gpu;
@@ -62,7 +63,7 @@ StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
   train::MicroBatchGraphs micro(ctx);
   opt.set_graphs(graphs);
   m.prepare(ctx);
-  opt.set_weight_outputs(ctx, m.weight_outputs(OutputCopies::kBf16Only));
+  opt.set_weight_outputs(ctx, m.weight_outputs(OutputCopies::kBf16AndFp8));
   int64_t generation = 0;
   std::vector<double> host_ms;
   auto step = [&] {
@@ -251,8 +252,8 @@ int run(const std::vector<std::string>& argv) {
               step_rows);
   std::printf(
       "whole step: the rest of the preparation + zeroing, forward + backward of one micro-batch "
-      "(batch uploaded from pinned memory), AdamW writing the BF16 weights (ms, median); host per "
-      "step: the host's time enqueueing it (ms, median); graphs only on CUDA\n");
+      "(batch uploaded from pinned memory), AdamW writing the BF16 and FP8 weights (ms, median); "
+      "host per step: the host's time enqueueing it (ms, median); graphs only on CUDA\n");
   return 0;
 }
 

@@ -511,11 +511,19 @@ std::string init_checkpoint_dir(const std::string& path) {
 bool resume_may_change(const std::string& key) {
   // The same model and batch: a checkpoint depends neither on the grid (parallel.ep) nor on how
   // attention's backward sums (model.deterministic_attention).
-  static const std::set<std::string> safe = {
-      "steps",       "checkpoint_every", "keep_checkpoints",
-      "log_every",   "sites_every",      "device",
-      "eval.every",  "eval.batches",     "optim.fused_prepare",
-      "cuda_graphs", "parallel.ep",      "model.deterministic_attention"};
+  static const std::set<std::string> safe = {"steps",
+                                             "checkpoint_every",
+                                             "keep_checkpoints",
+                                             "log_every",
+                                             "sites_every",
+                                             "device",
+                                             "eval.every",
+                                             "eval.batches",
+                                             "optim.fused_prepare",
+                                             "optim.fused_prepare_fp8",
+                                             "cuda_graphs",
+                                             "parallel.ep",
+                                             "model.deterministic_attention"};
   return safe.count(key) > 0 || section_of(key) == "safety";
 }
 

@@ -193,9 +193,10 @@ std::vector<Key> make_keys() {
                     "the AdamW pass writes the next step's GEMM weights (same bits as a separate "
                     "preparation pass)",
                     at(&C::optim, &O::fused_prepare)));
-  k.push_back(field("optim.fused_prepare_fp8",
-                    "with fused_prepare, also the FP8 128x128 block weights",
-                    at(&C::optim, &O::fused_prepare_fp8)));
+  k.push_back(
+      field("optim.fused_prepare_fp8",
+            "with fused_prepare, also the FP8 128x128 block weights (one pass; the same bits)",
+            at(&C::optim, &O::fused_prepare_fp8)));
   k.push_back(field("optim.bucket_mb",
                     "several ranks: MiB of FP32 gradient per reduce-scatter bucket, sent during "
                     "the backward",

@@ -99,12 +99,19 @@ INSTANTIATE_TEST_SUITE_P(Sizes, AdamWGpu,
                          ::testing::Values(1, 127, 1481, 4097, (1 << 20) + 3, 4, 1024,
                                            (1 << 20) + 4));
 
-// The fused optimizer + 128x128 weight quantization against the CPU (the update, then quantize()),
-// bit for bit, over steps with clipping and a skipped step: a model weight, stacked experts with
-// the per-expert column-wise copy, partial tiles on the vector path, and the scalar path.
+// The fused optimizer + 128x128 weight quantization (the one-pass kernel of
+// adamw_block_kernels.cuh) against the CPU (the update, then quantize()), bit for bit, over steps
+// with clipping, a NaN clipping coefficient on a skipped step and a found_inf of 0: model weights,
+// stacked experts with the per-expert column-wise copy, ragged tiles on the vector path (rows not a
+// multiple of 16 or 128, cols a multiple of 4 but not 128), the scalar paths (cols not a multiple
+// of 4, master and gradient not 16-byte aligned), both FP8 formats, both scale roundings and the
+// step's constants read from the device (adamw_device_consts) or given by the host.
 struct BlockCase {
   int64_t rows, cols, batch_rows;
   Fp8Format format;
+  ScaleRounding rounding = ScaleRounding::kExact;
+  bool device_consts = false;
+  bool misaligned = false;  // master and gradient one element past a 16-byte boundary
 };
 
 class AdamWBlockQuantizeGpu : public ::testing::TestWithParam<BlockCase> {};
@@ -116,6 +123,7 @@ BlockQuantOutput block_output(Context& ctx, const BlockCase& c) {
   const DType d8 = fp8_dtype(c.format);
   BlockQuantOutput o;
   o.format = c.format;
+  o.rounding = c.rounding;
   o.rows = c.rows;
   o.cols = c.cols;
   o.batch_rows = c.batch_rows;
@@ -124,6 +132,16 @@ BlockQuantOutput block_output(Context& ctx, const BlockCase& c) {
   o.columnwise_data = Tensor::empty(ctx, {b, c.cols, br}, d8);
   o.columnwise_scale_inv = Tensor::empty(ctx, {b, sc, (br + 127) / 128}, DType::kF32);
   return o;
+}
+
+// An f32 tensor of n elements on the GPU holding `host`, one element past a 16-byte boundary (a
+// view into `storage`, which keeps it alive).
+Tensor misaligned_gpu(const Tensor& host, Tensor& storage) {
+  storage = Tensor::empty(devices().gpu, {host.numel() + 1}, DType::kF32);
+  Tensor view =
+      Tensor::wrap(storage.data_as<float>() + 1, {host.numel()}, DType::kF32, Device::kCuda);
+  devices().gpu.be().copy(view.data(), host.data(), host.nbytes(), CopyKind::kHostToDevice);
+  return view;
 }
 
 TEST_P(AdamWBlockQuantizeGpu, MatchesCpuBitwise) {
@@ -136,23 +154,44 @@ TEST_P(AdamWBlockQuantizeGpu, MatchesCpuBitwise) {
       .grad = Tensor(),
       .exp_avg = bf16_of(test::random_tensor({n}, DType::kF32, 6), false),
       .exp_avg_sq = bf16_of(test::random_tensor({n}, DType::kF32, 7, test::Dist::kWide), true)};
-  AdamWArgs g{.param = to_gpu(c.param),
+  Tensor p_storage, g_storage;
+  AdamWArgs g{.param = bc.misaligned ? misaligned_gpu(c.param, p_storage) : to_gpu(c.param),
               .grad = Tensor(),
               .exp_avg = to_gpu(c.exp_avg),
               .exp_avg_sq = to_gpu(c.exp_avg_sq)};
   const BlockQuantOutput oc = block_output(cpu, bc), og = block_output(gpu, bc);
-  for (int64_t step = 1; step <= 3; ++step) {
+  Tensor consts_c = Tensor::empty({2 * kAdamWConstsFloats}, DType::kF32);
+  Tensor consts_g = Tensor::empty(gpu, {2 * kAdamWConstsFloats}, DType::kF32);
+  for (int64_t step = 1; step <= 4; ++step) {
     SCOPED_TRACE(std::to_string(bc.rows) + "x" + std::to_string(bc.cols) + " batch " +
                  std::to_string(bc.batch_rows) + ", step " + std::to_string(step));
     c.grad = test::random_tensor({n}, DType::kF32, 20 + step, test::Dist::kOutliers);
-    g.grad = to_gpu(c.grad);
-    c.grad_scale = step == 2 ? scalar(DType::kF32, 0.3) : Tensor();
-    g.grad_scale = step == 2 ? to_gpu(c.grad_scale) : Tensor();
-    c.found_inf = step == 3 ? scalar(DType::kI32, 1) : Tensor();
-    g.found_inf = step == 3 ? to_gpu(c.found_inf) : Tensor();
+    g.grad = bc.misaligned ? misaligned_gpu(c.grad, g_storage) : to_gpu(c.grad);
+    // Step 2 clips; step 3 is skipped with a NaN coefficient (what a non-finite norm gives); step 4
+    // passes a found_inf of 0.
+    const double clip = step == 2 ? 0.3 : std::numeric_limits<double>::quiet_NaN();
+    c.grad_scale = step == 2 || step == 3 ? scalar(DType::kF32, clip) : Tensor();
+    g.grad_scale = c.grad_scale.data() ? to_gpu(c.grad_scale) : Tensor();
+    c.found_inf = step >= 3 ? scalar(DType::kI32, step == 3 ? 1 : 0) : Tensor();
+    g.found_inf = c.found_inf.data() ? to_gpu(c.found_inf) : Tensor();
     for (AdamWArgs* a : {&c, &g}) {
       a->lr = 1e-2f * static_cast<float>(step);
+      a->weight_decay = step == 4 ? 0.0f : 0.1f;
       a->step = step;
+    }
+    if (bc.device_consts) {
+      // The steps taken so far live on the device; lr and weight_decay go through the consts.
+      Tensor taken = Tensor::empty({1}, DType::kI64);
+      taken.data_as<int64_t>()[0] = step - 1;
+      const Tensor taken_g = to_gpu(taken);
+      adamw_device_consts(cpu, {.lr = c.lr, .steps_taken = taken, .out = consts_c});
+      adamw_device_consts(gpu, {.lr = g.lr, .steps_taken = taken_g, .out = consts_g});
+      const int64_t at = step == 4 ? kAdamWConstsFloats : 0;  // step 4: the no-decay half
+      c.consts = Tensor::wrap(consts_c.data_as<float>() + at, {kAdamWConstsFloats}, DType::kF32,
+                              Device::kCpu);
+      g.consts = Tensor::wrap(consts_g.data_as<float>() + at, {kAdamWConstsFloats}, DType::kF32,
+                              Device::kCuda);
+      for (AdamWArgs* a : {&c, &g}) a->lr = 123.0f, a->step = 99;  // ignored with consts
     }
     adamw_step_block_quantize(cpu, c, oc);
     adamw_step_block_quantize(gpu, g, og);
@@ -167,9 +206,10 @@ TEST_P(AdamWBlockQuantizeGpu, MatchesCpuBitwise) {
   }
   // And the GPU outputs are what quantize() makes of the GPU's updated master.
   QuantizeArgs qa;
-  qa.input = g.param.reshape({bc.rows, bc.cols});
+  qa.input = to_gpu(to_cpu(g.param)).reshape({bc.rows, bc.cols});
   qa.format = bc.format;
   qa.granularity = Granularity::k128x128;
+  qa.rounding = bc.rounding;
   qa.output = QuantizeOutput::kBoth;
   const QuantTensor q = quantize(gpu, qa);
   EXPECT_TRUE(bitwise_equal(to_cpu(q.data), to_cpu(og.data)));
@@ -180,13 +220,20 @@ TEST_P(AdamWBlockQuantizeGpu, MatchesCpuBitwise) {
                               to_cpu(og.columnwise_data).reshape(q.columnwise_data.shape())));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AdamWBlockQuantizeGpu,
-                         ::testing::Values(BlockCase{1408, 1024, 0, Fp8Format::kE4M3},
-                                           BlockCase{4 * 256, 384, 256, Fp8Format::kE4M3},
-                                           BlockCase{3 * 128, 200, 128, Fp8Format::kE5M2},
-                                           BlockCase{200, 72, 0, Fp8Format::kE4M3},
-                                           BlockCase{129, 7, 0, Fp8Format::kE4M3},
-                                           BlockCase{1, 4, 0, Fp8Format::kE4M3}));
+constexpr Fp8Format kE4 = Fp8Format::kE4M3, kE5 = Fp8Format::kE5M2;
+constexpr ScaleRounding kExact = ScaleRounding::kExact, kPow2 = ScaleRounding::kPow2;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AdamWBlockQuantizeGpu,
+    ::testing::Values(BlockCase{1408, 1024, 0, kE4}, BlockCase{4 * 256, 384, 256, kE4},
+                      BlockCase{3 * 128, 200, 128, kE5}, BlockCase{200, 72, 0, kE4},
+                      BlockCase{129, 7, 0, kE4}, BlockCase{1, 4, 0, kE4},
+                      // rows a multiple of 16, not of 128: partial tiles on every vector path
+                      BlockCase{144, 260, 0, kE4, kPow2}, BlockCase{300, 516, 0, kE5, kPow2, true},
+                      BlockCase{2 * 128, 6, 128, kE4, kExact, true},
+                      BlockCase{3 * 256, 1152, 256, kE4, kPow2, true},
+                      BlockCase{640, 520, 0, kE4, kExact, false, true},
+                      BlockCase{2 * 128, 132, 128, kE5, kPow2, true, true}));
 
 TEST(GradNormGpu, MatchesCpuBitwiseOverManyTensors) {
   OCTET_REQUIRE_GPU();

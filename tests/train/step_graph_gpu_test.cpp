@@ -137,6 +137,34 @@ TEST_P(StepGraphGpu, GraphedRunIsBitIdenticalToEager) {
 INSTANTIATE_TEST_SUITE_P(StepGraph, StepGraphGpu,
                          ::testing::Values("deepseek", "bf16", "fp8-flow"));
 
+// The FP8 128x128 block weights written by the optimizer's pass (optim.fused_prepare_fp8, the
+// default; the one-pass kernel of ops/adamw) give bit for bit the losses, gradient norms, weights
+// and optimizer state of the separate quantization of the masters after AdamW, graphed. Width 128,
+// so the experts' down projections are fused too.
+class FusedFp8PrepareGpu : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FusedFp8PrepareGpu, OnePassIsBitIdenticalToSeparatePreparation) {
+  OCTET_REQUIRE_GPU();
+  const std::string dir = temp_dir(std::string("fused_fp8_") + GetParam());
+  const std::string corpus = write_corpus(dir);
+  for (const char* fp8 : {"false", "true"}) {
+    TrainConfig c = tiny_gpu(dir + "/" + fp8, corpus, GetParam(), true);
+    apply_set(c, "model.hidden_size=128");
+    apply_set(c, std::string("optim.fused_prepare_fp8=") + fp8);
+    c.validate();
+    std::ostringstream log;
+    EXPECT_EQ(run_training(c, quiet(dir + "/c"), log).end, RunEnd::kCompleted) << log.str();
+  }
+  expect_same_records(dir + "/false", dir + "/true");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(file_bytes(dir + "/false/checkpoints/step_00000008/" + f) ==
+                file_bytes(dir + "/true/checkpoints/step_00000008/" + f))
+        << f << " differs";
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, FusedFp8PrepareGpu, ::testing::Values("deepseek", "fp8-flow"));
+
 // An absurd rate blows the weights up; the non-finite steps are skipped on the device (the
 // optimizer's flag) and the run goes on, graphed exactly as eager.
 TEST(StepGraphSafetyGpu, NonFiniteStepsAreSkippedWhenGraphed) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "test_util.h"
 #include "tiny_model.h"
@@ -118,17 +119,26 @@ INSTANTIATE_TEST_SUITE_P(Recipes, TrainerResume,
 
 // optim.fused_prepare (the optimizer writes the next step's GEMM weights) gives the bits of a
 // separate preparation: the same losses and gradient norms, including across a spike rollback
-// (which reloads the weights). Width 128 so the stacked experts' down projection is fused too.
+// (which reloads the weights), with the BF16 copies only (fused_prepare_fp8 = false) and with the
+// FP8 128x128 blocks written by the same pass (the default), which a resume may switch. Width 128
+// so the stacked experts' down projection is fused too.
 TEST(Trainer, FusedWeightPreparationIsBitIdentical) {
+  EXPECT_TRUE(TrainConfig{}.optim.fused_prepare);
+  EXPECT_TRUE(TrainConfig{}.optim.fused_prepare_fp8);
+  // The same bits either way, so a resume may switch them (a run saved with the old default).
+  EXPECT_TRUE(resume_may_change("optim.fused_prepare"));
+  EXPECT_TRUE(resume_may_change("optim.fused_prepare_fp8"));
   const std::string dir = temp_dir("fused");
   const std::string corpus = write_corpus(dir);
-  for (const char* recipe : {"deepseek", "bf16"}) {
+  for (const char* recipe : {"deepseek", "fp8-flow", "bf16"}) {
     std::vector<std::vector<StepMetrics>> runs;
-    for (const char* fused : {"false", "true"}) {
-      TrainConfig c = tiny(dir + "/" + recipe + fused, corpus, recipe);
+    // (fused_prepare, fused_prepare_fp8): separate, BF16 copies only, the default.
+    for (const auto& [fused, fp8] :
+         {std::pair{"false", "false"}, std::pair{"true", "false"}, std::pair{"true", "true"}}) {
+      TrainConfig c = tiny(dir + "/" + recipe + fused + fp8, corpus, recipe);
       apply_set(c, "model.hidden_size=128");
       apply_set(c, std::string("optim.fused_prepare=") + fused);
-      apply_set(c, std::string("optim.fused_prepare_fp8=") + fused);
+      apply_set(c, std::string("optim.fused_prepare_fp8=") + fp8);
       apply_set(c, "safety.spike_window=2");
       apply_set(c, "safety.spike_threshold=0.0001");
       apply_set(c, "safety.spike_action=\"rollback\"");
@@ -137,11 +147,13 @@ TEST(Trainer, FusedWeightPreparationIsBitIdentical) {
       run_training(c, quiet(dir + "/cache"), log);
       runs.push_back(read_metrics(c.run_dir + "/metrics.jsonl"));
     }
-    ASSERT_EQ(runs[0].size(), runs[1].size()) << recipe;
-    for (size_t k = 0; k < runs[0].size(); ++k) {
-      EXPECT_EQ(runs[0][k].loss, runs[1][k].loss) << recipe << " step " << runs[0][k].step;
-      EXPECT_EQ(runs[0][k].grad_norm, runs[1][k].grad_norm)
-          << recipe << " step " << runs[0][k].step;
+    for (size_t r = 1; r < runs.size(); ++r) {
+      ASSERT_EQ(runs[0].size(), runs[r].size()) << recipe;
+      for (size_t k = 0; k < runs[0].size(); ++k) {
+        EXPECT_EQ(runs[0][k].loss, runs[r][k].loss) << recipe << " run " << r << " step " << k;
+        EXPECT_EQ(runs[0][k].grad_norm, runs[r][k].grad_norm)
+            << recipe << " run " << r << " step " << k;
+      }
     }
   }
   fs::remove_all(dir);

@@ -68,7 +68,9 @@ struct BlockQuantOutput {
 };
 
 // adamw_step, then the block quantization of the updated weights, in one pass on CUDA (args'
-// param_bf16 must be undefined). The CPU runs the two steps one after the other.
+// param_bf16 must be undefined): a thread block per 128x128 tile updates it, stages the new master
+// in shared memory and writes both FP8 copies from there (adamw_block_kernels.cuh), 22 bytes per
+// parameter plus the scales. The CPU runs the two steps one after the other.
 void adamw_step_block_quantize(Context& ctx, const AdamWArgs& args, const BlockQuantOutput& out);
 
 // Global L2 norm sqrt(sum_i sum_x x^2) over a list of f32 tensors, returned as (1) f32 on the

@@ -1,70 +1,17 @@
 // CUDA launchers of the adamw family (device code in adamw_kernels.cuh). Everything is enqueued on
 // the context's stream; nothing synchronises with the host.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda_check.h"
 #include "numerics/scale.h"  // ceil_div
 #include "ops/adamw/adamw_backends.h"
+#include "ops/adamw/adamw_block_kernels.cuh"
 #include "ops/adamw/adamw_kernels.cuh"
-#include "ops/quantize/quantize_kernels.cuh"
 
 namespace octet::cuda {
 namespace {
-
-// The fused optimizer's values for the 128x128 tile kernel of ops/quantize: each load updates the 4
-// parameters (r, c..c+3) as adamw_kernel does (the same element function) and returns the new
-// values, which the tile kernel then quantizes. With found_inf set nothing is written and the
-// unchanged values are returned.
-struct AdamWSource {
-  float* p;
-  const float* g;
-  uint16_t* m;
-  uint16_t* v;
-  const float* scale;
-  const int32_t* found_inf;
-  AdamWConsts k;
-  const AdamWConsts* kd;  // the device's constants (adamw_device_consts), or null: k
-
-  __device__ __forceinline__ float update(int64_t i, bool skip, float s,
-                                          const AdamWConsts& kk) const {
-    if (skip) return p[i];
-    const kernels::StoredStep x = kernels::stored_update(p[i], g[i], m[i], v[i], scale, s, kk);
-    p[i] = x.p;
-    m[i] = x.m;
-    v[i] = x.v;
-    return x.p;
-  }
-
-  template <typename Held>
-  __device__ __forceinline__ Held load(int64_t r, int64_t c, int64_t rows, int64_t cols,
-                                       bool vec) const {
-    static_assert(sizeof(Held) == 16, "the master weights are F32");
-    const bool skip = found_inf && *found_inf != 0;
-    const float s = scale ? *scale : 1.0f;
-    const AdamWConsts kk = kd ? *kd : k;
-    float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (vec && r < rows && c < cols) {
-      const int64_t i = r * cols + c;
-      // Non-coherent loads: each element is read once, before this thread's own store to it, so
-      // the compiler may issue the loads of later rows ahead of this row's stores.
-      const float4 pv = __ldg(reinterpret_cast<const float4*>(p + i));
-      if (skip) return pv;
-      const kernels::StoredStep4 x =
-          kernels::stored_update(pv, __ldg(reinterpret_cast<const float4*>(g + i)),
-                                 __ldg(reinterpret_cast<const uint2*>(m + i)),
-                                 __ldg(reinterpret_cast<const uint2*>(v + i)), scale, s, kk);
-      *reinterpret_cast<float4*>(p + i) = x.p;
-      *reinterpret_cast<uint2*>(m + i) = x.m;
-      *reinterpret_cast<uint2*>(v + i) = x.v;
-      return x.p;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (r < rows && c + e < cols) out[e] = update(r * cols + c + e, skip, s, kk);
-    return make_float4(out[0], out[1], out[2], out[3]);
-  }
-};
 
 const AdamWConsts* device_consts(const AdamWArgs& a) {
   return a.consts.data() ? static_cast<const AdamWConsts*>(a.consts.data()) : nullptr;
@@ -157,36 +104,47 @@ void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
 
 void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWConsts& k,
                                const BlockQuantOutput& o) {
-  namespace qk = kernels;  // the tile kernel of ops/quantize (quantize_kernels.cuh)
-  const AdamWSource src{a.param.data_as<float>(),
-                        a.grad.data_as<const float>(),
-                        a.exp_avg.data_as<uint16_t>(),
-                        a.exp_avg_sq.data_as<uint16_t>(),
-                        a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr,
-                        a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr,
-                        k,
-                        device_consts(a)};
-  qk::TileParams p;
+  // 64 KB of dynamic shared memory per block (above the default 48 KB), and the largest carveout so
+  // that kBqBlocksPerSm blocks fit. Set once per device.
+  static std::atomic<bool> configured[64] = {};
+  OCTET_CHECK(ctx.device_index >= 0 && ctx.device_index < 64, "adamw_step_block_quantize: device ",
+              ctx.device_index, " out of range");
+  if (!configured[ctx.device_index]) {
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernels::adamw_block_quantize_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kernels::kBqSmemBytes));
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernels::adamw_block_quantize_kernel,
+                                          cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    configured[ctx.device_index] = true;
+  }
+  const int64_t mrows = o.batch_rows > 0 ? o.batch_rows : o.rows;
+  kernels::BlockQuantParams p;
+  p.p = a.param.data_as<float>();
+  p.g = a.grad.data_as<const float>();
+  p.m = a.exp_avg.data_as<uint16_t>();
+  p.v = a.exp_avg_sq.data_as<uint16_t>();
+  p.grad_scale = a.grad_scale.data() ? a.grad_scale.data_as<const float>() : nullptr;
+  p.found_inf = a.found_inf.data() ? a.found_inf.data_as<const int32_t>() : nullptr;
+  p.k = k;
+  p.kd = device_consts(a);
   p.rows = o.rows;
   p.cols = o.cols;
-  p.rule = ScaleRule{.format = o.format, .rounding = o.rounding, .epsilon = 0.0f, .margin = 0};
-  p.rowwise = qk::TileOutput{o.data.data_as<uint8_t>(), o.scale_inv.data_as<float>(),
-                             qk::ScaleSource::kTile, Granularity::k128x128};
-  p.columnwise =
-      qk::TileOutput{o.columnwise_data.data_as<uint8_t>(), o.columnwise_scale_inv.data_as<float>(),
-                     qk::ScaleSource::kTile, Granularity::k128x128};
-  p.amax_out = nullptr;
-  auto at = [](const Tensor& t, uintptr_t bytes) {
-    return reinterpret_cast<uintptr_t>(t.data()) % bytes == 0;
-  };
-  p.aligned_input = at(a.param, 16) && at(a.grad, 16) && at(a.exp_avg, 8) && at(a.exp_avg_sq, 8);
   p.batch_rows = o.batch_rows;
-  const dim3 grid(static_cast<unsigned>(ceil_div(o.cols, kGroup)),
-                  static_cast<unsigned>(ceil_div(o.rows, kGroup)));
-  OCTET_CHECK(grid.y < 65536, "adamw_step_block_quantize: ", o.rows,
-              " rows exceed the tile kernel's grid limit (65535 * 128)");
-  qk::quantize_tile_kernel<float, AdamWSource>
-      <<<grid, qk::kTileThreads, 0, stream_of(ctx)>>>(src, p);
+  p.rule = ScaleRule{.format = o.format, .rounding = o.rounding, .epsilon = 0.0f, .margin = 0};
+  p.data = o.data.data_as<uint8_t>();
+  p.scale_inv = o.scale_inv.data_as<float>();
+  p.cdata = o.columnwise_data.data_as<uint8_t>();
+  p.cscale_inv = o.columnwise_scale_inv.data_as<float>();
+  p.vec_in = o.cols % 4 == 0 && aligned(a.param, 16) && aligned(a.grad, 16) &&
+             aligned(a.exp_avg, 8) && aligned(a.exp_avg_sq, 8);
+  p.vec_rows = o.cols % 4 == 0 && aligned(o.data, 4);
+  p.vec_cols = mrows % 16 == 0 && aligned(o.columnwise_data, 16);
+  const int64_t tiles = ceil_div(o.rows, int64_t{kGroup}) * ceil_div(o.cols, int64_t{kGroup});
+  OCTET_CHECK(tiles <= 0x7FFFFFFF, "adamw_step_block_quantize: ", tiles,
+              " tiles exceed the grid limit");
+  kernels::adamw_block_quantize_kernel<<<static_cast<unsigned>(tiles), kernels::kBqThreads,
+                                         kernels::kBqSmemBytes, stream_of(ctx)>>>(p);
   OCTET_CUDA_CHECK_LAUNCH();
 }
 

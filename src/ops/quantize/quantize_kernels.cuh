@@ -194,9 +194,9 @@ struct TileParams {
   int64_t batch_rows = 0;
 };
 
-// Where the tile kernel's values come from: the input tensor itself. Another source (the fused
-// AdamW of ops/adamw) produces the values it quantizes; `load` returns the 4 values of (r, c..c+3),
-// 0 outside the matrix, packed in InT's width as Held.
+// Where the tile kernel's values come from: the input tensor itself (a source type could also
+// compute them; the fused AdamW has its own kernel, ops/adamw/adamw_block_kernels.cuh); `load`
+// returns the 4 values of (r, c..c+3), 0 outside the matrix, packed in InT's width as Held.
 template <typename InT>
 struct TensorSource {
   const InT* in;
@@ -427,7 +427,7 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
 // tensor. The tile's scale is the largest of its row scale_invs; each row's codes move to it by the
 // exact factor s_row / S (a power of two <= 1), decoded through a 256-entry table and re-rounded by
 // the hardware conversion, which is exact while values stay normal and round-to-nearest-even below.
-// static: the header is also included by ops/adamw (the fused optimizer), one copy per unit.
+// static: the header is included by several units (quantize, swiglu), one copy per unit.
 static __global__ void __launch_bounds__(kTileThreads)
     scaling_aware_transpose_kernel(const uint8_t* __restrict__ q,
                                    const float* __restrict__ scale_inv, int64_t rows, int64_t cols,
