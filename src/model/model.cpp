@@ -569,7 +569,7 @@ std::vector<LinearLayer*> Model::delayed_linears() {
   return delayed;
 }
 
-void Model::set_expert_amax_group(std::shared_ptr<Comm> group) {
+void Model::set_expert_amax_group(const std::shared_ptr<Comm>& group) {
   OCTET_CHECK(!group || expert_group_, "model: an expert amax group without sharded experts");
   for (MoeLayer* m : moe_layers_) m->gate_up.amax_group = m->down.amax_group = group;
 }

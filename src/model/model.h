@@ -91,7 +91,7 @@ class Model {
   float* held_elements(const std::string& name);
   // Expert parallelism's data group (the ranks holding this rank's experts): the routed experts'
   // delayed-scaling amaxes are reduced over it instead of ctx.comm (model/grouped_linear.h).
-  void set_expert_amax_group(std::shared_ptr<Comm> group);
+  void set_expert_amax_group(const std::shared_ptr<Comm>& group);
   // Whether the routed experts are sharded over an expert group of more than one rank.
   bool experts_sharded() const { return expert_group_ != nullptr; }
   // The routed experts' parameters (sharded over the expert group when experts_sharded()).
