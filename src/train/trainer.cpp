@@ -309,10 +309,11 @@ struct Run {
       else
         optim->zero_grad(ctx);
     };
-    // ZeRO-1 gathers the GEMM weights in their prepared form (FP8 blocks, BF16): after the first
-    // full preparation it writes them (zero_optimizer.h), and only the rest is prepared here. With
-    // a tied head the embedding's master is read too: then it gathers the masters and every rank
-    // prepares them all, as expert parallelism's optimizer does. (No graphs with a communicator.)
+    // ZeRO-1 (and expert parallelism's, expert_parallel.h) gathers the GEMM weights in their
+    // prepared form (FP8 blocks, BF16): after the first full preparation it writes them
+    // (zero_optimizer.h), and only the rest is prepared here. With a tied head the embedding's
+    // master is read too: then it gathers the masters and every rank prepares them all. (No graphs
+    // with a communicator.)
     const bool zero_outputs =
         (zero || ep_opt) && cfg.optim.fused_prepare && !cfg.model.tie_word_embeddings;
     if (zero_outputs) {
