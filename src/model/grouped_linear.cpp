@@ -29,6 +29,23 @@ void copy_into(Context& ctx, const Tensor& dst, int64_t offset_elems, const Tens
   ctx.be().copy(d, src.data(), src.nbytes(), same_device(ctx));
 }
 
+// While alive, ctx.comm is `group` (when set): the delayed-scaling amaxes recorded meanwhile are
+// reduced over the ranks that hold the same experts (grouped_linear.h). ctx.comm serves only that
+// reduction (model/linear.h), so nothing else sees the swap.
+class AmaxGroupScope {
+ public:
+  AmaxGroupScope(Context& ctx, const std::shared_ptr<Comm>& group) : ctx_(ctx), saved_(ctx.comm) {
+    if (group) ctx_.comm = group;
+  }
+  AmaxGroupScope(const AmaxGroupScope&) = delete;
+  AmaxGroupScope& operator=(const AmaxGroupScope&) = delete;
+  ~AmaxGroupScope() { ctx_.comm = saved_; }
+
+ private:
+  Context& ctx_;
+  std::shared_ptr<Comm> saved_;
+};
+
 // The CPU's row counts (the CPU path only: on CUDA they stay on the device).
 int64_t cpu_rows(const GroupLayoutRef& l, int64_t e) {
   return l.sizes.dtype() == DType::kI32 ? l.sizes.data_as<const int32_t>()[e]
@@ -108,7 +125,7 @@ void GroupedLinearLayer::init_state(Context& ctx, const Recipe& recipe) {
   views_.resize(E);
   per_expert_.resize(E);
   for (int64_t e = 0; e < E; ++e) {
-    views_[e].name = param->name + "[" + std::to_string(e) + "]";
+    views_[e].name = param->name + "[" + std::to_string(first_expert + e) + "]";
     views_[e].value = row_slice(param->value.reshape({E * out(), in()}), e * out(), out());
     views_[e].grad = row_slice(param->grad.reshape({E * out(), in()}), e * out(), out());
     per_expert_[e].site = site;
@@ -118,6 +135,7 @@ void GroupedLinearLayer::init_state(Context& ctx, const Recipe& recipe) {
 }
 
 void GroupedLinearLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
+  const AmaxGroupScope amax_scope(ctx, amax_group);
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t E = experts(), O = out(), I = in();
   if (scope == PrepareScope::kNotFused && fused) {
@@ -190,6 +208,7 @@ bool GroupedLinearLayer::weight_output(WeightOutput& out) const {
 
 Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const GroupedInput& in_,
                                    const GroupLayoutRef& layout, Saved& s) {
+  const AmaxGroupScope amax_scope(ctx, amax_group);
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t R = in_.x.defined() ? in_.x.rows() : in_.qx.rows();
   s = Saved{};
@@ -251,6 +270,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
 
 Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
                                     const GroupLayoutRef& layout, const Saved& s) {
+  const AmaxGroupScope amax_scope(ctx, amax_group);
   const GemmRecipe& r = p.recipe.at(site);
   const int64_t R = dy.rows(), E = experts();
   if (p.probe != nullptr && r.precision != GemmPrecision::kFp8Tensor)

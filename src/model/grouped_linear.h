@@ -27,8 +27,16 @@
 //               expert records an amax each pass, 0 when it has no rows (as TransformerEngine's
 //               GroupedLinear does for an empty split), on both devices. Wgrad needs the experts'
 //               rows padded to 128 (PermutePadding::kTo128).
+//
+// Delayed scaling with several ranks (fp8-tensor's per-expert histories): an expert's amax is the
+// maximum over the ranks that hold the same expert (model/linear.h reduce_amax_over_ranks): every
+// rank with data parallelism alone (ctx.comm), the expert's data group with expert parallelism
+// (amax_group, which stands in for ctx.comm while this layer prepares, runs forward and backward).
+// The per-expert states are named by the expert's index in the whole model (first_expert + e), so
+// that a checkpoint's recipe state does not depend on the grid.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "model/parameter.h"
@@ -47,9 +55,16 @@ struct GroupLayoutRef {
   Tensor sizes;  // (E) int32 on the context's device: rows per expert, padding included
 };
 
+class Comm;
+
 struct GroupedLinearLayer {
   GemmSite site = GemmSite::kExpertGateUp;
   Parameter* param = nullptr;  // (E, Out, In)
+  // Expert parallelism: this rank's first expert in the whole model (param holds E of them from
+  // there), and the ranks holding the same experts (null: ctx.comm's ranks all do). Set before
+  // init_state.
+  int64_t first_expert = 0;
+  std::shared_ptr<Comm> amax_group;
 
   struct Saved {
     Tensor x;                             // bf16 path

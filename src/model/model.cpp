@@ -199,6 +199,7 @@ void Model::build_layer(DecoderLayer& l, int64_t index) {
   m.gate_up.param = param(ParamRole::kExpertsGateUp);
   m.down.site = GemmSite::kExpertDown;
   m.down.param = param(ParamRole::kExpertsDown);
+  m.gate_up.first_expert = m.down.first_expert = experts_.first;  // the recipe state's names
   m.ep = expert_group_.get();
   if (c.n_shared_experts > 0) {
     m.shared.emplace();
@@ -568,24 +569,73 @@ std::vector<LinearLayer*> Model::delayed_linears() {
   return delayed;
 }
 
+void Model::set_expert_amax_group(const std::shared_ptr<Comm>& group) {
+  OCTET_CHECK(!group || expert_group_, "model: an expert amax group without sharded experts");
+  for (MoeLayer* m : moe_layers_) m->gate_up.amax_group = m->down.amax_group = group;
+}
+
+std::set<const LinearLayer*> Model::sharded_expert_linears() {
+  std::set<const LinearLayer*> out;
+  if (!expert_group_) return out;
+  for (MoeLayer* m : moe_layers_)
+    for (GroupedLinearLayer* g : {&m->gate_up, &m->down})
+      for (const LinearLayer& l : g->per_expert()) out.insert(&l);
+  return out;
+}
+
 io::NamedTensors Model::recipe_state(Context& ctx) {
-  io::NamedTensors out;
+  io::NamedTensors out, mine;  // mine: this rank's sharded experts' (gathered below)
+  const std::set<const LinearLayer*> sharded = sharded_expert_linears();
   for (LinearLayer* l : delayed_linears()) {
+    io::NamedTensors& to = sharded.count(l) ? mine : out;
     const std::string n = l->param->name;
     const std::pair<const char*, DelayedScaling*> parts[] = {
         {"x", &l->state.x}, {"w", &l->state.w}, {"dy", &l->state.dy}};
     for (const auto& [tag, ds] : parts) {
-      out.emplace_back(n + "." + tag + ".amax_history", ds->amax_history.to_host(ctx));
-      out.emplace_back(n + "." + tag + ".scale", ds->scale.to_host(ctx));
-      out.emplace_back(n + "." + tag + ".scale_inv", ds->scale_inv.to_host(ctx));
+      to.emplace_back(n + "." + tag + ".amax_history", ds->amax_history.to_host(ctx));
+      to.emplace_back(n + "." + tag + ".scale", ds->scale.to_host(ctx));
+      to.emplace_back(n + "." + tag + ".scale_inv", ds->scale_inv.to_host(ctx));
     }
     Tensor steps = Tensor::empty({3}, DType::kI64);
     steps.data_as<int64_t>()[0] = l->state.x_steps;
     steps.data_as<int64_t>()[1] = l->state.w_steps;
     steps.data_as<int64_t>()[2] = l->state.dy_steps;
-    out.emplace_back(n + ".steps", steps);
+    to.emplace_back(n + ".steps", steps);
   }
+  if (!mine.empty()) gather_expert_states(ctx, mine, out);
   return out;
+}
+
+// Every expert group rank's experts' states after the rest, in rank order: each rank's tensors
+// have the same shapes and order (the same layers and expert counts), named by expert index, so
+// rank r's are this rank's bytes' layout with the index moved by r's first expert minus ours.
+void Model::gather_expert_states(Context& ctx, const io::NamedTensors& mine,
+                                 io::NamedTensors& out) {
+  int64_t bytes = 0;
+  for (const auto& [n, t] : mine) bytes += t.nbytes();
+  Tensor host = Tensor::empty({bytes}, DType::kU8);
+  int64_t at = 0;
+  for (const auto& [n, t] : mine) {
+    std::memcpy(host.data_as<uint8_t>() + at, t.data(), static_cast<size_t>(t.nbytes()));
+    at += t.nbytes();
+  }
+  const int P = expert_group_->size();
+  const Tensor send = host.to(ctx, ctx.device);
+  Tensor recv = Tensor::empty(ctx, {P * bytes}, DType::kU8);
+  expert_group_->all_gather(ctx, send.data(), recv.data(), bytes, DType::kU8);
+  const Tensor all = recv.to_host(ctx);
+  for (int r = 0; r < P; ++r) {
+    const int64_t shift = expert_slice(config_.n_routed_experts, r, P).first - experts_.first;
+    at = r * bytes;
+    for (const auto& [n, t] : mine) {
+      const size_t open = n.find('['), close = n.find(']', open);
+      const int64_t e = std::stoll(n.substr(open + 1, close - open - 1)) + shift;
+      Tensor c = Tensor::empty(t.shape(), t.dtype());
+      std::memcpy(c.data(), all.data_as<const uint8_t>() + at, static_cast<size_t>(c.nbytes()));
+      at += c.nbytes();
+      out.emplace_back(n.substr(0, open + 1) + std::to_string(e) + n.substr(close), c);
+    }
+  }
 }
 
 void Model::load_recipe_state(Context& ctx, const io::NamedTensors& state) {
@@ -601,6 +651,16 @@ void Model::load_recipe_state(Context& ctx, const io::NamedTensors& state) {
   };
   const std::vector<LinearLayer*> linears = delayed_linears();
   size_t used = 0;
+  // Sharded experts: the other ranks' experts' states are theirs (named by expert index).
+  if (expert_group_ && !linears.empty())
+    for (MoeLayer* m : moe_layers_)
+      for (const GroupedLinearLayer* g : {&m->gate_up, &m->down})
+        for (const auto& [n, t] : state) {
+          const std::string prefix = g->param->name + "[";
+          if (n.rfind(prefix, 0) != 0) continue;
+          const int64_t e = std::stoll(n.substr(prefix.size()));
+          used += e < experts_.first || e >= experts_.first + experts_.count ? 1 : 0;
+        }
   for (LinearLayer* l : linears) {
     const std::string n = l->param->name;
     const std::pair<const char*, DelayedScaling*> parts[] = {

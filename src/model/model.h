@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +89,9 @@ class Model {
   // its first F32 element in the parameter on the model's device, its elements contiguous; null
   // when it is a routed expert of another expert-parallel rank.
   float* held_elements(const std::string& name);
+  // Expert parallelism's data group (the ranks holding this rank's experts): the routed experts'
+  // delayed-scaling amaxes are reduced over it instead of ctx.comm (model/grouped_linear.h).
+  void set_expert_amax_group(const std::shared_ptr<Comm>& group);
   // Whether the routed experts are sharded over an expert group of more than one rank.
   bool experts_sharded() const { return expert_group_ != nullptr; }
   // The routed experts' parameters (sharded over the expert group when experts_sharded()).
@@ -122,6 +126,9 @@ class Model {
   // Delayed-scaling state of every Linear (amax histories, scales, recorded steps), named
   // "<parameter>.{x,w,dy}.{amax_history,scale,scale_inv}" and "<parameter>.steps" (i64 x 3), as
   // host tensors; empty for the other recipes. load_recipe_state restores it exactly.
+  // With sharded experts it is collective over the expert group and holds every rank's experts
+  // (each expert's state is named by its index in the whole model, "<parameter>[e]"), and
+  // load_recipe_state takes this rank's experts' from such a set (of any grid).
   io::NamedTensors recipe_state(Context& ctx);
   void load_recipe_state(Context& ctx, const io::NamedTensors& state);
 
@@ -144,6 +151,10 @@ class Model {
                      const std::function<void(GroupedLinearLayer&)>& grouped);
   // Every Linear with its delayed-scaling state, named by its parameter.
   std::vector<LinearLayer*> delayed_linears();
+  // The routed experts' per-expert Linears when the experts are sharded (else none).
+  std::set<const LinearLayer*> sharded_expert_linears();
+  // recipe_state's tail with sharded experts: `mine` gathered over the expert group into `out`.
+  void gather_expert_states(Context& ctx, const io::NamedTensors& mine, io::NamedTensors& out);
   Tensor upload(Context& ctx, const Tensor& t) const;
   // MTP's inputs and targets k ahead, built on the device (model.cpp).
   Tensor shifted_tokens(Context& ctx, const Tensor& src, int64_t shift, int32_t fill);

@@ -110,9 +110,11 @@ void deal_run(CheckpointPlan& p, const std::vector<const Holding*>& run, int rot
 }
 
 // A tensor of `numel` elements at element `offset` of parameter `param` (ZeroAdamW's order) whose
-// master is sharded: each piece's part of it is held by the piece's owner, in its master shard.
+// master is sharded: each piece's part of it is held by the piece's owner (world rank
+// world_rank(c.rank)), in its master shard (read where that owner is this rank).
 void add_shard_holdings(TrainingCheckpoint& out, const ZeroAdamW& zero, size_t param,
-                        int64_t offset, int64_t numel, size_t file, size_t tensor, int rank) {
+                        int64_t offset, int64_t numel, size_t file, size_t tensor,
+                        const std::function<int(int)>& world_rank, int rank) {
   for (const ZeroLayout::Piece& c : zero.layout().pieces) {
     if (c.param != static_cast<int>(param)) continue;
     const int64_t lo = std::max(offset, c.offset);
@@ -123,12 +125,20 @@ void add_shard_holdings(TrainingCheckpoint& out, const ZeroAdamW& zero, size_t p
     h.tensor = tensor;
     h.begin = lo - offset;
     h.end = hi - offset;
-    h.ranks = {c.rank};
-    if (c.rank == rank)
+    h.ranks = {world_rank(c.rank)};
+    if (h.ranks[0] == rank)
       h.data = zero.master_shard().data_as<const float>() + c.shard_offset + (lo - c.offset);
     out.holdings.push_back(std::move(h));
   }
 }
+
+// A parameter whose master is sharded: its optimizer, its index there, and for a routed expert
+// with expert parallelism, that the pieces are of this rank's (E / P, ...) slice.
+struct Released {
+  const ZeroAdamW* zero = nullptr;
+  size_t index = 0;
+  bool expert = false;
+};
 
 }  // namespace
 
@@ -239,10 +249,16 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
   std::map<std::string, const TensorSpec*> by_name;
   for (const TensorSpec& t : specs) by_name[t.name] = &t;
   // ZeRO-1 with sharded masters: the parameters whose masters live in their owners' shards.
-  std::map<const Parameter*, size_t> released;
-  if (s.zero)
-    for (size_t i = 0; i < s.zero->params().size(); ++i)
-      if (s.zero->master_released(i)) released[s.zero->params()[i]] = i;
+  std::map<const Parameter*, Released> released;
+  auto add_released = [&](const ZeroAdamW& z, bool expert) {
+    for (size_t i = 0; i < z.params().size(); ++i)
+      if (z.master_released(i)) released[z.params()[i]] = {&z, i, expert};
+  };
+  if (s.zero) add_released(*s.zero, false);
+  if (s.ep) {
+    add_released(s.ep->replicated(), false);
+    add_released(s.ep->experts(), true);
+  }
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total = 0;
   for (size_t f = 0; f < shards.size(); ++f) {
@@ -258,8 +274,20 @@ TrainingCheckpoint training_checkpoint(const TrainingSources& s) {
       const TensorSpec& src = t.copy_of.empty() ? t : *by_name.at(t.copy_of);
       const Parameter& p = model.parameter(src.fused_name.empty() ? src.name : src.fused_name);
       if (const auto it = released.find(&p); it != released.end()) {
-        add_shard_holdings(out, *s.zero, it->second, src.fused_offset, shape_numel(t.shape),
-                           out.files.size(), pf.tensors.size() - 1, s.rank);
+        const Released& r = it->second;
+        int64_t offset = src.fused_offset;
+        std::function<int(int)> world_rank = [](int c) { return c; };
+        if (r.expert) {
+          // Expert g of the whole (E, ...) tensor is on EP rank g / (E / P), at g's place in that
+          // rank's slice, whose pieces (the same layout on every EP rank) are owned by data ranks:
+          // world rank d P + e.
+          const int64_t per = p.value.numel() / p.value.size(0);
+          const auto er = static_cast<int>(src.fused_offset / per / s.ep->expert_count());
+          offset -= static_cast<int64_t>(er) * s.ep->expert_count() * per;
+          world_rank = [er, ep](int d) { return d * ep + er; };
+        }
+        add_shard_holdings(out, *r.zero, r.index, offset, shape_numel(t.shape), out.files.size(),
+                           pf.tensors.size() - 1, world_rank, s.rank);
         continue;
       }
       Holding h;

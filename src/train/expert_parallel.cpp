@@ -44,7 +44,7 @@ EpGroups make_ep_groups(Context& ctx, const std::shared_ptr<Comm>& world, int64_
 }
 
 EpAdamW::EpAdamW(Context& ctx, std::shared_ptr<Comm> world, EpGroups groups, Model& model,
-                 const AdamWConfig& config)
+                 const AdamWConfig& config, const ZeroConfig& zero)
     : groups_(std::move(groups)) {
   OCTET_CHECK(groups_.experts && groups_.data && model.experts_sharded(),
               "EP optimizer: the model's experts are not sharded over an expert group");
@@ -55,8 +55,8 @@ EpAdamW::EpAdamW(Context& ctx, std::shared_ptr<Comm> world, EpGroups groups, Mod
     if (p->trainable) order_.push_back(p->name);
     if (!expert_.count(p->name)) replicated.push_back(p);
   }
-  replicated_ = std::make_unique<ZeroAdamW>(ctx, std::move(world), replicated, config);
-  experts_ = std::make_unique<ZeroAdamW>(ctx, groups_.data, experts, config);
+  replicated_ = std::make_unique<ZeroAdamW>(ctx, std::move(world), replicated, config, zero);
+  experts_ = std::make_unique<ZeroAdamW>(ctx, groups_.data, experts, config, zero);
   const int64_t E = model.config().n_routed_experts;
   count_ = E / groups_.experts->size();
   first_ = count_ * groups_.experts->rank();
@@ -87,9 +87,35 @@ void EpAdamW::zero_grad(Context& ctx) {
   experts_->zero_grad(ctx);
 }
 
+void EpAdamW::set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs) {
+  std::vector<WeightOutput> rep, mine;
+  for (const WeightOutput& w : outputs)
+    (w.param && expert_.count(w.param->name) ? mine : rep).push_back(w);
+  replicated_->set_weight_outputs(ctx, rep);  // each collective over its own group
+  experts_->set_weight_outputs(ctx, mine);
+}
+
 void EpAdamW::gather_masters(Context& ctx) {
   replicated_->gather_masters(ctx);
   experts_->gather_masters(ctx);
+}
+
+void EpAdamW::shard_masters(Context& ctx) {
+  replicated_->shard_masters(ctx);
+  experts_->shard_masters(ctx);
+}
+
+int64_t EpAdamW::trainable_elems() const {
+  int64_t n = 0;
+  for (const int64_t e : replicated_->layout().shard_elems) n += e;
+  for (const int64_t e : experts_->layout().shard_elems) n += e * ep_size();
+  return n;
+}
+
+void EpAdamW::gather_unsharded_masters(Context& ctx) {
+  // Every rank of a group alike: the outputs and the sharding are the same on each of them.
+  if (!replicated_->masters_sharded()) replicated_->gather_masters(ctx);
+  if (!experts_->masters_sharded()) experts_->gather_masters(ctx);
 }
 
 void EpAdamW::load_state_dict(Context& ctx, const io::NamedTensors& state) {

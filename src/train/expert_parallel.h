@@ -8,7 +8,16 @@
 // (model/moe_ep.h).
 //
 // Optimizer (EpAdamW): ZeRO-1 over the right group for each parameter: the replicated ones over all
-// W ranks, the routed experts (this rank's E / P) over the data group. The gradient norm is global
+// W ranks, the routed experts (this rank's E / P) over the data group. The FP32 masters are sharded
+// as the moments are (ZeroConfig::shard_masters, the data-parallel path's design): a replicated
+// parameter's gradient is summed over all W ranks, so its reduce-scatter over the world leaves each
+// rank 1 / W of it, and its master and moments sit next to that shard (over the data group only,
+// each of the P expert-group ranks would keep the same 1 / (W / P) for nothing); an expert's
+// gradient is summed over its data group only, so its master is sharded over that group. The
+// updated weights are all-gathered over the same groups into the prepared copies the forward reads
+// (FP8 128x128 blocks with their scales, or BF16: set_weight_outputs), as ZeroAdamW does with data
+// parallelism; what needs whole masters (the BF16 shadow, a rollback's load) gathers them
+// (gather_masters), and the checkpoint writer reads each piece from its owner's shard. The gradient norm is global
 // and the same on every rank: the replicated pieces' norms (reduced over the world) and every
 // expert group rank's expert pieces' norms (reduced over the data group, gathered over the expert
 // group), squared and summed in FP64 in that fixed order; clipping and the non-finite skip follow.
@@ -46,16 +55,32 @@ EpGroups make_ep_groups(Context& ctx, const std::shared_ptr<Comm>& world, int64_
 class EpAdamW {
  public:
   // Collective over the world. model's experts must be sharded over groups.experts.
+  // zero: both ZeRO-1 optimizers' settings (buckets, shard_masters).
   EpAdamW(Context& ctx, std::shared_ptr<Comm> world, EpGroups groups, Model& model,
-          const AdamWConfig& config);
+          const AdamWConfig& config, const ZeroConfig& zero = {});
 
   StepStats step(Context& ctx, float lr);
   void zero_grad(Context& ctx);
   // From AdamWOptimizer::state_dict's tensors (the single-rank form, any grid): each rank takes its
   // experts' rows (the rest may be unread: train/checkpoint_plan.h, ep_resume_ranges).
   void load_state_dict(Context& ctx, const io::NamedTensors& state);
-  // Every master whole on its holders (collective): before a checkpoint reads them.
+  // ZeroAdamW's, over both optimizers: the prepared weights the update writes (Model::weight_outputs
+  // after a full prepare; each optimizer takes its own parameters'), which shards the masters with
+  // ZeroConfig::shard_masters; every master whole again (collective) and sharded again.
+  void set_weight_outputs(Context& ctx, const std::vector<WeightOutput>& outputs);
   void gather_masters(Context& ctx);
+  void shard_masters(Context& ctx);
+  bool masters_sharded() const {
+    return replicated_->masters_sharded() || experts_->masters_sharded();
+  }
+  // Before a checkpoint reads the masters (collective): the optimizers whose masters are not
+  // sharded make them whole and current (the sharded ones are read from their owners' shards).
+  void gather_unsharded_masters(Context& ctx);
+  // What this rank holds of the optimizer state, both optimizers (ZeroAdamW's).
+  int64_t master_bytes() const { return replicated_->master_bytes() + experts_->master_bytes(); }
+  int64_t moment_bytes() const { return replicated_->moment_bytes() + experts_->moment_bytes(); }
+  // The trainable elements of the whole model (every expert group rank's experts included).
+  int64_t trainable_elems() const;
 
   // For the checkpoint writer and reader (train/checkpoint_plan.h): the replicated parameters'
   // optimizer (over the world), the experts' (over the data group), this rank's place in the grid

@@ -149,12 +149,13 @@ struct Run {
     ep = make_ep_groups(ctx, dp.comm(), cfg.parallel.ep, mc.n_routed_experts);
     model = std::make_unique<Model>(ctx, mc, Precision{cfg.resolved_recipe(), DType::kBF16},
                                     ep.experts);
+    ZeroConfig z;
+    z.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.optim.bucket_mb * 262144.0));
+    z.shard_masters = true;  // each rank keeps its pieces' FP32 masters only (zero_optimizer.h)
     if (ep.experts) {
-      ep_opt = std::make_unique<EpAdamW>(ctx, dp.comm(), ep, *model, cfg.adamw());
+      model->set_expert_amax_group(ep.data);  // delayed scaling: the experts' amaxes over it
+      ep_opt = std::make_unique<EpAdamW>(ctx, dp.comm(), ep, *model, cfg.adamw(), z);
     } else if (dp.comm()) {  // any communicator, one rank included: the same norm at every size
-      ZeroConfig z;
-      z.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(cfg.optim.bucket_mb * 262144.0));
-      z.shard_masters = true;  // each rank keeps its pieces' FP32 masters only (zero_optimizer.h)
       zero = std::make_unique<ZeroAdamW>(ctx, dp.comm(), model->parameters(), cfg.adamw(), z);
       // The last micro-batch's backward sends each gradient bucket as soon as it is final.
       model->set_grad_ready(
@@ -184,19 +185,24 @@ struct Run {
     }
   }
 
+  // What this rank holds of the optimizer's state (ZeRO-1's or expert parallelism's optimizer).
+  int64_t opt_master_bytes() const { return zero ? zero->master_bytes() : ep_opt->master_bytes(); }
+  int64_t opt_moment_bytes() const { return zero ? zero->moment_bytes() : ep_opt->moment_bytes(); }
+
   // Once, after the first full preparation with ZeRO-1 (when the masters are sharded): what each
   // rank holds of the optimizer's state against one rank holding all of it.
   bool zero_memory_noted = false;
   void note_zero_memory() {
     if (zero_memory_noted || !dp.writer()) return;
     zero_memory_noted = true;
-    int64_t elems = 0;
-    for (const int64_t n : zero->layout().shard_elems) elems += n;
+    int64_t elems = ep_opt ? ep_opt->trainable_elems() : 0;
+    if (zero)
+      for (const int64_t n : zero->layout().shard_elems) elems += n;
+    const bool sharded = zero ? zero->masters_sharded() : ep_opt->masters_sharded();
     const auto mib = [](int64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
-    out << "ZeRO-1 per rank: FP32 masters " << mib(zero->master_bytes()) << " ("
-        << (zero->masters_sharded() ? "sharded" : "whole") << "), AdamW moments "
-        << mib(zero->moment_bytes()) << "; one rank would hold " << mib(elems * 4) << " and "
-        << mib(elems * 4) << "\n";
+    out << "ZeRO-1 per rank: FP32 masters " << mib(opt_master_bytes()) << " ("
+        << (sharded ? "sharded" : "whole") << "), AdamW moments " << mib(opt_moment_bytes())
+        << "; one rank would hold " << mib(elems * 4) << " and " << mib(elems * 4) << "\n";
   }
 
   // The model and optimizer, for the checkpoint writer and reader (checkpoint_plan.h).
@@ -225,13 +231,14 @@ struct Run {
                                      : optim->steps_taken();
     // Sharded masters are written from their owners' shards; unsharded ones must be whole.
     if (zero && !zero->masters_sharded()) zero->gather_masters(ctx);  // (collective)
-    if (ep_opt) ep_opt->gather_masters(ctx);
+    if (ep_opt) ep_opt->gather_unsharded_masters(ctx);
     TrainingCheckpoint tc = training_checkpoint(sources());
     SaveRequest req{.root = ckpt_root,
                     .name = step_dir_name(at),
                     .plan = make_checkpoint_plan(std::move(tc.files), tc.holdings, dp.size()),
                     .rank0_files = {},
                     .after_commit = {}};
+    io::NamedTensors recipe = model->recipe_state(ctx);  // (collective with sharded experts)
     if (dp.writer()) {
       nlohmann::json st;
       st["step"] = at;
@@ -246,10 +253,9 @@ struct Run {
         req.rank0_files.emplace_back(
             io::kShardIndexName,
             [t = tc.index_json](const std::string& p) { io::write_text_file_atomic(p, t); });
-      req.rank0_files.emplace_back(kRecipeStateFile,
-                                   [r = model->recipe_state(ctx)](const std::string& path) {
-                                     io::write_safetensors(path, r);
-                                   });
+      req.rank0_files.emplace_back(
+          kRecipeStateFile,
+          [r = std::move(recipe)](const std::string& path) { io::write_safetensors(path, r); });
       req.rank0_files.emplace_back(kTrainerStateFile,
                                    [t = st.dump(1) + "\n"](const std::string& path) {
                                      io::write_text_file_atomic(path, t);
@@ -303,18 +309,24 @@ struct Run {
       else
         optim->zero_grad(ctx);
     };
-    // ZeRO-1 gathers the GEMM weights in their prepared form (FP8 blocks, BF16): after the first
-    // full preparation it writes them (zero_optimizer.h), and only the rest is prepared here. With
-    // a tied head the embedding's master is read too: then it gathers the masters and every rank
-    // prepares them all, as expert parallelism's optimizer does. (No graphs with a communicator.)
-    const bool zero_outputs = zero && cfg.optim.fused_prepare && !cfg.model.tie_word_embeddings;
+    // ZeRO-1 (and expert parallelism's, expert_parallel.h) gathers the GEMM weights in their
+    // prepared form (FP8 blocks, BF16): after the first full preparation it writes them
+    // (zero_optimizer.h), and only the rest is prepared here. With a tied head the embedding's
+    // master is read too: then it gathers the masters and every rank prepares them all. (No graphs
+    // with a communicator.)
+    const bool zero_outputs =
+        (zero || ep_opt) && cfg.optim.fused_prepare && !cfg.model.tie_word_embeddings;
     if (zero_outputs) {
       if (outputs_attached) {
         model->prepare(ctx, PrepareScope::kNotFused);
       } else {
         model->prepare(ctx);
         // Shards the masters of these weights (ZeroConfig::shard_masters).
-        zero->set_weight_outputs(ctx, model->weight_outputs(OutputCopies::kBf16AndFp8));
+        const std::vector<WeightOutput> w = model->weight_outputs(OutputCopies::kBf16AndFp8);
+        if (zero)
+          zero->set_weight_outputs(ctx, w);
+        else
+          ep_opt->set_weight_outputs(ctx, w);
         outputs_attached = true;
         note_zero_memory();
       }
@@ -366,6 +378,7 @@ struct Run {
     finish_checkpoint();                  // a rollback may read the checkpoint being written
     outputs_attached = false;             // the masters change: the next step prepares everything
     if (zero) zero->gather_masters(ctx);  // sharded masters: whole storage to load into
+    if (ep_opt) ep_opt->gather_masters(ctx);
     // Each rank reads what it holds: its experts, its ZeRO-1 pieces' moments (checkpoint_plan.h).
     for (const std::string& w : load_training_checkpoint(ctx, dir, sources()))
       out << "warning: " << w << "\n";
@@ -398,11 +411,13 @@ struct Run {
     const CopyKind kind =
         ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice;
     if (zero) zero->gather_masters(ctx);  // every rank runs the shadow (collective)
+    if (ep_opt) ep_opt->gather_masters(ctx);
     for (Parameter* p : model->parameters()) {
       Parameter& s = shadow->parameter(p->name);
       ctx.be().copy(s.value.data(), p->value.data(), p->value.nbytes(), kind);
     }
     if (zero) zero->shard_masters(ctx);  // the whole copies were temporary
+    if (ep_opt) ep_opt->shard_masters(ctx);
     shadow->prepare(ctx);
     return shadow->read_losses(ctx, shadow->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
   }
@@ -519,22 +534,6 @@ void write_config(const TrainConfig& cfg, std::ostream& out) {
   out << "# resolved configuration (saved as " << cfg.run_dir << "/config.toml)\n"
       << resolved << "\n";
   io::write_text_file_atomic(cfg.run_dir + "/config.toml", resolved);
-}
-
-// What several ranks do not cover yet, refused before any work. Delayed scaling runs with data
-// parallelism: every amax is the maximum over the ranks before it enters a history
-// (model/linear.h reduce_amax_over_ranks, over ctx.comm). With expert parallelism an expert's
-// amax would have to be reduced over its data group only, which is not done yet.
-void check_data_parallel(const TrainConfig& cfg, const DataParallel& dp) {
-  if (!dp.active()) return;
-  const Recipe r = cfg.resolved_recipe();
-  const bool delayed =
-      std::any_of(r.gemm.begin(), r.gemm.end(), [](const GemmRecipe& g) { return g.is_delayed(); });
-  OCTET_CHECK(!delayed || cfg.parallel.ep <= 1, "recipe ", cfg.model.recipe.label(),
-              ": delayed scaling with parallel.ep = ", cfg.parallel.ep,
-              " is not supported yet (the experts' amax histories would need a reduction over "
-              "their data-parallel group); use a current-scaling recipe (deepseek, "
-              "fp8-tensor-current, bf16) or parallel.ep = 1");
 }
 
 // What the run reports: the progress lines, metrics.jsonl and the result.
@@ -733,9 +732,9 @@ void measure_step(Run& run, const StepPass& pass, std::chrono::steady_clock::tim
   sm.step_ms = ms;
   sm.tokens_per_s = static_cast<double>(run.tokens_per_step()) / (ms / 1000.0);
   sm.peak_mem_bytes = run.ctx.be().peak_bytes();
-  if (run.zero) {  // the same on every rank (every shard is padded to the largest)
-    sm.master_bytes = run.zero->master_bytes();
-    sm.moment_bytes = run.zero->moment_bytes();
+  if (run.zero || run.ep_opt) {  // the same on every rank (every shard is padded to the largest)
+    sm.master_bytes = run.opt_master_bytes();
+    sm.moment_bytes = run.opt_moment_bytes();
   }
 }
 
@@ -882,7 +881,6 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     start_new_run(cfg.run_dir, opt.start);
   const Device device = pick_device(cfg.device);
   Run run(cfg, out, device, opt);
-  check_data_parallel(cfg, run.dp);
   // Several ranks: rank 0 prepares the data (a cache shared by all) before the others read it.
   if (!run.dp.writer()) run.dp.barrier(run.ctx);
   const ShardSet shards = resolve_data_source(da);

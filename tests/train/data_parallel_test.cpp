@@ -336,19 +336,5 @@ TEST_F(DataParallelTrainer, DelayedScalingAtTwoRanksMatchesOneRankOnTheSameBatch
       worst, worst_w);
 }
 
-TEST_F(DataParallelTrainer, DelayedScalingIsRefusedWithExpertParallelism) {
-  TrainConfig c = tiny(dir_ + "/delayed", corpus_, 2, 1);
-  apply_set(c, "recipe=fp8-tensor-delayed");
-  apply_set(c, "parallel.ep=2");
-  try {
-    run_ranks(2, c, cache_);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("delayed scaling with parallel.ep = 2 is not supported"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
 }  // namespace
 }  // namespace octet::train
