@@ -40,8 +40,9 @@
 //
 // fp8-flow's saved state (one rank): gu (BF16, what dSwiGLU reads), the routing weight per row, and
 // the quantized x before the dispatch (T x D FP8, a quarter of the dispatched rows at k = 4), not
-// the dispatched column-wise copy: the backward dispatches it again (a copy) and transposes it for
-// gate_up's Wgrad, the same bytes. With recompute_down, h is not kept either: the backward runs the
+// the dispatched column-wise copy: the backward makes gate_up's Wgrad copy from it with one
+// scaling-aware transpose that reads each dispatched row from its token's row
+// (moe_permute_transposed: the dispatch is not stored), the same bytes. With recompute_down, h is not kept either: the backward runs the
 // forward's SwiGLU + quantize on gu again (the same bits) and transposes it for down's Wgrad. Per
 // MoE layer this keeps less than deepseek (saved_bytes.h; tests/model/moe_flow_memory_test.cpp).
 //

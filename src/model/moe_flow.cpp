@@ -91,11 +91,16 @@ std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Pr
                                                                    .rounding = gq.rounding,
                                                                    .epsilon = 0.0f});
   dh = Tensor();
-  // gate_up's Wgrad copy of x: dispatched again from the T quantized rows (one rank), or kept by
-  // the forward (expert parallelism).
-  const GroupedLinearLayer::Saved up_saved =
-      s.x_fp8.data.defined() ? gate_up.wgrad_saved(ctx, p, moe_permute(ctx, s.map, s.x_fp8))
-                             : s.gate_up;
+  // gate_up's Wgrad copy of x: from the T quantized rows (one rank), or kept by the forward (expert
+  // parallelism). The scaling-aware transpose reads the dispatched rows from their tokens' rows
+  // (moe_permute_transposed: the dispatch is never stored); the requantize paths dispatch first.
+  GroupedLinearLayer::Saved up_saved = s.gate_up;
+  if (s.x_fp8.data.defined()) {
+    if (p.recipe.fp8_transpose == Fp8Transpose::kScalingAware)
+      up_saved.qx = moe_permute_transposed(ctx, s.map, s.x_fp8);
+    else
+      up_saved = gate_up.wgrad_saved(ctx, p, moe_permute(ctx, s.map, s.x_fp8));
+  }
   Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = std::move(dg.d_gate_up)},
                                 s.layout, up_saved);  // grad +=
   return {dxp, dg.d_row_weight};

@@ -125,6 +125,12 @@ TEST(MoeFlowMemory, RecomputedWgradCopiesAreTheForwardOnes) {
   EXPECT_TRUE(test::bitwise_equal(fused.qx.columnwise_scale_inv, again.qx.columnwise_scale_inv));
   EXPECT_TRUE(test::bitwise_equal(fused.qx.amax, again.qx.amax));
   EXPECT_GT(again.qx.columnwise_data.numel(), 0);
+  // What the backward uses: the transpose that reads the dispatched rows from the tokens' rows.
+  const QuantTensor direct = moe_permute_transposed(flow.ctx, s.map, s.x_fp8);
+  EXPECT_TRUE(test::bitwise_equal(direct.columnwise_data, fused.qx.columnwise_data));
+  EXPECT_TRUE(test::bitwise_equal(direct.columnwise_scale_inv, fused.qx.columnwise_scale_inv));
+  EXPECT_EQ(direct.columnwise_granularity, Granularity::k128x128);
+  EXPECT_EQ(direct.data.data(), nullptr);
 }
 
 }  // namespace
