@@ -42,7 +42,7 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
   s.w_rows = moe_permute_weights(ctx, s.map, s.route.topk_weight);
   // With recompute_down the backward makes h again from gu (moe.h): only its row-wise form exists
   // here, for the down projection.
-  s.recomputed_down = recompute_down;
+  s.recomputed_down = recompute_down && !p.recipe.at(GemmSite::kExpertDown).is_delayed();
   const Tensor expert_out = [&] {
     const GroupedInput h{.x = Tensor(),
                          .qx = weighted_swiglu(ctx, p, s.gu, s.w_rows),
