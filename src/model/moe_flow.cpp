@@ -32,7 +32,8 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate) and dispatched in
   // FP8 (the rows and their scales copied, bit for bit moe_permute_quantize). The T quantized rows
-  // are what gate_up's Wgrad keeps: the backward dispatches them again, not a copy of the R rows.
+  // are what gate_up's Wgrad keeps, not a copy of the R dispatched rows: the backward makes its
+  // column-wise copy from them (moe_permute_transposed).
   s.x_fp8 =
       quantize(ctx, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise));
   s.gu = gate_up.forward(
