@@ -99,11 +99,14 @@ int run(const std::vector<std::string>& argv) {
   std::string path = "configs/baseline-h100.toml";
   std::vector<std::string> recipes = {"bf16", "fp8-tensor-delayed", "deepseek", "fp8-flow"};
   int runs = 10;
+  bool chosen = false;
   std::vector<std::string> sets;
   for (size_t i = 0; i < argv.size(); ++i) {
-    if (argv[i] == "--recipe" && i + 1 < argv.size())
-      recipes = {argv[++i]};
-    else if (argv[i] == "--runs" && i + 1 < argv.size())
+    if (argv[i] == "--recipe" && i + 1 < argv.size()) {
+      if (!chosen) recipes.clear();  // the first --recipe replaces the default list
+      chosen = true;
+      recipes.push_back(argv[++i]);
+    } else if (argv[i] == "--runs" && i + 1 < argv.size())
       runs = std::stoi(argv[++i]);
     else if (argv[i] == "--set" && i + 1 < argv.size())
       sets.push_back(argv[++i]);
@@ -195,24 +198,35 @@ int run(const std::vector<std::string>& argv) {
           m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
         },
         1, runs);
-    const double moe_saved = static_cast<double>(saved_bytes(s).total()) / (1 << 20);
+    const SavedBytes moe_kept = saved_bytes(s);
+    const double moe_saved = static_cast<double>(moe_kept.total()) / (1 << 20);
     // The MoE feed-forward alone (router, dispatch, experts, combine, shared expert: where the
-    // recipes' MoE dataflows differ), and the memory it adds over what was allocated before it.
+    // recipes' MoE dataflows differ), and the memory it adds over what was allocated before it. Its
+    // input and gradient are the ones the layer's MoE gets (the post-attention norm's output, the
+    // layer's output gradient), so that it runs on the layer's data: the same routing, the same
+    // value ranges.
     MoeLayer& ffn = *m.layer(moe_i).moe;
+    Tensor ffn_x, ffn_dy;
+    {
+      ffn_dy = m.layer(moe_i).forward(ctx, m.precision(), m.rope(), x, B, T, s);
+      NormLayer::Saved again;
+      ffn_x = m.layer(moe_i).post_norm.forward(ctx, s.post_norm.x, again);
+      s = DecoderLayer::Saved{};
+    }
     MoeLayer::Saved ms;
     const Timing moe_ffn = time_op(
         ctx,
         [&] {
-          ffn.forward(ctx, m.precision(), x, B, ms);
-          ffn.backward(ctx, m.precision(), x, ms);
+          ffn.forward(ctx, m.precision(), ffn_x, B, ms);
+          ffn.backward(ctx, m.precision(), ffn_dy, ms);
         },
-        1, runs);
+        2, runs);
     ms = MoeLayer::Saved{};
     ctx.synchronize();
     ctx.be().reset_peak();  // the high-water mark restarts from the memory in use now
     const int64_t base = ctx.be().peak_bytes();
-    ffn.forward(ctx, m.precision(), x, B, ms);
-    ffn.backward(ctx, m.precision(), x, ms);
+    ffn.forward(ctx, m.precision(), ffn_x, B, ms);
+    ffn.backward(ctx, m.precision(), ffn_dy, ms);
     ctx.synchronize();
     const double moe_mib = ctx.device == Device::kCuda
                                ? static_cast<double>(ctx.be().peak_bytes() - base) / (1 << 20)
@@ -231,20 +245,23 @@ int run(const std::vector<std::string>& argv) {
     rows.push_back({r, fmt(step.median_ms), fmt(host), fmt(prep.median_ms), fmt(adam.median_ms),
                     fmt(fused.median_ms), fmt(fused8.median_ms), fmt(dense.median_ms),
                     fmt(moe.median_ms), fmt(moe_ffn.median_ms), fmt(moe_mib, 0),
-                    fmt(dense_saved, 0), fmt(moe_saved, 0), fmt(head.median_ms), fmt(blocks),
-                    fmt(static_cast<double>(N) / total, 0)});
+                    fmt(dense_saved, 0), fmt(moe_saved, 0),
+                    fmt(static_cast<double>(moe_kept.mlp) / (1 << 20), 1), fmt(head.median_ms),
+                    fmt(blocks), fmt(static_cast<double>(N) / total, 0)});
   }
-  print_table({"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "adamw+prepare fused",
-               "fused with fp8", "dense layer", "moe layer", "moe ffn", "moe ffn peak MiB",
-               "dense saved MiB", "moe saved MiB", "head", "blocks sum", "tokens/ms"},
-              rows);
+  print_table(
+      {"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "adamw+prepare fused",
+       "fused with fp8", "dense layer", "moe layer", "moe ffn", "moe ffn peak MiB",
+       "dense saved MiB", "moe saved MiB", "moe ffn saved MiB", "head", "blocks sum", "tokens/ms"},
+      rows);
   std::printf(
       "tokens/ms = B T / (fwd+bwd + the faster fused column); fused: optim.fused_prepare (BF16 "
       "copies), with fp8: also fused_prepare_fp8 (the FP8 blocks); blocks sum = dense x %lld + moe "
       "x "
       "%lld + head (fwd+bwd each); moe ffn: the MoE feed-forward alone (fwd+bwd), its peak memory "
-      "above what was in use before it (CUDA; 0 on the CPU); saved MiB: what one layer keeps "
-      "from its forward for its backward (model/saved_bytes.h)\n",
+      "above what was in use before it (CUDA; 0 on the CPU), on the layer's MoE input and output "
+      "gradient; saved MiB: what one layer keeps from its forward for its backward, all of it and "
+      "its MoE feed-forward's (model/saved_bytes.h)\n",
       static_cast<long long>(mc.first_k_dense_replace),
       static_cast<long long>(mc.num_hidden_layers - mc.first_k_dense_replace));
   print_table({"recipe", "cuda graphs", "whole step", "host per step", "host %", "replays",
@@ -262,12 +279,12 @@ int run(const std::vector<std::string>& argv) {
 Suite train_step_suite() {
   return {
       "train-step", "where a training step's time goes, per recipe",
-      "usage: octet bench train-step [CONFIG.toml] [--recipe R] [--runs N] [--set KEY=VALUE]...\n"
+      "usage: octet bench train-step [CONFIG.toml] [--recipe R]... [--runs N] [--set KEY=VALUE]...\n"
       "\n"
       "Times (median of --runs, default 10) the forward + backward of one micro-batch, the host's\n"
       "own time inside that call (enqueueing, and waiting where the step synchronises), the\n"
       "weight preparation, AdamW, AdamW fused with the preparation, and one dense layer, one MoE "
-      "layer and the head on their own.\n"
+      "layer and the head on their own. Several --recipe run one after the other.\n"
       "--set overrides config keys as `octet train` does (e.g. "
       "model.num_nextn_predict_layers=0).\n",
       run};

@@ -247,14 +247,19 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
     return y;
   }
   // fp8-block.
-  QuantTensor qx;
-  if (in_.x.defined()) {
-    qx = quantize(ctx, quantize_args(r, GemmOperand::kActivation, in_.x, QuantizeOutput::kBoth));
-  } else {
-    qx = in_.qx;
-    check_prequantized(qx, site, "input");
-    add_columnwise(ctx, qx, p.recipe.fp8_transpose);
+  if (!in_.x.defined()) {  // pre-quantized: the column-wise copy from the row-wise one, if kept
+    check_prequantized(in_.qx, site, "input");
+    Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
+    grouped_gemm_fp8(ctx, {.a = rowwise_operand(in_.qx),
+                           .b = fp8_,
+                           .group_sizes = layout.sizes,
+                           .d = y,
+                           .accumulate = Accumulate::kOverwrite});
+    if (in_.keep_for_wgrad) s = wgrad_saved(ctx, p, in_.qx);
+    return y;
   }
+  QuantTensor qx =
+      quantize(ctx, quantize_args(r, GemmOperand::kActivation, in_.x, QuantizeOutput::kBoth));
   Tensor y = Tensor::empty(ctx, {R, out()}, DType::kBF16);
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(qx),
                          .b = fp8_,
@@ -266,6 +271,18 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
   qx.scale_inv = Tensor();
   s.qx = qx;
   return y;
+}
+
+GroupedLinearLayer::Saved GroupedLinearLayer::wgrad_saved(Context& ctx, const Precision& p,
+                                                          QuantTensor qx) const {
+  check_prequantized(qx, site, "input");
+  add_columnwise(ctx, qx, p.recipe.fp8_transpose);
+  // Wgrad reads only the column-wise copy.
+  qx.data = Tensor::wrap(nullptr, {qx.rows(), in()}, qx.data.dtype(), ctx.device);
+  qx.scale_inv = Tensor();
+  Saved s;
+  s.qx = qx;
+  return s;
 }
 
 Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,

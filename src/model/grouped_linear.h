@@ -47,6 +47,9 @@ namespace octet {
 struct GroupedInput {
   Tensor x;        // (R, In) in the activation dtype, or
   QuantTensor qx;  // (R, In) FP8 1x128 row-wise (fp8-block only)
+  // forward with qx: false keeps nothing for Wgrad (no column-wise copy is made); the caller
+  // makes the input again for the backward and hands it wgrad_saved() of it (fp8-flow).
+  bool keep_for_wgrad = true;
 };
 
 // The contiguous layout of the permuted rows. Only on the device: no recipe reads the counts on the
@@ -83,6 +86,9 @@ struct GroupedLinearLayer {
   bool weight_output(WeightOutput& out) const;
   Tensor forward(Context& ctx, const Precision& p, const GroupedInput& in,
                  const GroupLayoutRef& layout, Saved& s);
+  // What forward keeps for a pre-quantized input qx (fp8-block, 1x128 power-of-2 row-wise): its
+  // column-wise copy by the recipe's fp8_transpose, the row-wise data released.
+  Saved wgrad_saved(Context& ctx, const Precision& p, QuantTensor qx) const;
   // fp8-tensor: the per-expert Linear layers (their delayed-scaling state); empty otherwise.
   std::vector<LinearLayer>& per_expert() { return per_expert_; }
   // dX (=); param->grad (+=).

@@ -38,6 +38,14 @@
 // FP8 tensors. Casts are counted under the scopes "moe.routed" and "moe.shared"
 // (core/cast_counter.h).
 //
+// fp8-flow's saved state (one rank): gu (BF16, what dSwiGLU reads), the routing weight per row, and
+// the quantized x before the dispatch (T x D FP8, a quarter of the dispatched rows at k = 4), not
+// the dispatched column-wise copy: the backward makes gate_up's Wgrad copy from it with one
+// scaling-aware transpose that reads each dispatched row from its token's row
+// (moe_permute_transposed: the dispatch is not stored), the same bytes. With recompute_down, h is not kept either: the backward runs the
+// forward's SwiGLU + quantize on gu again (the same bits) and transposes it for down's Wgrad. Per
+// MoE layer this keeps less than deepseek (saved_bytes.h; tests/model/moe_flow_memory_test.cpp).
+//
 // Auxiliary-loss-free balancing: the bias is not differentiated; the trainer moves it after each
 // step from the per-expert counts of the step (ops/moe_router bias update). The optional
 // sequence-wise balance loss (alpha > 0) adds to the loss and its gradient to the router logits.
@@ -81,6 +89,9 @@ struct MoeLayer {
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
     Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)
+    // fp8-flow on one rank: x's 1x128 FP8 row-wise copy before the dispatch (T rows, 1/k of the
+    // dispatched R), from which the backward makes gate_up's Wgrad copy again (gate_up undefined).
+    QuantTensor x_fp8;
     // Expert parallelism: the exchange's counts and the local layout (map is then the source's
     // map by global expert, layout / gu / w_rows / the GEMMs' saved tensors the local experts',
     // expert_out the outputs returned to this rank in map's layout).
@@ -104,7 +115,7 @@ struct MoeLayer {
   // projection, dSwiGLU fused with d_gate_up's quantization, gate/up. Returns the permuted rows'
   // dx (R, D) and the routing weights' gradient per row (R) f32. Shared with the EP path.
   std::pair<Tensor, Tensor> flow_experts_backward(Context& ctx, const Precision& p,
-                                                  const GroupedInput& dyp, const Saved& s);
+                                                  GroupedInput dyp, const Saved& s);
   // The routed experts across the EP group (moe_ep.cpp), same contracts as the flow pair.
   Tensor ep_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
   std::pair<Tensor, Tensor> ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,

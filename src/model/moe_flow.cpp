@@ -1,6 +1,9 @@
-// The routed experts of fp8-flow (FP8-Flow-MoE's casting-free dataflow; moe.h has the math):
-// forward, then backward in reverse order. Called by MoeLayer::forward / backward (moe.cpp) after
-// the router and the permutation map, before the shared experts, when the recipe's fp8_flow is set.
+// The routed experts of fp8-flow (FP8-Flow-MoE's casting-free dataflow; moe.h has the math and
+// what is saved): forward, then backward in reverse order. Called by MoeLayer::forward / backward
+// (moe.cpp) after the router and the permutation map, before the shared experts, when the recipe's
+// fp8_flow is set.
+#include <utility>
+
 #include "model/linear.h"
 #include "model/moe.h"
 #include "ops/moe_permute/moe_row_weight.h"
@@ -8,27 +11,45 @@
 #include "ops/swiglu/swiglu.h"
 
 namespace octet {
+namespace {
+
+// h = w_row * SwiGLU(gu), quantized in the same kernel for the down projection (the forward, and
+// the backward's recomputation: the same op on the same inputs, the same bits).
+QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
+                            const Tensor& w_rows) {
+  const GemmRecipe::Quantization hq =
+      p.recipe.at(GemmSite::kExpertDown).quantization(GemmOperand::kActivation);
+  return swiglu_quantize(ctx, {.gate_up = gu,
+                               .format = hq.format,
+                               .rounding = hq.rounding,
+                               .epsilon = 0.0f,
+                               .row_weight = w_rows});
+}
+
+}  // namespace
 
 Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
-  const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate) and dispatched in
-  // FP8, fused (each token's row read once, written to its k rows).
-  const GroupedInput xp{
-      .x = Tensor(),
-      .qx = moe_permute_quantize(
-          ctx, s.map, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise))};
-  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F) bf16
-  // h = w_row * SwiGLU(gu), quantized in the same kernel for the down projection.
+  // FP8 (the rows and their scales copied, bit for bit moe_permute_quantize). The T quantized rows
+  // are what gate_up's Wgrad keeps, not a copy of the R dispatched rows: the backward makes its
+  // column-wise copy from them (moe_permute_transposed).
+  s.x_fp8 =
+      quantize(ctx, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise));
+  s.gu = gate_up.forward(
+      ctx, p,
+      GroupedInput{.x = Tensor(), .qx = moe_permute(ctx, s.map, s.x_fp8), .keep_for_wgrad = false},
+      s.layout, s.gate_up);  // (R, 2F) bf16
   s.w_rows = moe_permute_weights(ctx, s.map, s.route.topk_weight);
-  const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
-  const GroupedInput h{.x = Tensor(),
-                       .qx = swiglu_quantize(ctx, {.gate_up = s.gu,
-                                                   .format = hq.format,
-                                                   .rounding = hq.rounding,
-                                                   .epsilon = 0.0f,
-                                                   .row_weight = s.w_rows})};
-  const Tensor expert_out = down.forward(ctx, p, h, s.layout, s.down);  // (R, D) bf16
+  // With recompute_down the backward makes h again from gu (moe.h): only its row-wise form exists
+  // here, for the down projection.
+  s.recomputed_down = recompute_down && !p.recipe.at(GemmSite::kExpertDown).is_delayed();
+  const Tensor expert_out = [&] {
+    const GroupedInput h{.x = Tensor(),
+                         .qx = weighted_swiglu(ctx, p, s.gu, s.w_rows),
+                         .keep_for_wgrad = !s.recomputed_down};
+    return down.forward(ctx, p, h, s.layout, s.down);  // (R, D) bf16
+  }();
   // The combine: the routing weights are already in, so an unweighted sum of each token's k rows
   // (FP32, slot order, one rounding): the permutation's backward.
   return moe_permute_backward(ctx, s.map, expert_out, x2.dtype());
@@ -40,29 +61,49 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
   // Cast 2 of 2: dy quantized once and dispatched in FP8, fused as in the forward. The combine's
   // backward is a copy of dy to each of the token's rows (no weight to apply), so the dispatch moves
   // FP8 rows and their scales unchanged.
-  const GroupedInput dyp{.x = Tensor(),
-                         .qx = moe_permute_quantize(ctx, s.map,
-                                                    quantize_args(down_r, GemmOperand::kGradient,
-                                                                  dy2, QuantizeOutput::kRowwise))};
-  const auto [dxp, d_row_weight] = flow_experts_backward(ctx, p, dyp, s);
+  GroupedInput dyp{.x = Tensor(),
+                   .qx = moe_permute_quantize(ctx, s.map,
+                                              quantize_args(down_r, GemmOperand::kGradient, dy2,
+                                                            QuantizeOutput::kRowwise))};
+  const auto [dxp, d_row_weight] = flow_experts_backward(ctx, p, std::move(dyp), s);
   return {moe_permute_backward(ctx, s.map, dxp, dy2.dtype()),
           moe_permute_weights_backward(ctx, s.map, d_row_weight)};
 }
 
 std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Precision& p,
-                                                          const GroupedInput& dyp, const Saved& s) {
+                                                          GroupedInput dyp, const Saved& s) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
-  const Tensor dh = down.backward(ctx, p, dyp, s.layout, s.down);  // (R, F) bf16; grad +=
+  Tensor dh;
+  {
+    // h again when the forward did not keep it (recompute_down): its column-wise copy alone lives
+    // through down's backward.
+    const GroupedLinearLayer::Saved down_saved =
+        s.recomputed_down ? down.wgrad_saved(ctx, p, weighted_swiglu(ctx, p, s.gu, s.w_rows))
+                          : s.down;
+    dh = down.backward(ctx, p, dyp, s.layout, down_saved);  // (R, F) bf16; grad +=
+    dyp = GroupedInput{};  // released before the gate/up backward allocates
+  }
   // dSwiGLU through the weighted output, fused with the quantization of d_gate_up.
   const GemmRecipe::Quantization gq = up_r.quantization(GemmOperand::kGradient);
-  const SwigluBackwardQuantizeResult dg = swiglu_backward_quantize(ctx, {.dh = dh,
-                                                                         .gate_up = s.gu,
-                                                                         .row_weight = s.w_rows,
-                                                                         .format = gq.format,
-                                                                         .rounding = gq.rounding,
-                                                                         .epsilon = 0.0f});
-  Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = dg.d_gate_up}, s.layout,
-                                s.gate_up);  // grad +=
+  SwigluBackwardQuantizeResult dg = swiglu_backward_quantize(ctx, {.dh = dh,
+                                                                   .gate_up = s.gu,
+                                                                   .row_weight = s.w_rows,
+                                                                   .format = gq.format,
+                                                                   .rounding = gq.rounding,
+                                                                   .epsilon = 0.0f});
+  dh = Tensor();
+  // gate_up's Wgrad copy of x: from the T quantized rows (one rank), or kept by the forward (expert
+  // parallelism). The scaling-aware transpose reads the dispatched rows from their tokens' rows
+  // (moe_permute_transposed: the dispatch is never stored); the requantize paths dispatch first.
+  GroupedLinearLayer::Saved up_saved = s.gate_up;
+  if (s.x_fp8.data.defined()) {
+    if (p.recipe.fp8_transpose == Fp8Transpose::kScalingAware)
+      up_saved.qx = moe_permute_transposed(ctx, s.map, s.x_fp8);
+    else
+      up_saved = gate_up.wgrad_saved(ctx, p, moe_permute(ctx, s.map, s.x_fp8));
+  }
+  Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = std::move(dg.d_gate_up)},
+                                s.layout, up_saved);  // grad +=
   return {dxp, dg.d_row_weight};
 }
 

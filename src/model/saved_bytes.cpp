@@ -48,7 +48,7 @@ SavedBytes saved_bytes(const DecoderLayer::Saved& s) {
         &m.map.token_of, &m.map.counts, &m.map.group_sizes, &m.map.offsets, &m.layout.sizes, &m.gu,
         &m.expert_out, &m.aux_loss, &m.w_rows})
     b.mlp += c.add(*t);
-  b.mlp += c.add(m.gate_up) + c.add(m.down) + c.add(m.shared) + c.add(m.gu_fp8);
+  b.mlp += c.add(m.gate_up) + c.add(m.down) + c.add(m.shared) + c.add(m.gu_fp8) + c.add(m.x_fp8);
   return b;
 }
 

@@ -122,7 +122,7 @@ TEST_P(HeadChunkCuda, RecomputedDownProjectionIsBitwiseTheSaved) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, HeadChunkCuda,
-                         ::testing::Values("bf16", "deepseek", "fp8-tensor-current"));
+                         ::testing::Values("bf16", "deepseek", "fp8-tensor-current", "fp8-flow"));
 
 }  // namespace
 }  // namespace octet

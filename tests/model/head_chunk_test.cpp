@@ -80,7 +80,7 @@ TEST_P(HeadChunk, RecomputedDownProjectionIsBitwiseTheSaved) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, HeadChunk,
-                         ::testing::Values("bf16", "deepseek", "fp8-tensor-current"));
+                         ::testing::Values("bf16", "deepseek", "fp8-tensor-current", "fp8-flow"));
 
 TEST(HeadChunkRows, AutomaticChoice) {
   Context cpu = make_context(Device::kCpu);

@@ -129,6 +129,25 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
     const QuantTensor pg = moe_permute(gpu, got, gq);
     ASSERT_TRUE(bitwise_equal(pw.data, to_cpu(pg.data))) << "fp8 data";
     ASSERT_TRUE(bitwise_equal(pw.scale_inv, to_cpu(pg.scale_inv))) << "fp8 scale_inv";
+    // The transposed dispatch (the scaling-aware transpose reading each row from its token's row)
+    // against the CPU's permute-then-transpose and the GPU's own two passes.
+    {
+      const QuantTensor tw = moe_permute_transposed(cpu, want, q);
+      poison_pool(gpu, 64 << 20);
+      const int64_t before = gpu.be().host_waits();
+      const QuantTensor tg = moe_permute_transposed(gpu, got, gq);
+      EXPECT_EQ(gpu.be().host_waits(), before) << "the transposed dispatch waited";
+      ASSERT_TRUE(bitwise_equal(tw.columnwise_data, to_cpu(tg.columnwise_data)))
+          << "transposed data";
+      ASSERT_TRUE(bitwise_equal(tw.columnwise_scale_inv, to_cpu(tg.columnwise_scale_inv)))
+          << "transposed scale_inv";
+      QuantTensor two = moe_permute(gpu, got, gq);
+      scaling_aware_transpose(gpu, two);
+      ASSERT_TRUE(bitwise_equal(to_cpu(two.columnwise_data), to_cpu(tg.columnwise_data)))
+          << "transposed data against permute + transpose on the GPU";
+      ASSERT_TRUE(bitwise_equal(to_cpu(two.columnwise_scale_inv), to_cpu(tg.columnwise_scale_inv)))
+          << "transposed scale_inv against permute + transpose on the GPU";
+    }
 
     // The fused dispatch (quantize + permute in one pass) against the CPU's quantize-then-permute,
     // BF16 and F32 inputs, E4M3 with power-of-2 scales and E5M2 exact.

@@ -98,6 +98,40 @@ QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& 
   return q;
 }
 
+QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x) {
+  check_map(ctx, map);
+  OCTET_CHECK(x.granularity == Granularity::k1x128 && x.rounding == ScaleRounding::kPow2,
+              "permute transposed: expected 1x128 power-of-2 scales (the scaling-aware transpose), "
+              "got ",
+              granularity_name(x.granularity),
+              x.rounding == ScaleRounding::kPow2 ? "" : " with scales that are not powers of 2");
+  OCTET_CHECK(x.data.data() != nullptr || x.data.numel() == 0,
+              "permute transposed input: the row-wise copy was not written");
+  check_dtype(x.data, "permute transposed input data", {fp8_dtype(x.format)});
+  check_rows(x.data, "permute transposed input data", map.num_tokens, ctx.device);
+  const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
+  check_dtype(x.scale_inv, "permute transposed input scale_inv", {DType::kF32});
+  check_device(x.scale_inv, "permute transposed input scale_inv", ctx.device);
+  OCTET_CHECK(x.scale_inv.numel() == map.num_tokens * groups,
+              "permute transposed input scale_inv: expected shape [", map.num_tokens, ", ", groups,
+              "], got ", shape_str(x.scale_inv.shape()));
+  QuantTensor q;
+  q.format = x.format;
+  q.granularity = Granularity::k1x128;
+  q.rounding = x.rounding;
+  q.amax = x.amax;
+  q.data = Tensor::wrap(nullptr, {map.num_rows, cols}, x.data.dtype(), ctx.device);
+  q.columnwise_granularity = Granularity::k128x128;
+  q.columnwise_data = Tensor::empty(ctx, {cols, map.num_rows}, x.data.dtype());
+  q.columnwise_scale_inv =
+      Tensor::empty(ctx, scale_shape(Granularity::k128x128, cols, map.num_rows), DType::kF32);
+  count_casts(ctx, CastKind::kTranspose, 1);
+  if (map.num_rows > 0 && cols > 0)
+    OCTET_DISPATCH(ctx, moe_permute_transposed, ctx, map, x, q.columnwise_data,
+                   q.columnwise_scale_inv);
+  return q;
+}
+
 QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args) {
   check_map(ctx, map);
   const Tensor& x = args.input;

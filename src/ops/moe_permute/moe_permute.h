@@ -60,6 +60,14 @@ Tensor moe_permute(Context& ctx, const PermuteMap& map, const Tensor& x);
 // over; no column-wise copy.
 QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& x);
 
+// The column-wise copy of the FP8 dispatch without the dispatch: scaling_aware_transpose
+// (quantize.h) of moe_permute(map, x), bit for bit (the CPU's reference), with the (R, D) row-wise
+// gather never stored. x: row-wise (T, D) fp8 with 1x128 power-of-2 scale_inv. Returns a QuantTensor
+// whose columnwise_data (D, R) and columnwise_scale_inv (ceil(D/128), ceil(R/128)) are set, 128x128,
+// and whose row-wise data is a shape without storage; format, rounding and amax carried over. Counts
+// one FP8 transpose.
+QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x);
+
 // The fused FP8 dispatch: quantize x (T, D) bf16 | f32 in 1x128 groups (args: format, rounding,
 // epsilon; granularity k1x128, output kRowwise, no given scale) and permute the payload and its
 // scales in one pass: each token's row is read once and quantized once, and written to each of its

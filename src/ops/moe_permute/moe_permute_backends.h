@@ -18,7 +18,10 @@ namespace octet {
                             CombineGrads& grads);                                                 \
   /* moe_permute_quantize: out's data, scale_inv and amax allocated, written here */              \
   void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,        \
-                            QuantTensor& out);
+                            QuantTensor& out);                                                    \
+  /* moe_permute_transposed: cdata (D, R) and cscale allocated, written here */                   \
+  void moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,          \
+                              Tensor& cdata, Tensor& cscale);
 
 namespace cpu {
 OCTET_MOE_PERMUTE_BACKEND_DECLS

@@ -117,4 +117,16 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArg
   out.amax.data_as<float>()[0] = qx.amax.data_as<const float>()[0];
 }
 
+// The reference of the transposed dispatch: the permutation, then the scaling-aware transpose.
+void moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,
+                            Tensor& cdata, Tensor& cscale) {
+  QuantTensor q = octet::moe_permute(ctx, map, x);
+  {
+    const CastCountPause pause(ctx);  // the dispatcher counted this transpose
+    scaling_aware_transpose(ctx, q);
+  }
+  std::memcpy(cdata.data(), q.columnwise_data.data(), static_cast<size_t>(cdata.nbytes()));
+  std::memcpy(cscale.data(), q.columnwise_scale_inv.data(), static_cast<size_t>(cscale.nbytes()));
+}
+
 }  // namespace octet::cpu

@@ -12,6 +12,7 @@
 #include "backend/cuda_check.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 #include "ops/moe_permute/moe_permute_kernels.cuh"
+#include "ops/quantize/quantize_backends.h"
 
 namespace octet::cuda {
 namespace {
@@ -250,6 +251,12 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   else
     go(args.input.data_as<const uint16_t>());
   OCTET_CUDA_CHECK_LAUNCH();
+}
+
+// The transpose kernel reads each output row from its token's row (ops/quantize).
+void moe_permute_transposed(Context& ctx, const PermuteMap& m, const QuantTensor& x, Tensor& cdata,
+                            Tensor& cscale) {
+  scaling_aware_transpose_gathered(ctx, x, m.token_of, cdata, cscale);
 }
 
 }  // namespace octet::cuda

@@ -21,7 +21,12 @@ OCTET_QUANTIZE_BACKEND_DECLS
 }
 namespace cuda {
 OCTET_QUANTIZE_BACKEND_DECLS
-}
+// scaling_aware_transpose of the row gather out[r] = in[row_src[r]] (row_src (R) int32, -1: a row
+// of zero codes with scale_inv 1.0), without storing the gather: moe_permute_transposed's device
+// code (ops/moe_permute). cdata (cols, R), cscale (ceil(cols / 128), ceil(R / 128)).
+void scaling_aware_transpose_gathered(Context& ctx, const QuantTensor& in, const Tensor& row_src,
+                                      Tensor& cdata, Tensor& cscale);
+}  // namespace cuda
 
 #undef OCTET_QUANTIZE_BACKEND_DECLS
 

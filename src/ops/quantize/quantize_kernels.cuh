@@ -427,12 +427,15 @@ __global__ void __launch_bounds__(kTileThreads, sizeof(InT) == 2 ? 3 : 2)
 // tensor. The tile's scale is the largest of its row scale_invs; each row's codes move to it by the
 // exact factor s_row / S (a power of two <= 1), decoded through a 256-entry table and re-rounded by
 // the hardware conversion, which is exact while values stay normal and round-to-nearest-even below.
+// With row_src, row r of the tensor transposed is row row_src[r] of q (-1: a row of zero codes with
+// scale_inv 1.0, moe_permute's padding): the transpose of a row gather, without storing it.
 // static: the header is included by several units (quantize, swiglu), one copy per unit.
 static __global__ void __launch_bounds__(kTileThreads)
     scaling_aware_transpose_kernel(const uint8_t* __restrict__ q,
                                    const float* __restrict__ scale_inv, int64_t rows, int64_t cols,
                                    Fp8Format format, uint8_t* __restrict__ out,
-                                   float* __restrict__ out_scale_inv) {
+                                   float* __restrict__ out_scale_inv,
+                                   const int32_t* __restrict__ row_src = nullptr) {
   __shared__ uint8_t tile[kTile * kSmemStride];
   __shared__ float lut[256];
   __shared__ float ratio[kTile];
@@ -444,7 +447,13 @@ static __global__ void __launch_bounds__(kTileThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   lut[threadIdx.x] = fp8_to_float(static_cast<uint8_t>(threadIdx.x), format);
   const int i = threadIdx.x;
-  const float si = (i < kTile && r0 + i < rows) ? scale_inv[(r0 + i) * cblocks + blockIdx.x] : 0.0f;
+  // The source row of row r (-1: a padding row).
+  auto src = [&](int64_t r) -> int64_t { return row_src != nullptr ? row_src[r] : r; };
+  float si = 0.0f;
+  if (i < kTile && r0 + i < rows) {
+    const int64_t sr = src(r0 + i);
+    si = sr >= 0 ? scale_inv[sr * cblocks + blockIdx.x] : 1.0f;
+  }
   // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane; all 16 loads are
   // issued before the first is used, then written to shared memory byte by byte (conflict-free: a
   // warp's 128 bytes are consecutive).
@@ -453,12 +462,13 @@ static __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
   for (int k = 0; k < kTile / 8; ++k) {
     const int64_t r = r0 + warp + 8 * k, c = c0 + lane * 4;
+    const int64_t sr = r < rows ? src(r) : -1;
     uint32_t w = 0;
-    if (vec && r < rows && c < cols) {
-      w = *reinterpret_cast<const uint32_t*>(q + r * cols + c);
+    if (vec && sr >= 0 && c < cols) {
+      w = *reinterpret_cast<const uint32_t*>(q + sr * cols + c);
     } else {
       for (int b = 0; b < 4; ++b)
-        if (r < rows && c + b < cols) w |= static_cast<uint32_t>(q[r * cols + c + b]) << (8 * b);
+        if (sr >= 0 && c + b < cols) w |= static_cast<uint32_t>(q[sr * cols + c + b]) << (8 * b);
     }
     w16[k] = w;
   }
