@@ -395,7 +395,11 @@ struct Run {
     spike_window.assign(st.spike_window.begin(), st.spike_window.end());
   }
 
+  // The validation loss of the weights after the step's update. The prepared copies are made
+  // fresh first: without optim.fused_prepare_fp8 the FP8 weights the forward reads are prepared
+  // at the start of the next step, so they would still be the step's own (one update old).
   double validate_loss() {
+    prepare_weights();
     double sum = 0;
     for (int64_t i = 0; i < val->size(); ++i) {
       const TokenBatch b = val->batch(i);
