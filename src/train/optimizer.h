@@ -12,10 +12,11 @@
 // element makes the sum of squares NaN or inf, and so does a sum that overflows FP32; either way
 // the step changes nothing (parameters, moments).
 //
-// The step count (AdamW's bias correction) advances only over applied steps, which the host learns
-// by reading the flag: finish_step() reads norm and flag together (the one synchronisation a
-// training step makes anyway, for logging). A step() left unfinished is finished by the next
-// step(), state_dict() or load_state_dict(), so the count is right however the caller logs.
+// The step count (AdamW's bias correction) advances on the device over applied steps only; the
+// host's copy is read by finish_step() (norm, flag and count together, a synchronisation). A step()
+// left unfinished is finished by the next eager step() (unless set_lagged_reads: the trainer reads
+// each step's results itself, a step late, train/train_step.h), state_dict() or
+// load_state_dict(), so the count is right however the caller logs.
 #pragma once
 
 #include <cstdint>

@@ -137,6 +137,7 @@ Tensor enqueue_update(Run& run, const std::vector<ModelLosses>& micro, int slot,
       if (v.counts.size() <= m)
         v.counts.push_back(Tensor::empty(run.ctx, loads[m].shape(), DType::kI32));
       std::vector<Tensor> per_micro;
+      per_micro.reserve(micro.size());
       for (const ModelLosses& l : micro) per_micro.push_back(l.expert_load[m]);
       sum_counts_unless_skipped(run.ctx,
                                 {.counts = per_micro, .skipped = skipped, .out = v.counts[m]});
