@@ -150,7 +150,7 @@ Tensor enqueue_update(Run& run, const std::vector<ModelLosses>& micro, int slot,
   return skipped;
 }
 
-// The reads that happen only on their steps: the BF16 shadow and the router imbalance.
+// The read that happens only on its steps: the BF16 shadow; and the memory figures.
 void measure_at_launch(Run& run, const std::vector<ModelLosses>& micro, const TokenBatch& first,
                        StepMetrics& sm) {
   const TrainConfig& cfg = run.cfg;
@@ -162,12 +162,6 @@ void measure_at_launch(Run& run, const std::vector<ModelLosses>& micro, const To
     const double bf = run.dp.mean_over_ranks(run.ctx, run.shadow_loss(first));
     sm.shadow_bf16_loss = bf;
     sm.shadow_gap = (fp8_first - bf) / bf;
-  }
-  if (!micro[0].expert_load.empty() && (sm.step % cfg.log_every == 0 || sm.step == 1)) {
-    double worst = 1.0;
-    for (const Tensor& c : micro[0].expert_load)
-      worst = std::max(worst, max_over_mean(c.to_host(run.ctx)));
-    sm.router_imbalance = worst;
   }
   sm.peak_mem_bytes = run.ctx.be().peak_bytes();
   if (run.zero) {  // the same on every rank (every shard is padded to the largest)
@@ -230,14 +224,22 @@ LaunchedStep launch_step(Run& run, int64_t number, double lr) {
   Tensor grad_norm;
   const Tensor skipped = enqueue_update(run, micro, L.slot, lr, grad_norm);
   Run::Verdict& v = run.verdict;
-  run.readback->read(run.ctx, L.slot,
-                     {v.means, v.flags, skipped, grad_norm, v.window.values, v.window.state});
+  std::vector<Tensor> results = {v.means,   v.flags,         skipped,
+                                 grad_norm, v.window.values, v.window.state};
+  // Logging steps: the first micro-batch's expert loads too (summed over the ranks), for the
+  // router imbalance.
+  if (!micro[0].expert_load.empty() && (number % cfg.log_every == 0 || number == 1))
+    for (const Tensor& c : micro[0].expert_load) {
+      results.push_back(c);
+      L.expert_loads.push_back(c.numel());
+    }
+  run.readback->read(run.ctx, L.slot, results);
   measure_at_launch(run, micro, first, sm);
   const bool saves = cfg.checkpoint_every >= 0;
   L.complete_now = !run.optim || number == cfg.steps ||
                    (saves && cfg.checkpoint_every > 0 && number % cfg.checkpoint_every == 0) ||
                    (run.val && number % cfg.eval.every == 0);
-  const bool reads = probe_step || sm.shadow_bf16_loss || sm.router_imbalance;
+  const bool reads = probe_step || sm.shadow_bf16_loss;
   L.steady = run.graphs && number >= 4 && !reads && !L.complete_now;
   L.host_waits = run.ctx.be().host_waits() - waits_before;
   return L;
@@ -260,6 +262,17 @@ StepEnd complete_step(Run& run, SafetyNets& nets, Records& rec, LaunchedStep& L,
   const uint8_t* window_values = b + 12;
   const uint8_t* window_state = window_values + cap * 8;
   run.window_from_bytes(window_values, window_state);  // the host's copy, for checkpoints
+  if (!L.expert_loads.empty()) {
+    const uint8_t* at = window_state + 16;
+    double worst = 1.0;
+    for (const int64_t n : L.expert_loads) {
+      Tensor counts = Tensor::empty({n}, DType::kI32);
+      std::memcpy(counts.data(), at, static_cast<size_t>(n) * 4);
+      at += n * 4;
+      worst = std::max(worst, max_over_mean(counts));
+    }
+    L.sm.router_imbalance = worst;
+  }
 
   StepMetrics& sm = L.sm;
   sm.loss = means[0];

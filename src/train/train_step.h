@@ -13,8 +13,8 @@
 // The host's work and the device's overlap: step N is completed after step N + 1 was launched.
 // A step that checkpoints, evaluates, or ends the run is completed before the next is launched,
 // so what those read is the state after it. Steps that must read the device anyway do so at
-// launch, only on their steps: the BF16 shadow (safety.shadow_bf16), the site probe (sites_every)
-// and the router imbalance (logging steps).
+// launch, only on their steps: the BF16 shadow (safety.shadow_bf16) and the site probe
+// (sites_every). The router imbalance of logging steps comes with the lagged read.
 //
 // A rollback learns of the spike one step late: the spike step's update was skipped on the device,
 // the step after it is already enqueued. undo_launch() drops that step (the sampler goes back to
@@ -59,6 +59,7 @@ struct LaunchedStep {
   bool complete_now = false;    // checkpoint, evaluation or the last step: no step enqueued behind
   bool steady = false;          // nothing due that reads the device (RunResult::steady_host_waits)
   int64_t host_waits = 0;       // the backend's host waits during the launch
+  std::vector<int64_t> expert_loads;  // logging steps: the read expert loads' sizes, per layer
   std::chrono::steady_clock::time_point start;
 };
 

@@ -2,8 +2,8 @@
 // upload and the next step's launch the host makes no device-to-host copy and no synchronisation
 // (the backend's host_waits counter counts both); it reads each step's results a step late from
 // pinned memory after an event, which is not one of them. Counted over the steady steps of a run
-// (RunResult::steady_steps: after the graphs' capture, with no probe, shadow, router imbalance,
-// evaluation or checkpoint due), which must also train as the eager run does.
+// (RunResult::steady_steps: after the graphs' capture, with no probe, shadow, evaluation or
+// checkpoint due; logging steps included), which must also train as the eager run does.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -26,7 +26,7 @@ TrainConfig steady(const std::string& run_dir, const std::string& corpus, const 
                          "batch_size=2",
                          "seq_len=64",
                          "grad_accum=2",
-                         "log_every=100",
+                         "log_every=3",
                          "eval.every=0",
                          "sites_every=0",
                          "optim.warmup_steps=2",
