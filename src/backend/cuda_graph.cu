@@ -143,6 +143,92 @@ void PinnedUploader::upload(Context& ctx, const Tensor& dst, const Tensor& src) 
   s.used = true;
 }
 
+struct PinnedReadback::Impl {
+  struct Slot {
+    std::vector<uint8_t> plain;  // the CPU's
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  std::vector<Slot> slots;
+  bool cuda = false;
+};
+
+PinnedReadback::PinnedReadback(Context& ctx, int slots) : impl_(std::make_unique<Impl>()) {
+  OCTET_CHECK(slots >= 1, "pinned readback: slots must be >= 1, got ", slots);
+  impl_->slots.resize(static_cast<size_t>(slots));
+  impl_->cuda = ctx.device == Device::kCuda;
+  if (!impl_->cuda) return;
+  for (Impl::Slot& s : impl_->slots)
+    OCTET_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+}
+
+PinnedReadback::~PinnedReadback() {
+  for (Impl::Slot& s : impl_->slots) {
+    if (s.done) {
+      cudaEventSynchronize(s.done);
+      cudaEventDestroy(s.done);
+    }
+    if (s.host) cudaFreeHost(s.host);
+  }
+}
+
+void PinnedReadback::read(Context& ctx, int slot, const std::vector<Tensor>& srcs) {
+  OCTET_CHECK(slot >= 0 && static_cast<size_t>(slot) < impl_->slots.size(),
+              "pinned readback: no slot ", slot);
+  Impl::Slot& s = impl_->slots[static_cast<size_t>(slot)];
+  size_t bytes = 0;
+  for (const Tensor& t : srcs) {
+    OCTET_CHECK(t.device() == ctx.device,
+                "pinned readback: a tensor is not on the context's device");
+    bytes += static_cast<size_t>(t.nbytes());
+  }
+  if (!impl_->cuda) {
+    s.plain.resize(bytes);
+    size_t at = 0;
+    for (const Tensor& t : srcs) {
+      if (t.nbytes()) std::memcpy(s.plain.data() + at, t.data(), static_cast<size_t>(t.nbytes()));
+      at += static_cast<size_t>(t.nbytes());
+    }
+    return;
+  }
+  if (s.pending) wait(slot);  // the slot's earlier read is still in use
+  if (s.capacity < bytes) {
+    if (s.host) OCTET_CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+    OCTET_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+    s.capacity = bytes;
+  }
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  size_t at = 0;
+  for (const Tensor& t : srcs) {
+    if (t.nbytes())
+      OCTET_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(s.host) + at, t.data(),
+                                       static_cast<size_t>(t.nbytes()), cudaMemcpyDeviceToHost,
+                                       stream));
+    at += static_cast<size_t>(t.nbytes());
+  }
+  OCTET_CUDA_CHECK(cudaEventRecord(s.done, stream));
+  s.pending = true;
+}
+
+const uint8_t* PinnedReadback::wait(int slot) {
+  OCTET_CHECK(slot >= 0 && static_cast<size_t>(slot) < impl_->slots.size(),
+              "pinned readback: no slot ", slot);
+  Impl::Slot& s = impl_->slots[static_cast<size_t>(slot)];
+  if (!impl_->cuda) return s.plain.data();
+  if (s.pending) {
+    if (cudaEventQuery(s.done) == cudaErrorNotReady) {
+      ++blocked_;
+      OCTET_CUDA_CHECK(cudaEventSynchronize(s.done));
+    }
+    cudaGetLastError();  // cudaEventQuery's cudaErrorNotReady is not an error of the next launch
+    s.pending = false;
+  }
+  return static_cast<const uint8_t*>(s.host);
+}
+
 void clear_cuda_last_error() {
   cudaGetLastError();
 }

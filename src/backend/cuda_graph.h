@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/context.h"
 
@@ -73,6 +74,28 @@ class PinnedUploader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t waits_ = 0;
+};
+
+// Device-to-host reads that do not stall the stream (the training step's lagged results): read()
+// enqueues copies of device tensors into a pinned host slot and records an event behind them;
+// wait() waits for that event only (a later step's work may already be queued behind it) and
+// returns the bytes, the tensors' one after the other. On the CPU a plain copy.
+class PinnedReadback {
+ public:
+  PinnedReadback(Context& ctx, int slots);
+  ~PinnedReadback();
+  PinnedReadback(const PinnedReadback&) = delete;
+  PinnedReadback& operator=(const PinnedReadback&) = delete;
+
+  void read(Context& ctx, int slot, const std::vector<Tensor>& srcs);
+  const uint8_t* wait(int slot);
+  // wait() calls that found the copies unfinished (and blocked until they were).
+  int64_t blocked() const { return blocked_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t blocked_ = 0;
 };
 
 // Around a capture (CudaGraph::capture calls it): while capturing, the CUDA backend holds back

@@ -20,6 +20,7 @@ std::shared_ptr<Backend> make_cuda_backend(int) {
 
 // cuda_graph.h without CUDA: no graphs; uploads are plain host copies.
 #include <cstring>
+#include <vector>
 
 #include "backend/cuda_graph.h"
 
@@ -55,6 +56,30 @@ void PinnedUploader::upload(Context&, const Tensor& dst, const Tensor& src) {
       src.device() == Device::kCpu && dst.device() == Device::kCpu && dst.nbytes() == src.nbytes(),
       "pinned upload: expected two host tensors of ", src.nbytes(), " bytes, got ", dst.nbytes());
   if (src.nbytes()) std::memcpy(dst.data(), src.data(), static_cast<size_t>(src.nbytes()));
+}
+
+struct PinnedReadback::Impl {
+  std::vector<std::vector<uint8_t>> slots;
+};
+PinnedReadback::PinnedReadback(Context&, int slots) : impl_(std::make_unique<Impl>()) {
+  OCTET_CHECK(slots >= 1, "pinned readback: slots must be >= 1, got ", slots);
+  impl_->slots.resize(static_cast<size_t>(slots));
+}
+PinnedReadback::~PinnedReadback() = default;
+void PinnedReadback::read(Context&, int slot, const std::vector<Tensor>& srcs) {
+  OCTET_CHECK(slot >= 0 && static_cast<size_t>(slot) < impl_->slots.size(),
+              "pinned readback: no slot ", slot);
+  std::vector<uint8_t>& s = impl_->slots[static_cast<size_t>(slot)];
+  s.clear();
+  for (const Tensor& t : srcs) {
+    const auto* p = static_cast<const uint8_t*>(t.data());
+    s.insert(s.end(), p, p + t.nbytes());
+  }
+}
+const uint8_t* PinnedReadback::wait(int slot) {
+  OCTET_CHECK(slot >= 0 && static_cast<size_t>(slot) < impl_->slots.size(),
+              "pinned readback: no slot ", slot);
+  return impl_->slots[static_cast<size_t>(slot)].data();
 }
 
 int64_t device_reserved_bytes(const Context&) {

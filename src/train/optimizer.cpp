@@ -99,7 +99,7 @@ StepResult AdamWOptimizer::step(Context& ctx, float lr, const std::vector<Tensor
   // Eager, the previous step is read here (its stats and the host's count); graphed, nothing here
   // waits: an unread step's stats are dropped and the next finish_step() takes the count from the
   // device.
-  if (pending_ && !graphs_) finish_step(ctx);
+  if (pending_ && !graphs_ && !lagged_) finish_step(ctx);
   // The constants from the device's step count, outside the graph: lr is this call's argument.
   adamw_device_consts(ctx, {.lr = lr,
                             .beta1 = config_.beta1,

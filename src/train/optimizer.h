@@ -12,10 +12,11 @@
 // element makes the sum of squares NaN or inf, and so does a sum that overflows FP32; either way
 // the step changes nothing (parameters, moments).
 //
-// The step count (AdamW's bias correction) advances only over applied steps, which the host learns
-// by reading the flag: finish_step() reads norm and flag together (the one synchronisation a
-// training step makes anyway, for logging). A step() left unfinished is finished by the next
-// step(), state_dict() or load_state_dict(), so the count is right however the caller logs.
+// The step count (AdamW's bias correction) advances on the device over applied steps only; the
+// host's copy is read by finish_step() (norm, flag and count together, a synchronisation). A step()
+// left unfinished is finished by the next eager step() (unless set_lagged_reads: the trainer reads
+// each step's results itself, a step late, train/train_step.h), state_dict() or
+// load_state_dict(), so the count is right however the caller logs.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +99,10 @@ class AdamWOptimizer {
   // Whether step() replays a captured graph of the update (step_graph.h; CUDA only): captured on
   // the second step with the same weight outputs and checked tensors, replayed after.
   void set_graphs(bool on) { graphs_ = on; }
+  // Whether an eager step() leaves the previous step unread too (the trainer reads each step's
+  // stats itself, a step late; finish_step() or the checkpoint's state_dict() still reads the
+  // device's count).
+  void set_lagged_reads(bool on) { lagged_ = on; }
   int64_t graph_replays() const { return graph_.replays(); }
   const std::string& graph_failure() const { return graph_.failure(); }
   // Reads the last step's norm, coefficient and flag to the host (synchronises) and advances the
@@ -149,6 +154,7 @@ class AdamWOptimizer {
   Tensor steps_dev_;         // (1) i64 on the device: applied steps, advanced by the update
   Tensor consts_;  // (16) f32 on the device: this step's AdamW constants (with, without decay)
   bool graphs_ = false;
+  bool lagged_ = false;
   int64_t outputs_generation_ = 0;  // set_weight_outputs() calls: part of the graph's key
   GraphedSection graph_{"the optimizer update"};
   StepResult captured_;  // the graph's outputs

@@ -74,6 +74,12 @@ struct RunResult {
   std::string end_reason;       // why, for every end but kCompleted
   int stop_signal = 0;          // kInterrupted: the signal number
   std::string last_checkpoint;  // the newest checkpoint written, "" when none
+  // Steps of this process with nothing due that reads the device (no probe, shadow,
+  // evaluation, checkpoint or last step), graphed (CUDA), after the graphs' capture;
+  // and the times the host waited for the device while launching them (the backend's host_waits:
+  // 0 when a step never synchronises; the lagged read of each step's results is not one of them).
+  int64_t steady_steps = 0;
+  int64_t steady_host_waits = 0;
 };
 
 // Validates everything it can before any work (config, resume rules, data, memory, run
