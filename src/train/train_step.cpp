@@ -242,6 +242,7 @@ LaunchedStep launch_step(Run& run, int64_t number, double lr) {
   const bool reads = probe_step || sm.shadow_bf16_loss;
   L.steady = run.graphs && number >= 4 && !reads && !L.complete_now;
   L.host_waits = run.ctx.be().host_waits() - waits_before;
+  L.launched = Clock::now();
   return L;
 }
 
@@ -325,8 +326,13 @@ StepEnd complete_step(Run& run, SafetyNets& nets, Records& rec, LaunchedStep& L,
     rec.progress.message("step " + std::to_string(sm.step) + ": " + sm.skip_reason +
                          ", update skipped");
   const Clock::time_point now = Clock::now();
+  // The step's time: since the previous step completed (or since it was launched, after a gap),
+  // and at least its own launch. A backend that runs the step inside the launch (the CPU) ran it
+  // before the previous step completed, so the interval alone would be ~0 for a step completed
+  // right after the previous one (the last one, evaluation and checkpoint steps).
   const double ms =
-      std::chrono::duration<double, std::milli>(now - std::max(last_end, L.start)).count();
+      std::max(std::chrono::duration<double, std::milli>(now - std::max(last_end, L.start)).count(),
+               std::chrono::duration<double, std::milli>(L.launched - L.start).count());
   last_end = now;
   sm.step_ms = ms;
   sm.tokens_per_s = static_cast<double>(run.tokens_per_step()) / (ms / 1000.0);

@@ -60,7 +60,8 @@ struct LaunchedStep {
   bool steady = false;          // nothing due that reads the device (RunResult::steady_host_waits)
   int64_t host_waits = 0;       // the backend's host waits during the launch
   std::vector<int64_t> expert_loads;  // logging steps: the read expert loads' sizes, per layer
-  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point start;     // when the launch began
+  std::chrono::steady_clock::time_point launched;  // when it returned (on the CPU: the step ran)
 };
 
 // Launches step `number` (1-based) at rate `lr`.
