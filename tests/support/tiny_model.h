@@ -45,4 +45,17 @@ inline constexpr const char* kTinyTrainModelKeys[] = {"model.hidden_size=32",
                                                       "model.v_head_dim=16",
                                                       "model.max_position_embeddings=32"};
 
+// The slightly larger model of the trainer's GPU tests (widths that take the CUDA kernels' fast
+// paths), as the same --set keys.
+inline constexpr const char* kTinyGpuTrainModelKeys[] = {"model.hidden_size=64",
+                                                         "model.intermediate_size=192",
+                                                         "model.moe_intermediate_size=64",
+                                                         "model.num_attention_heads=4",
+                                                         "model.q_lora_rank=48",
+                                                         "model.kv_lora_rank=32",
+                                                         "model.qk_nope_head_dim=32",
+                                                         "model.qk_rope_head_dim=16",
+                                                         "model.v_head_dim=32",
+                                                         "model.max_position_embeddings=128"};
+
 }  // namespace octet::test

@@ -48,10 +48,11 @@ inline io::NamedTensors checkpoint_tensors(const std::string& run_dir, int step,
   return out;
 }
 
-// Every rank runs the trainer; rank 0's result is returned.
+// Every rank runs the trainer; rank 0's result is returned (and its output, into rank0_log).
 inline RunResult run_ranks(int world, const TrainConfig& cfg, const std::string& cache,
                            const std::string& resume = "", bool allow_change = false,
-                           const std::function<void(int, const std::string&)>& fault = {}) {
+                           const std::function<void(int, const std::string&)>& fault = {},
+                           std::string* rank0_log = nullptr) {
   RunResult r0;
   run_inprocess_ranks_or_throw(
       world,
@@ -64,7 +65,9 @@ inline RunResult run_ranks(int world, const TrainConfig& cfg, const std::string&
         o.checkpoint_fault = fault;
         std::ostringstream sink;
         const RunResult r = run_training(cfg, o, sink);
-        if (ctx.comm->rank() == 0) r0 = r;
+        if (ctx.comm->rank() != 0) return;
+        r0 = r;
+        if (rank0_log) *rank0_log = sink.str();
       },
       std::chrono::milliseconds(120000));
   return r0;

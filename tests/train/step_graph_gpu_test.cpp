@@ -39,28 +39,11 @@ std::string write_corpus(const std::string& dir) {
 TrainConfig tiny_gpu(const std::string& run_dir, const std::string& corpus,
                      const std::string& recipe, bool graphs) {
   TrainConfig c;
-  for (const char* kv : {"steps=8",
-                         "checkpoint_every=4",
-                         "keep_checkpoints=3",
-                         "batch_size=2",
-                         "seq_len=64",
-                         "grad_accum=2",
-                         "log_every=1",
-                         "eval.every=4",
-                         "eval.batches=1",
-                         "optim.warmup_steps=2",
-                         "device=cuda",
-                         "model.hidden_size=64",
-                         "model.intermediate_size=192",
-                         "model.moe_intermediate_size=64",
-                         "model.num_attention_heads=4",
-                         "model.q_lora_rank=48",
-                         "model.kv_lora_rank=32",
-                         "model.qk_nope_head_dim=32",
-                         "model.qk_rope_head_dim=16",
-                         "model.v_head_dim=32",
-                         "model.max_position_embeddings=128"})
+  for (const char* kv : {"steps=8", "checkpoint_every=4", "keep_checkpoints=3", "batch_size=2",
+                         "seq_len=64", "grad_accum=2", "log_every=1", "eval.every=4",
+                         "eval.batches=1", "optim.warmup_steps=2", "device=cuda"})
     apply_set(c, kv);
+  for (const char* kv : test::kTinyGpuTrainModelKeys) apply_set(c, kv);
   apply_set(c, "recipe=" + recipe);
   apply_set(c, "run_dir=" + run_dir);
   apply_set(c, "data.text=\"" + corpus + "\"");

@@ -1,6 +1,8 @@
 // Dispatcher for moe_permute.h: validates once, allocates outputs, routes to cpu:: or cuda::.
 #include "ops/moe_permute/moe_permute.h"
 
+#include <string>
+
 #include "backend/dispatch.h"
 #include "core/cast_counter.h"
 #include "numerics/scale.h"
@@ -31,6 +33,21 @@ void check_rows(const Tensor& t, const char* name, int64_t rows, Device device) 
 void check_out_dtype(DType d, const char* name) {
   OCTET_CHECK(d == DType::kBF16 || d == DType::kF32, name,
               ": output dtype must be BF16 or F32, got ", dtype_name(d));
+}
+
+// The row-wise FP8 codes and their 1x128 scales of a permute's input: one row per token.
+void check_fp8_rows(const Context& ctx, const PermuteMap& map, const QuantTensor& x,
+                    const std::string& what) {
+  OCTET_CHECK(x.data.data() != nullptr || x.data.numel() == 0, what,
+              ": the row-wise copy was not written");
+  const std::string data = what + " data", scales = what + " scale_inv";
+  check_dtype(x.data, data.c_str(), {fp8_dtype(x.format)});
+  check_rows(x.data, data.c_str(), map.num_tokens, ctx.device);
+  const int64_t groups = ceil_div(x.cols(), kGroup);
+  check_dtype(x.scale_inv, scales.c_str(), {DType::kF32});
+  check_device(x.scale_inv, scales.c_str(), ctx.device);
+  OCTET_CHECK(x.scale_inv.numel() == map.num_tokens * groups, what, " scale_inv: expected shape [",
+              map.num_tokens, ", ", groups, "], got ", shape_str(x.scale_inv.shape()));
 }
 
 }  // namespace
@@ -76,16 +93,8 @@ QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& 
   check_map(ctx, map);
   OCTET_CHECK(x.granularity == Granularity::k1x128,
               "permute fp8 input: expected 1x128 scales, got ", granularity_name(x.granularity));
-  OCTET_CHECK(x.data.data() != nullptr || x.data.numel() == 0,
-              "permute fp8 input: the row-wise copy was not written");
-  check_dtype(x.data, "permute fp8 input data", {fp8_dtype(x.format)});
-  check_rows(x.data, "permute fp8 input data", map.num_tokens, ctx.device);
+  check_fp8_rows(ctx, map, x, "permute fp8 input");
   const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
-  check_dtype(x.scale_inv, "permute fp8 input scale_inv", {DType::kF32});
-  check_device(x.scale_inv, "permute fp8 input scale_inv", ctx.device);
-  OCTET_CHECK(x.scale_inv.numel() == map.num_tokens * groups,
-              "permute fp8 input scale_inv: expected shape [", map.num_tokens, ", ", groups,
-              "], got ", shape_str(x.scale_inv.shape()));
   QuantTensor q;
   q.format = x.format;
   q.granularity = Granularity::k1x128;
@@ -105,16 +114,8 @@ QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const Qu
               "got ",
               granularity_name(x.granularity),
               x.rounding == ScaleRounding::kPow2 ? "" : " with scales that are not powers of 2");
-  OCTET_CHECK(x.data.data() != nullptr || x.data.numel() == 0,
-              "permute transposed input: the row-wise copy was not written");
-  check_dtype(x.data, "permute transposed input data", {fp8_dtype(x.format)});
-  check_rows(x.data, "permute transposed input data", map.num_tokens, ctx.device);
-  const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
-  check_dtype(x.scale_inv, "permute transposed input scale_inv", {DType::kF32});
-  check_device(x.scale_inv, "permute transposed input scale_inv", ctx.device);
-  OCTET_CHECK(x.scale_inv.numel() == map.num_tokens * groups,
-              "permute transposed input scale_inv: expected shape [", map.num_tokens, ", ", groups,
-              "], got ", shape_str(x.scale_inv.shape()));
+  check_fp8_rows(ctx, map, x, "permute transposed input");
+  const int64_t cols = x.cols();
   QuantTensor q;
   q.format = x.format;
   q.granularity = Granularity::k1x128;
