@@ -8,11 +8,12 @@
 // capture replayed at once), and replayed from then on. A round is what one step runs of the
 // section: one run of the preparation or the optimizer, `grad_accum` runs of the micro-batch. A
 // different key drops the graph and starts over. Capturing only where a round starts keeps each
-// step on one side: its micro-batches all run eagerly or all replay the one graph. (Capturing in
-// the middle of a step held the eager micro-batches' working set in the stream-ordered pool and
-// the graph's own copy in graph memory in the same step: with grad_accum = 2 on the baseline
-// model, 20.4 GiB peak against 13.7 GiB eager.) Where the same working set changes sides (before
-// a capture, before and after eager work in a graphed run), the memory cached on the old side is
+// step on one side: its micro-batches all run eagerly or all replay the one graph. (Capturing at
+// the second run held the first micro-batch's eager working set in the stream-ordered pool and
+// the graph's own copy in graph memory in one step: grad_accum = 2 on the baseline model peaked at
+// 20.4 GiB in its capture steps against 13.7 GiB eager.) Where a working set changes sides (after
+// a capture, before and after eager work in a graphed run: a probe step's micro-batches, whose
+// graph keeps its memory mapped, the shadow, the validation), the memory cached on the old side is
 // given back (release_cached_device_memory, backend/cuda_graph.h). What always runs eagerly, and
 // why:
 //   - the first round of each key (above);
