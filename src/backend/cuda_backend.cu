@@ -61,6 +61,7 @@ class CudaBackend final : public Backend {
   // release_cached_device_memory (cuda_graph.h). Once the stream is idle no graph is running or
   // queued, so the trim takes every graph's working set; what is allocated stays.
   void release_cached() {
+    OCTET_CHECK(!capturing_, "release_cached_device_memory: called inside a CUDA graph capture");
     ++host_waits_;
     OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
     phase_peak_ = std::max(phase_peak_, highs());
