@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 #include <unordered_set>
 #include <vector>
@@ -50,31 +51,30 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(stream_);
   }
   Device device() const override { return Device::kCuda; }
-  int64_t peak_bytes() const override {
-    cudaMemPool_t pool;
-    OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
-    uint64_t high = 0, graphs = 0;
-    OCTET_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
-    // CUDA graphs (backend/cuda_graph.h) allocate from their own memory: counted too, as the sum of
-    // the two high-water marks (an upper bound: the two may peak at different times).
-    // (Best effort: a device without graph memory reports nothing, which is not an error here.)
-    if (cudaDeviceGetGraphMemAttribute(device_index_, cudaGraphMemAttrUsedMemHigh, &graphs) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      graphs = 0;
-    }
-    return static_cast<int64_t>(high + graphs);
-  }
+  // The peak since reset_peak(): the sum of the pool's and the graphs' high-water marks (an upper
+  // bound: the two may peak at different times), or higher, one reached before a release (below).
+  int64_t peak_bytes() const override { return std::max(phase_peak_, highs()); }
   void reset_peak() override {
+    phase_peak_ = 0;
+    reset_highs();
+  }
+  // release_cached_device_memory (cuda_graph.h). Once the stream is idle no graph is running or
+  // queued, so the trim takes every graph's working set; what is allocated stays.
+  void release_cached() {
+    OCTET_CHECK(!capturing_, "release_cached_device_memory: called inside a CUDA graph capture");
+    ++host_waits_;
+    OCTET_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    phase_peak_ = std::max(phase_peak_, highs());
+    if (cudaDeviceGraphMemTrim(device_index_) != cudaSuccess)
+      cudaGetLastError();  // no graph memory
     cudaMemPool_t pool;
     OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
-    uint64_t zero = 0;
-    OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
-    uint64_t zero_graphs = 0;
-    if (cudaDeviceSetGraphMemAttribute(device_index_, cudaGraphMemAttrUsedMemHigh, &zero_graphs) !=
-        cudaSuccess)
-      cudaGetLastError();
+    OCTET_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    // The high-water marks restart from what is held now; the earlier peak is in phase_peak_.
+    reset_highs();
+    ++releases_;
   }
+  int64_t releases() const { return releases_; }
   void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
                int64_t rows) override {
     OCTET_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
@@ -141,8 +141,35 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Timer> make_timer() override { return std::make_unique<EventTimer>(stream_); }
 
  private:
+  int64_t highs() const {
+    cudaMemPool_t pool;
+    OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
+    uint64_t high = 0, graphs = 0;
+    OCTET_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+    // CUDA graphs (backend/cuda_graph.h) allocate from their own memory: counted too. (Best
+    // effort: a device without graph memory reports nothing, which is not an error here.)
+    if (cudaDeviceGetGraphMemAttribute(device_index_, cudaGraphMemAttrUsedMemHigh, &graphs) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      graphs = 0;
+    }
+    return static_cast<int64_t>(high + graphs);
+  }
+  void reset_highs() {
+    cudaMemPool_t pool;
+    OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index_));
+    uint64_t zero = 0;
+    OCTET_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    uint64_t zero_graphs = 0;
+    if (cudaDeviceSetGraphMemAttribute(device_index_, cudaGraphMemAttrUsedMemHigh, &zero_graphs) !=
+        cudaSuccess)
+      cudaGetLastError();
+  }
+
   int device_index_;
   cudaStream_t stream_ = nullptr;
+  int64_t phase_peak_ = 0;  // the peak before the last release since reset_peak()
+  int64_t releases_ = 0;
   bool capturing_ = false;
   std::unordered_set<void*> captured_;  // allocated by the capture running now
   std::vector<void*> deferred_;         // freed during it, allocated before it
@@ -180,6 +207,15 @@ CudaDeviceInfo cuda_device_info(int device_index) {
 
 void set_backend_capturing(Backend& be, bool on) {
   if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_capturing(on);
+}
+
+void release_cached_device_memory(Context& ctx) {
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&ctx.be())) cuda->release_cached();
+}
+
+int64_t device_memory_releases(const Context& ctx) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&ctx.be());
+  return cuda ? cuda->releases() : 0;
 }
 
 std::shared_ptr<Backend> make_cuda_backend(int device_index) {

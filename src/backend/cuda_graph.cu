@@ -61,11 +61,6 @@ void CudaGraph::capture(Context& ctx, const char* what, const std::function<void
   OCTET_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
   nodes_ = static_cast<int64_t>(n);
   impl_ = std::move(impl);
-  // The graph has its own memory: give back what the eager runs before it left cached in the
-  // stream-ordered pool (blocks still in use or not yet freed on the stream stay).
-  cudaMemPool_t pool;
-  OCTET_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ctx.device_index));
-  OCTET_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
 }
 
 void CudaGraph::replay(Context& ctx) {

@@ -13,6 +13,12 @@
 // host wait (synchronize, a device-to-host copy), a pageable host-to-device copy, a first-use
 // allocation that outlives the graph (run the body once eagerly before capturing, which makes the
 // plan caches, workspaces and constant tensors), and a free of memory made outside the body.
+//
+// Memory on the two sides: after a replay the graph keeps physical memory mapped for its whole
+// working set (what it allocates and frees inside), ready for the next replay; eager work caches
+// its freed blocks in the stream-ordered pool. The same working set run on both sides (an eager
+// micro-batch while its graph exists, a replay after eager micro-batches) holds two copies unless
+// release_cached_device_memory() is called between.
 #pragma once
 
 #include <cstdint>
@@ -106,6 +112,19 @@ void set_backend_capturing(Backend& be, bool on);
 // Clears the CUDA runtime's last error: after a failed capture, frees of the addresses it handed
 // out fail harmlessly and must not be reported by the next launch. A no-op without CUDA.
 void clear_cuda_last_error();
+
+// Gives back the device memory cached on one side of the graphed / eager boundary (above): waits
+// for ctx's stream, then returns to the driver the physical memory graphs keep mapped for what they
+// allocate and free inside (what a graph leaves allocated, its outputs, stays) and the free blocks
+// the stream-ordered pool caches. For the points where a working set changes sides: after a
+// capture (the eager round before it), before and after eager work in a run whose graphs replay (a
+// probe step's micro-batches, the BF16 shadow, the validation). The next replay maps its memory
+// again. Backend::peak_bytes() keeps the peak reached before the call. Counts as a host wait
+// (Backend::host_waits). A no-op on the CPU.
+void release_cached_device_memory(Context& ctx);
+// How many times release_cached_device_memory() ran on ctx's backend (0 on the CPU): a graph that
+// last ran before the latest release holds no mapped working set.
+int64_t device_memory_releases(const Context& ctx);
 
 // Bytes the device's stream-ordered pool holds from the driver (reserved, in use or cached) and
 // graph memory reserved for graphs; 0 on the CPU. What a step after the first must not grow.

@@ -91,4 +91,8 @@ int64_t device_reserved_bytes(const Context&) {
 namespace octet {
 void set_backend_capturing(Backend&, bool) {}
 void clear_cuda_last_error() {}
+void release_cached_device_memory(Context&) {}
+int64_t device_memory_releases(const Context&) {
+  return 0;
+}
 }  // namespace octet

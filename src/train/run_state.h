@@ -372,17 +372,23 @@ struct Run {
   // The validation loss of the weights after the step's update. The prepared copies are made
   // fresh first: without optim.fused_prepare_fp8 the FP8 weights the forward reads are prepared
   // at the start of the next step, so they would still be the step's own (one update old).
+  // Graphed, the eager forwards run between two releases of the cached memory (cuda_graph.h), so
+  // that they and the graphs do not each hold a working set.
   double validate_loss() {
     prepare_weights();
+    if (graphs) release_cached_device_memory(ctx);
     double sum = 0;
     for (int64_t i = 0; i < val->size(); ++i) {
       const TokenBatch b = val->batch(i);
       sum += model->read_losses(ctx, model->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
     }
+    if (graphs) release_cached_device_memory(ctx);
     return sum / static_cast<double>(std::max<int64_t>(val->size(), 1));
   }
 
+  // Eager; graphed, between two releases of the cached memory, as the validation.
   double shadow_loss(const TokenBatch& b) {
+    if (graphs) release_cached_device_memory(ctx);
     if (!shadow)
       shadow = std::make_unique<Model>(ctx, model_config(),
                                        Precision{recipe_preset("bf16"), DType::kBF16}, ep.experts);
@@ -397,7 +403,10 @@ struct Run {
     if (zero) zero->shard_masters(ctx);  // the whole copies were temporary
     if (ep_opt) ep_opt->shard_masters(ctx);
     shadow->prepare(ctx);
-    return shadow->read_losses(ctx, shadow->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
+    const double loss =
+        shadow->read_losses(ctx, shadow->step(ctx, {b.inputs, b.targets}, Pass::kForward)).main;
+    if (graphs) release_cached_device_memory(ctx);
+    return loss;
   }
 
   // The step's verdict on the device (ops/step_verdict.h) and the buffers it reads and writes;

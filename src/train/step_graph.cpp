@@ -29,27 +29,54 @@ std::vector<Tensor> keep(Context& ctx, const std::vector<Tensor>& ts) {
 
 }  // namespace
 
+CaptureSchedule::Choice CaptureSchedule::next(const std::string& key, bool round_start,
+                                              bool captured) {
+  Choice c;
+  if (key != key_) {
+    c.drop = captured;
+    captured = false;
+    key_ = key;
+    rounds_ = 0;
+  }
+  if (round_start) ++rounds_;
+  if (captured)
+    c.action = Action::kReplay;
+  else if (round_start && rounds_ >= 2)  // the key ran a whole round eagerly before this one
+    c.action = Action::kCapture;
+  return c;
+}
+
+void CaptureSchedule::reset() {
+  key_.clear();
+  rounds_ = 0;
+}
+
+void GraphedSection::release_if_mapped(Context& ctx) {
+  if (mapped_ && device_memory_releases(ctx) == released_at_) release_cached_device_memory(ctx);
+  mapped_ = false;
+}
+
 GraphedSection::Ran GraphedSection::run(Context& ctx, bool graphs, const std::string& key,
-                                        const std::function<void()>& body) {
+                                        const std::function<void()>& body, bool round_start) {
   if (!graphs || !failure_.empty() || !cuda_graphs_supported(ctx)) {
+    release_if_mapped(ctx);  // e.g. a probe step's eager micro-batches
     body();
     return Ran::kEager;
   }
-  if (key != key_) {
-    graph_.reset();
-    key_ = key;
-    seen_ = 0;
-  }
-  ++seen_;
-  if (graph_.captured()) {
+  const CaptureSchedule::Choice choice = schedule_.next(key, round_start, graph_.captured());
+  if (choice.drop) graph_.reset();
+  if (choice.action == CaptureSchedule::Action::kReplay) {
     graph_.replay(ctx);
+    mapped_ = true;
+    released_at_ = device_memory_releases(ctx);
     if (ctx.casts)
       for (const auto& [scope, c] : casts_)
         for (int k = 0; k < kCastKindCount; ++k)
           ctx.casts->by_scope[scope].n[static_cast<size_t>(k)] += c.n[static_cast<size_t>(k)];
     return Ran::kReplayed;
   }
-  if (seen_ == 1) {  // plans, workspaces and constants are made on this eager run
+  if (choice.action == CaptureSchedule::Action::kEager) {
+    release_if_mapped(ctx);  // a dropped graph's working set, before the eager one is made
     body();
     return Ran::kEager;
   }
@@ -75,19 +102,24 @@ GraphedSection::Ran GraphedSection::run(Context& ctx, bool graphs, const std::st
       casts_[scope] = d;
     }
   }
+  // The eager round's blocks cached in the stream-ordered pool (and what the capture's end freed of
+  // the memory made before it), and what other graphs keep mapped, go back before this graph maps
+  // its own working set on its first replay.
+  release_cached_device_memory(ctx);
   graph_.replay(ctx);  // the capture ran nothing: this is the step's work
+  mapped_ = true;
+  released_at_ = device_memory_releases(ctx);
   return Ran::kCaptured;
 }
 
 void GraphedSection::invalidate() {
   graph_.reset();
-  key_.clear();
-  seen_ = 0;
+  schedule_.reset();
 }
 
 ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
                                   const ModelBatch& host_batch, float grad_scale,
-                                  const std::string& weights_key) {
+                                  const std::string& weights_key, bool first_of_step) {
   const Tensor& in = host_batch.inputs;
   if (!ids_.defined() || ids_.shape() != in.shape()) {
     section_.invalidate();
@@ -106,9 +138,12 @@ ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
   key << shape_str(in.shape()) << " scale " << grad_scale << " weights " << weights_key << " model "
       << static_cast<const void*>(&model);
   ModelLosses out;
-  const GraphedSection::Ran ran = section_.run(ctx, graphs, key.str(), [&] {
-    out = model.step(ctx, {ids_, targets_}, Pass::kForwardBackward, grad_scale);
-  });
+  const GraphedSection::Ran ran = section_.run(
+      ctx, graphs, key.str(),
+      [&] {
+        out = model.step(ctx, {ids_, targets_}, Pass::kForwardBackward, grad_scale);
+      },
+      first_of_step);
   if (ran == GraphedSection::Ran::kEager) return out;
   if (ran == GraphedSection::Ran::kCaptured) captured_ = std::move(out);
   ModelLosses l;

@@ -2,12 +2,21 @@
 // the forward + backward of each micro-batch and the optimizer update are each captured once and
 // replayed, so a step costs the host a few graph launches instead of thousands of kernel launches.
 //
-// GraphedSection is one such piece: `body` runs eagerly the first time a key is seen (that first
-// run makes what a capture cannot: cuBLASLt/cuDNN plans and workspaces, constant tensors, the rope
-// tables), is captured the second time (and the capture replayed at once), and replayed from then
-// on. A different key (other shapes, other tensors read, new prepared-weight buffers) drops the
-// graph and starts over. What always runs eagerly, and why:
-//   - the first run of each key (above);
+// GraphedSection is one such piece. A key (shapes, tensors read, prepared-weight buffers) runs
+// eagerly for one round, which makes what a capture cannot (cuBLASLt/cuDNN plans and workspaces,
+// constant tensors, the rope tables); it is captured at the start of the next round (and the
+// capture replayed at once), and replayed from then on. A round is what one step runs of the
+// section: one run of the preparation or the optimizer, `grad_accum` runs of the micro-batch. A
+// different key drops the graph and starts over. Capturing only where a round starts keeps each
+// step on one side: its micro-batches all run eagerly or all replay the one graph. (Capturing at
+// the second run held the first micro-batch's eager working set in the stream-ordered pool and
+// the graph's own copy in graph memory in one step: grad_accum = 2 on the baseline model peaked at
+// 20.4 GiB in its capture steps against 13.7 GiB eager.) Where a working set changes sides (after
+// a capture, before and after eager work in a graphed run: a probe step's micro-batches, whose
+// graph keeps its memory mapped, the shadow, the validation), the memory cached on the old side is
+// given back (release_cached_device_memory, backend/cuda_graph.h). What always runs eagerly, and
+// why:
+//   - the first round of each key (above);
 //   - everything on the CPU, and any section with graphs off (config key `cuda_graphs`);
 //   - with several ranks (data parallel, ZeRO-1): the NCCL collectives and the sharded optimizer
 //     are not captured; the trainer turns graphs off;
@@ -32,13 +41,33 @@
 
 namespace octet::train {
 
+// GraphedSection's choice for one run, as host logic alone (so that the CPU tests it): eager
+// through a key's first round, the capture where the next round starts, replays after.
+class CaptureSchedule {
+ public:
+  enum class Action : uint8_t { kEager, kCapture, kReplay };
+  struct Choice {
+    Action action = Action::kEager;
+    bool drop = false;  // a graph is captured for another key: drop it (and its memory)
+  };
+  // `round_start`: this run opens a round (a step's first micro-batch; every run of a section that
+  // runs once a step). `captured`: whether a graph of the current key exists.
+  Choice next(const std::string& key, bool round_start, bool captured);
+  void reset();
+
+ private:
+  std::string key_;
+  int64_t rounds_ = 0;  // rounds begun with key_
+};
+
 class GraphedSection {
  public:
   explicit GraphedSection(std::string what) : what_(std::move(what)) {}
 
   enum class Ran : uint8_t { kEager, kCaptured, kReplayed };
   // See above. With graphs off (or unsupported by ctx) always kEager.
-  Ran run(Context& ctx, bool graphs, const std::string& key, const std::function<void()>& body);
+  Ran run(Context& ctx, bool graphs, const std::string& key, const std::function<void()>& body,
+          bool round_start = true);
   void invalidate();
 
   int64_t replays() const { return graph_.replays(); }
@@ -46,25 +75,33 @@ class GraphedSection {
   const std::string& failure() const { return failure_; }
 
  private:
+  // An eager run after the graph ran: the graph's mapped working set is given back first.
+  void release_if_mapped(Context& ctx);
+
   std::string what_;
-  std::string key_;
-  int64_t seen_ = 0;  // runs with key_
+  CaptureSchedule schedule_;
   CudaGraph graph_;
+  bool mapped_ = false;      // the graph ran since the memory release numbered released_at_
+  int64_t released_at_ = 0;  // device_memory_releases() when it last ran
   std::map<std::string, CastCounts> casts_;  // counted by the captured body
   std::string failure_;
 };
 
-// The forward + backward of one micro-batch, graphed. The batch is uploaded from pinned memory
-// without waiting (PinnedUploader) into this object's fixed device buffers (the next micro-batch's
-// upload is ordered after the running one on the stream, so one pair serves all), and the outputs (losses, expert loads) are copied per micro-batch, since a replay
-// overwrites them. The same path runs with graphs off, so eager and graphed steps compute the same.
+// The forward + backward of one micro-batch, graphed: one graph for all the step's micro-batches,
+// replayed once each (the gradients accumulate in the parameters' buffers, which the graph reads
+// and writes where they are). The batch is uploaded from pinned memory without waiting
+// (PinnedUploader) into this object's fixed device buffers (the next micro-batch's upload is
+// ordered after the running one on the stream, so one pair serves all), and the outputs (losses,
+// expert loads) are copied per micro-batch, since a replay overwrites them. The same path runs
+// with graphs off, so eager and graphed steps compute the same.
 class MicroBatchGraphs {
  public:
   explicit MicroBatchGraphs(Context& ctx) : uploader_(ctx, 8) {}
 
-  // `weights_key` names the prepared weights the forward reads (it changes whenever they move).
+  // `weights_key` names the prepared weights the forward reads (it changes whenever they move);
+  // `first_of_step`: this is the step's first micro-batch (a round of the section, see above).
   ModelLosses run(Context& ctx, bool graphs, Model& model, const ModelBatch& host_batch,
-                  float grad_scale, const std::string& weights_key);
+                  float grad_scale, const std::string& weights_key, bool first_of_step = true);
   void invalidate();
   int64_t replays() const { return section_.replays(); }
   const std::string& failure() const { return section_.failure(); }

@@ -47,8 +47,12 @@ std::vector<ModelLosses> passes(Run& run, StepMetrics& sm, bool probe_step, Toke
     if (run.zero && m == cfg.grad_accum - 1) run.zero->begin_final_backward();
     micro.push_back(run.micro->run(run.ctx, run.graphs && !probe_step, *run.model,
                                    {b.inputs, b.targets}, micro_scale,
-                                   std::to_string(run.weights_generation)));
+                                   std::to_string(run.weights_generation), m == 0));
   }
+  // A graphed run's probe step ran its micro-batches eagerly (the section gave the graph's mapped
+  // working set back first): their blocks cached in the pool go back before the next replay maps
+  // the graph's again.
+  if (probe_step && run.graphs) release_cached_device_memory(run.ctx);
   std::vector<const std::string*> failures = {&run.micro->failure(), &run.pre_graph.failure()};
   if (run.optim) failures.push_back(&run.optim->graph_failure());
   for (const std::string* f : failures)
@@ -211,6 +215,7 @@ LaunchedStep launch_step(Run& run, int64_t number, double lr) {
   L.slot = static_cast<int>(number % 2);
   L.sampler_before = run.sampler->state();
   const int64_t waits_before = run.ctx.be().host_waits();
+  const int64_t releases_before = device_memory_releases(run.ctx);
   run.ctx.be().reset_peak();
   StepMetrics& sm = L.sm;
   sm.step = number;
@@ -240,7 +245,10 @@ LaunchedStep launch_step(Run& run, int64_t number, double lr) {
                    (saves && cfg.checkpoint_every > 0 && number % cfg.checkpoint_every == 0) ||
                    (run.val && number % cfg.eval.every == 0);
   const bool reads = probe_step || sm.shadow_bf16_loss;
-  L.steady = run.graphs && number >= 4 && !reads && !L.complete_now;
+  // Not steady either: a step that captured a graph (the capture gives the eager round's memory
+  // back, a host wait) or ran eager work beside the graphs (both release memory).
+  L.steady = run.graphs && number >= 4 && !reads && !L.complete_now &&
+             device_memory_releases(run.ctx) == releases_before;
   L.host_waits = run.ctx.be().host_waits() - waits_before;
   L.launched = Clock::now();
   return L;

@@ -1,10 +1,13 @@
 // The pieces of the graphed step that run on the CPU too (train/step_graph.h): AdamW's constants
 // computed from a step count held with the tensors equal the host's bit for bit, the count
-// advances only over applied steps, sections run eagerly without CUDA, pinned uploads copy, and
-// the cuda_graphs key.
+// advances only over applied steps, sections run eagerly without CUDA, pinned uploads copy, the
+// cuda_graphs key, and when a section captures (CaptureSchedule): never in the middle of a step's
+// micro-batches, so a step never holds an eager and a graphed working set at once.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_graph.h"
@@ -100,6 +103,99 @@ TEST(StepGraph, SectionsRunEagerlyWithoutCuda) {
   EXPECT_EQ(s.replays(), 0);
   EXPECT_EQ(s.failure(), "");
   EXPECT_EQ(device_reserved_bytes(cpu), 0);
+  release_cached_device_memory(cpu);  // nothing to give back on the CPU
+  EXPECT_EQ(device_memory_releases(cpu), 0);
+  EXPECT_EQ(s.run(
+                cpu, true, "k", [&] { ++runs; }, false),
+            GraphedSection::Ran::kEager);
+  EXPECT_EQ(runs, 5);
+}
+
+using Action = CaptureSchedule::Action;
+
+// The trainer's micro-batch section over a run: `keys[s]` is step s's weights key ("" for a probe
+// step, whose micro-batches run eagerly without consulting the schedule), `accum` runs a step.
+// Returns each step's actions, the capture succeeding.
+std::vector<std::vector<Action>> micro_actions(const std::vector<std::string>& keys, int accum) {
+  CaptureSchedule sched;
+  bool captured = false;
+  std::vector<std::vector<Action>> steps;
+  for (const std::string& key : keys) {
+    std::vector<Action> step;
+    for (int m = 0; m < accum; ++m) {
+      if (key.empty()) {
+        step.push_back(Action::kEager);
+        continue;
+      }
+      const CaptureSchedule::Choice c = sched.next(key, m == 0, captured);
+      if (c.drop) captured = false;
+      if (c.action == Action::kCapture) captured = true;
+      step.push_back(c.action);
+    }
+    steps.push_back(step);
+  }
+  return steps;
+}
+
+// The key sequence of a trainer run: step 1 probes, the fused first preparation (key 1), the
+// section's eager preparation (2), its capture (3) moving the prepared weights; steady from there;
+// a probe at step 8; a rollback at step 10 starts over (4, 5, 6).
+const std::vector<std::string> kRunKeys = {"", "2", "3", "3", "3", "3", "3",
+                                           "", "3", "4", "5", "6", "6", "6"};
+
+TEST(StepGraph, AStepsMicroBatchesAllRunEagerlyOrAllReplayOneGraph) {
+  for (const int accum : {1, 2, 3, 8}) {
+    const auto steps = micro_actions(kRunKeys, accum);
+    int captures = 0;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const std::vector<Action>& a = steps[s];
+      const bool eager = a[0] == Action::kEager;
+      for (size_t m = 1; m < a.size(); ++m) {
+        // Only the first micro-batch may capture; the rest replay that one graph.
+        EXPECT_EQ(a[m], eager ? Action::kEager : Action::kReplay)
+            << "accum " << accum << ", step " << s + 1 << ", micro-batch " << m;
+      }
+      captures += a[0] == Action::kCapture ? 1 : 0;
+    }
+    // Key 3: eager through step 3 (its first round), captured at step 4's first micro-batch,
+    // replayed to step 7 and again after the probe; the rollback's keys 4 and 5 last one step each
+    // (no graph), key 6 is captured at step 13.
+    EXPECT_EQ(captures, 2) << "accum " << accum;
+    EXPECT_EQ(steps[3][0], Action::kCapture) << "accum " << accum;
+    EXPECT_EQ(steps[8][0], Action::kReplay) << "accum " << accum;
+    EXPECT_EQ(steps[12][0], Action::kCapture) << "accum " << accum;
+    for (const size_t s : {0, 1, 2, 7, 9, 10, 11})
+      EXPECT_EQ(steps[s][0], Action::kEager) << "accum " << accum << ", step " << s + 1;
+  }
+}
+
+TEST(StepGraph, SectionsRunOnceAStepCaptureOnTheirSecondRun) {
+  // The preparation and the optimizer: every run opens a round (unchanged from one run a key).
+  CaptureSchedule sched;
+  bool captured = false;
+  std::vector<Action> got;
+  for (const char* key : {"a", "a", "a", "a", "b", "b", "b"}) {
+    const CaptureSchedule::Choice c = sched.next(key, true, captured);
+    EXPECT_EQ(c.drop, captured && std::string(key) == "b" && got.size() == 4) << got.size();
+    if (c.drop) captured = false;
+    if (c.action == Action::kCapture) captured = true;
+    got.push_back(c.action);
+  }
+  EXPECT_EQ(got,
+            (std::vector<Action>{Action::kEager, Action::kCapture, Action::kReplay, Action::kReplay,
+                                 Action::kEager, Action::kCapture, Action::kReplay}));
+}
+
+TEST(StepGraph, AKeyFirstSeenMidRoundWaitsForAWholeEagerRound) {
+  CaptureSchedule sched;
+  // Seen first on a round's second run: that round is not a whole one.
+  EXPECT_EQ(sched.next("k", false, false).action, Action::kEager);
+  EXPECT_EQ(sched.next("k", true, false).action, Action::kEager);
+  EXPECT_EQ(sched.next("k", false, false).action, Action::kEager);
+  EXPECT_EQ(sched.next("k", true, false).action, Action::kCapture);
+  EXPECT_EQ(sched.next("k", false, true).action, Action::kReplay);
+  sched.reset();  // invalidate(): the same key starts over
+  EXPECT_EQ(sched.next("k", true, false).action, Action::kEager);
 }
 
 TEST(StepGraph, PinnedUploadCopiesAndChecksSizes) {
