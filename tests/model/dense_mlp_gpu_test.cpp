@@ -85,9 +85,9 @@ TEST_P(SwigluQuantizeStoredGpu, MatchesCpuAndTheUnfusedPairBitwise) {
         for (QuantizeOutput out :
              {QuantizeOutput::kBoth, QuantizeOutput::kRowwise, QuantizeOutput::kColumnwise}) {
           const std::string where =
-              std::to_string(rows) + "x" + std::to_string(f) + " " + dtype_name(dt) + " dist " +
-              std::to_string(static_cast<int>(dist)) + " " + format_name(fmt) + " output " +
-              std::to_string(static_cast<int>(out));
+              std::to_string(rows) + "x" + std::to_string(f) + " " + std::string(dtype_name(dt)) +
+              " dist " + std::to_string(static_cast<int>(dist)) + " " + format_name(fmt) +
+              " output " + std::to_string(static_cast<int>(out));
           const SwigluStoredQuantizeArgs a{
               .gate_up = gu, .dh = dh, .format = fmt, .rounding = rnd, .output = out};
           SwigluStoredQuantizeArgs ad = a;

@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "backend/backend.h"
 #include "core/cast_counter.h"
 #include "model/dense_mlp.h"
 #include "model/site_probe.h"
@@ -78,9 +79,9 @@ TEST(SwigluQuantizeStored, MatchesTheUnfusedPairBitwise) {
             for (QuantizeOutput out :
                  {QuantizeOutput::kBoth, QuantizeOutput::kRowwise, QuantizeOutput::kColumnwise}) {
               const std::string where =
-                  std::to_string(rows) + "x" + std::to_string(f) + " " + dtype_name(dt) + " dist " +
-                  std::to_string(static_cast<int>(dist)) + " " + format_name(fmt) + " output " +
-                  std::to_string(static_cast<int>(out));
+                  std::to_string(rows) + "x" + std::to_string(f) + " " +
+                  std::string(dtype_name(dt)) + " dist " + std::to_string(static_cast<int>(dist)) +
+                  " " + format_name(fmt) + " output " + std::to_string(static_cast<int>(out));
               const SwigluStoredQuantizeArgs a{
                   .gate_up = gu, .dh = dh, .format = fmt, .rounding = rnd, .output = out};
               ASSERT_TRUE(same_quant(quantize(ctx, quantize_1x128(h, fmt, rnd, out)),
