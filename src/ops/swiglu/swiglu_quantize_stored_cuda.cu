@@ -22,6 +22,17 @@ __device__ __forceinline__ float widen(const T* p, int64_t i) {
     return bf16_to_float(p[i]);
 }
 
+// Elements i .. i + 3 in one 8-byte (BF16) or 16-byte (F32) load; i a multiple of 4, p aligned.
+template <typename T>
+__device__ __forceinline__ void widen4(const T* p, int64_t i, float (&v)[4]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 w = *reinterpret_cast<const float4*>(p + i);
+    v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+  } else {
+    kernels::unpack4(*reinterpret_cast<const uint2*>(p + i), v);
+  }
+}
+
 // (r, c) of the unfused op's output: h (rows, F), or d_gate_up (rows, 2F) with dg in columns
 // [0, F) and du in [F, 2F). T is the stored dtype (gate_up's and dh's).
 template <typename T, bool kBackward>
@@ -29,6 +40,7 @@ struct SwigluStoredSource {
   const T* gate_up;  // (rows, 2F)
   const T* dh;       // (rows, F), backward only
   int64_t f;
+  bool vec4;  // F % 4 == 0 and the inputs aligned to 4 elements: 4 columns in one load each
 
   __device__ __forceinline__ float value(int64_t r, int64_t c) const {
     const T* gu = gate_up + r * 2 * f;
@@ -48,8 +60,29 @@ struct SwigluStoredSource {
   __device__ __forceinline__ Held load(int64_t r, int64_t c, int64_t rows, int64_t cols,
                                        bool /*vec*/) const {
     float v[4];
+    if (vec4 && r < rows && c < cols) {
+      // c is a multiple of 4 and F too: the 4 columns lie in one half (gate or up) of the row.
+      const T* gu = gate_up + r * 2 * f;
+      const int64_t j = kBackward && c >= f ? c - f : c;
+      float g[4], u[4];
+      widen4(gu, j, g);
+      widen4(gu, f + j, u);
+      if constexpr (kBackward) {
+        float d[4];
+        widen4(dh, r * f + j, d);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = (r < rows && c + i < cols) ? value(r, c + i) : 0.0f;
+        for (int i = 0; i < 4; ++i) {
+          const swiglu_math::SwigluGrad gr = swiglu_math::swiglu_grad(g[i], u[i], d[i]);
+          v[i] = c < f ? gr.dg : gr.du;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = swiglu_math::swiglu(g[i], u[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = (r < rows && c + i < cols) ? value(r, c + i) : 0.0f;
+    }
     if constexpr (sizeof(T) == 2)
       return make_uint2(float_to_bf16(v[0]) | (static_cast<uint32_t>(float_to_bf16(v[1])) << 16),
                         float_to_bf16(v[2]) | (static_cast<uint32_t>(float_to_bf16(v[3])) << 16));
@@ -84,8 +117,12 @@ void launch(Context& ctx, const SwigluStoredQuantizeArgs& a, QuantTensor& out) {
                   static_cast<unsigned>(ceil_div(rows, kGroup)));
   OCTET_CHECK(grid.y < 65536, "swiglu_quantize_stored: ", rows,
               " rows exceed the tile kernel's grid limit (65535 * 128)");
-  const SwigluStoredSource<T, kBackward> src{a.gate_up.data_as<const T>(),
-                                             kBackward ? a.dh.data_as<const T>() : nullptr, f};
+  const auto aligned = [](const void* q) {
+    return reinterpret_cast<uintptr_t>(q) % (4 * sizeof(T)) == 0;
+  };
+  const bool vec4 = f % 4 == 0 && aligned(a.gate_up.data()) && (!kBackward || aligned(a.dh.data()));
+  const SwigluStoredSource<T, kBackward> src{
+      a.gate_up.data_as<const T>(), kBackward ? a.dh.data_as<const T>() : nullptr, f, vec4};
   kernels::quantize_tile_kernel<T, SwigluStoredSource<T, kBackward>>
       <<<grid, kernels::kTileThreads, 0, st>>>(src, p);
   OCTET_CUDA_CHECK_LAUNCH();
