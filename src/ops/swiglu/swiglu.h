@@ -105,7 +105,7 @@ SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
 // Casts counted: kFusedQuantize, one per copy (as quantize() counts kQuantize).
 struct SwigluStoredQuantizeArgs {
   Tensor gate_up;  // (rows, 2F) bf16 or f32
-  Tensor dh;       // backward only: (rows, F), gate_up's dtype (the dtype dgu is stored in)
+  Tensor dh{};     // backward only: (rows, F), gate_up's dtype (the dtype dgu is stored in)
   Fp8Format format = Fp8Format::kE4M3;
   ScaleRounding rounding = ScaleRounding::kExact;
   float epsilon = 0.0f;                           // amax floor, >= 0
