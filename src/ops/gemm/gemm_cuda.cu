@@ -5,8 +5,8 @@
 // our B (stored (k x N) column-major = our (N, K) row-major, op T) and its "B" is our A (op N):
 // "TN".
 //
-// Scale layouts. octet stores scale_inv row-major (core/quant_tensor.h): 1x128 as [rows, L] (K-major)
-// and 128x128 as [ceil(rows/128), L], L = ceil(K/128); 1x128 may also be MN-major
+// Scale layouts. octet stores scale_inv row-major (core/quant_tensor.h): 1x128 as [rows, L]
+// (K-major) and 128x128 as [ceil(rows/128), L], L = ceil(K/128); 1x128 may also be MN-major
 // (core/scale_layout.h), cuBLASLt's own layout below. cuBLASLt (documentation, "128-element 1D and
 // 128x128 2D block scaling for FP8", "Scaling factors layouts") reads
 //   VEC128_32F     : one float per (row, K-group), rows contiguous ("M-major" for its A,
@@ -19,8 +19,9 @@
 // so MN-major VEC128 scales (what the dense Linear layers' quantizers write) are used in place,
 // K-major ones are transposed (a fallback: one launch per operand per call, for operands quantized
 // K-major, e.g. by a caller of gemm_fp8 that kept the default layout, or the grouped GEMM's
-// per-expert loop), and BLK128x128 scales re-strided (or used in place when L % 4 == 0). SCALAR_32F (one float) and OUTER_VEC_32F (one float per row, contiguous) are octet's layouts
-// as is. All of this runs on the context's stream; the scratch tensors are released stream-ordered
+// per-expert loop), and BLK128x128 scales re-strided (or used in place when L % 4 == 0).
+// SCALAR_32F (one float) and OUTER_VEC_32F (one float per row, contiguous) are octet's layouts as
+// is. All of this runs on the context's stream; the scratch tensors are released stream-ordered
 // after the matmul.
 #include "ops/gemm/gemm_cuda.h"
 

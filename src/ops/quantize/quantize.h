@@ -59,8 +59,9 @@ Tensor amax(Context& ctx, const Tensor& x);
 // scale_inv 1.0, the padding rows of a padded permute) do not set S: counting them would shift the
 // tile's small values (gradients) towards zero. Values that stay
 // normal are exact; values that become subnormal or underflow are rounded to nearest even (not
-// flushed). Reads K-major scales only (an MN-major input is an error). Sets q.columnwise_data (cols, rows) and q.columnwise_scale_inv [ceil(cols/128),
-// ceil(rows/128)], columnwise_granularity = k128x128.
+// flushed). Reads K-major scales only (an MN-major input is an error). Sets q.columnwise_data
+// (cols, rows) and q.columnwise_scale_inv [ceil(cols/128), ceil(rows/128)],
+// columnwise_granularity = k128x128.
 void scaling_aware_transpose(Context& ctx, QuantTensor& q);
 
 // Delayed scaling state of one per-tensor site (TransformerEngine's DelayedScaling). Lives on the
