@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "core/cast_counter.h"
@@ -113,10 +114,9 @@ TEST(ScaleLayout, DequantizeReadsEitherLayout) {
 // The three training GEMMs of the blockwise recipe with x and dy quantized in each layout: the
 // same bits out, for M odd (not a multiple of 4) and K not a multiple of 128.
 TEST(ScaleLayout, GemmOnMnMajorOperandsIsBitwiseKMajor) {
-  for (auto [t, in, out] : {std::tuple<int64_t, int64_t, int64_t>{37, 200, 72},
-                            {5, 136, 24},
-                            {130, 264, 136},
-                            {1, 128, 8}}) {
+  using Shape3 = std::tuple<int64_t, int64_t, int64_t>;  // T, In, Out
+  const Shape3 cases[] = {{37, 200, 72}, {5, 136, 24}, {130, 264, 136}, {1, 128, 8}};
+  for (const auto& [t, in, out] : cases) {
     const Tensor x = random_tensor({t, in}, DType::kBF16, 21);
     const Tensor w = random_tensor({out, in}, DType::kF32, 22);
     const Tensor dy = random_tensor({t, out}, DType::kBF16, 23, Dist::kOutliers);
