@@ -41,11 +41,13 @@ Tensor random_host(int64_t rows, int64_t cols, uint64_t seed, DType dt) {
   return h;
 }
 
-QuantTensor quant(Context& ctx, const Tensor& x, Granularity g, QuantizeOutput out) {
+QuantTensor quant(Context& ctx, const Tensor& x, Granularity g, QuantizeOutput out,
+                  ScaleLayout layout = ScaleLayout::kKMajor) {
   QuantizeArgs qa;
   qa.input = x;
   qa.granularity = g;
   qa.output = out;
+  qa.scale_layout = layout;
   return quantize(ctx, qa);
 }
 
@@ -82,10 +84,14 @@ std::vector<std::string> dense_row(const Timer& t, int64_t m, int64_t n, int64_t
             [&] { gemm_fp8(ctx, {.a = rowwise_operand(qx), .b = rowwise_operand(qw), .d = y}); }),
         bf16));
   }
-  // DeepSeek-V3 blockwise: Fprop, Dgrad, Wgrad.
-  const QuantTensor qx = quant(ctx, x, Granularity::k1x128, QuantizeOutput::kBoth);
+  // DeepSeek-V3 blockwise: Fprop, Dgrad, Wgrad, with x's and dy's 1x128 scales MN-major as the
+  // dense Linear layers write them (core/scale_layout.h): cuBLASLt reads them in place, no
+  // re-layout per call.
+  const QuantTensor qx =
+      quant(ctx, x, Granularity::k1x128, QuantizeOutput::kBoth, ScaleLayout::kMNMajor);
   const QuantTensor qw = quant(ctx, w, Granularity::k128x128, QuantizeOutput::kBoth);
-  const QuantTensor qdy = quant(ctx, dy, Granularity::k1x128, QuantizeOutput::kBoth);
+  const QuantTensor qdy =
+      quant(ctx, dy, Granularity::k1x128, QuantizeOutput::kBoth, ScaleLayout::kMNMajor);
   row.push_back(cell(
       t.tflops(
           m, n, k,
@@ -152,8 +158,15 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
   qa.rounding = ScaleRounding::kPow2;
   qa.output = QuantizeOutput::kBoth;
   QuantTensor qx = quantize(ctx, qa);
-  const QuantTensor qx_dense = quant(ctx, x, Granularity::k1x128, QuantizeOutput::kBoth);
   const QuantTensor qdy = quant(ctx, dy, Granularity::k1x128, QuantizeOutput::kBoth);
+  // The dense baselines read MN-major 1x128 scales, as the dense Linear layers write them (no
+  // re-layout per call); the grouped kernels read K-major ones.
+  qa.scale_layout = ScaleLayout::kMNMajor;
+  const QuantTensor qx_mn = quantize(ctx, qa);
+  const QuantTensor qx_dense =
+      quant(ctx, x, Granularity::k1x128, QuantizeOutput::kBoth, ScaleLayout::kMNMajor);
+  const QuantTensor qdy_dense =
+      quant(ctx, dy, Granularity::k1x128, QuantizeOutput::kBoth, ScaleLayout::kMNMajor);
   // Stacked weights: n % 128 == 0 here, so one 128x128 quantization of (E * n, k) has per-expert
   // blocks.
   const QuantTensor qw = quant(ctx, w, Granularity::k128x128, QuantizeOutput::kRowwise);
@@ -170,7 +183,7 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
     return fmt(g, 0) + " (" + fmt(g / d, 2) + "x)";
   };
   const std::string fp8_fprop = pair(
-      [&] { gemm_fp8(ctx, {.a = rowwise_operand(qx), .b = rowwise_operand(qw1), .d = y}); },
+      [&] { gemm_fp8(ctx, {.a = rowwise_operand(qx_mn), .b = rowwise_operand(qw1), .d = y}); },
       [&] {
         grouped_gemm_fp8(
             ctx,
@@ -179,7 +192,7 @@ std::vector<std::string> grouped_row(const Timer& t, int64_t tokens, int64_t exp
   scaling_aware_transpose(ctx, qx);
   const std::string fp8_wgrad = pair(
       [&] {
-        gemm_fp8(ctx, {.a = columnwise_operand(qdy),
+        gemm_fp8(ctx, {.a = columnwise_operand(qdy_dense),
                        .b = columnwise_operand(qx_dense),
                        .d = dw1,
                        .accumulate = Accumulate::kAdd});

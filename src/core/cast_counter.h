@@ -16,6 +16,9 @@
 //                  quantize, dSwiGLU + quantize): the wide tensor never exists in memory
 //   kDequantize    an FP8 -> BF16/FP32 dequantization (ops/quantize dequantize())
 //   kTranspose     a scaling-aware transpose, FP8 -> FP8 without a wide intermediate
+//   kScaleRelayout not a cast of values: a dense FP8 GEMM operand (ops/gemm gemm_fp8) whose 1x128
+//                  scales are K-major, which the CUDA backend re-lays out into cuBLASLt's
+//                  MN-major layout on that call (core/scale_layout.h); counted on every device
 #pragma once
 
 #include <array>
@@ -29,7 +32,14 @@
 
 namespace octet {
 
-enum class CastKind : uint8_t { kQuantize, kFusedQuantize, kDequantize, kTranspose, kCount };
+enum class CastKind : uint8_t {
+  kQuantize,
+  kFusedQuantize,
+  kDequantize,
+  kTranspose,
+  kScaleRelayout,
+  kCount
+};
 inline constexpr int kCastKindCount = static_cast<int>(CastKind::kCount);
 
 inline const char* cast_kind_name(CastKind k) {
@@ -42,6 +52,8 @@ inline const char* cast_kind_name(CastKind k) {
       return "dequantize";
     case CastKind::kTranspose:
       return "fp8_transpose";
+    case CastKind::kScaleRelayout:
+      return "scale_relayout";
     case CastKind::kCount:
       break;
   }

@@ -50,11 +50,14 @@ Shape with_cols(const Shape& s, int64_t cols) {
 }
 
 // x or dy in one pass: row-wise for the GEMM of this pass, column-wise for Wgrad. Delayed scaling
-// reads the state's scale (computed from earlier steps' amaxes).
+// reads the state's scale (computed from earlier steps' amaxes). 1x128 scales are written in
+// cuBLASLt's MN-major layout (core/scale_layout.h): every consumer of these copies is a dense
+// gemm_fp8, which then reads them in place (no re-layout per GEMM call).
 QuantTensor quantize_both(Context& ctx, const Tensor& t, const GemmRecipe& r, GemmOperand operand,
                           const DelayedScaling* ds, QuantizeOutput output = QuantizeOutput::kBoth) {
   QuantizeArgs qa = quantize_args(r, operand, t, output);
   if (ds != nullptr) qa.scale = ds->scale;
+  if (qa.granularity == Granularity::k1x128) qa.scale_layout = ScaleLayout::kMNMajor;
   return quantize(ctx, qa);
 }
 

@@ -18,6 +18,8 @@
 //               Dgrad  rowwise(dy) 1x128  x columnwise(W) 128x128   (W^T, the same blocks)
 //               Wgrad  columnwise(dy) 1x128 along T x columnwise(x) 1x128 along T, +=
 //               Saved: the column-wise copy of x's QuantTensor (In, T), 1x128 tiles along tokens.
+//               x's and dy's 1x128 scales (both copies) are MN-major (core/scale_layout.h), the
+//               layout cuBLASLt reads in place.
 //   fp8-tensor  one scale per tensor; x and W in forward_format (E4M3), dy in backward_format (E5M2
 //               in the HYBRID presets); the same operand copies as fp8-block.
 //               Saved: the column-wise copy of x's per-tensor QuantTensor.

@@ -2,6 +2,8 @@
 #include "ops/gemm/gemm.h"
 
 #include "backend/dispatch.h"
+#include "core/cast_counter.h"
+#include "core/scale_layout.h"
 #include "numerics/scale.h"
 #include "ops/gemm/gemm_backends.h"
 
@@ -26,10 +28,14 @@ void check_gemm_operand(const Fp8Operand& op, const char* name, Device device,
               ": 128x1 scales run across rows of K; "
               "pass the other copy of the tensor, whose 1x128 groups lie along K");
   if (scales == ScaleShapeCheck::kStacked) return;
-  const Shape want = scale_shape(op.granularity, op.rows(), op.cols());
-  OCTET_CHECK(op.scale_inv.numel() == shape_numel(want), "gemm operand ", name,
-              ": scale_inv for granularity ", granularity_name(op.granularity), " of a ", op.rows(),
-              " x ", op.cols(), " operand must have shape ", shape_str(want), ", got ",
+  // 1x128 scales in either layout (core/scale_layout.h); MN-major ones by their exact shape.
+  const ScaleLayout layout = scale_layout(op.granularity, op.scale_inv);
+  const Shape want = scale_shape(op.granularity, op.rows(), op.cols(), layout);
+  OCTET_CHECK(layout == ScaleLayout::kKMajor ? op.scale_inv.numel() == shape_numel(want)
+                                             : op.scale_inv.shape() == want,
+              "gemm operand ", name, ": scale_inv for granularity ",
+              granularity_name(op.granularity), " (", scale_layout_name(layout), ") of a ",
+              op.rows(), " x ", op.cols(), " operand must have shape ", shape_str(want), ", got ",
               shape_str(op.scale_inv.shape()));
 }
 
@@ -104,6 +110,12 @@ void gemm_fp8(Context& ctx, const GemmFp8Args& args) {
   if (ctx.device == Device::kCuda && args.a.cols() > 0) check_cuda_fp8_k(args.a.cols());
   if (ctx.device == Device::kCuda && scales_vary_along_k(args.a.granularity))
     check_cuda_block_output(args.b.rows(), args.d.dtype());
+  // cast_counter.h kScaleRelayout: operands whose 1x128 scales the CUDA backend re-lays out for
+  // cuBLASLt on this call (K-major ones), counted on every device.
+  for (const Fp8Operand* op : {&args.a, &args.b})
+    if (op->granularity == Granularity::k1x128 &&
+        scale_layout(op->granularity, op->scale_inv) == ScaleLayout::kKMajor)
+      count_casts(ctx, CastKind::kScaleRelayout, 1);
   OCTET_DISPATCH(ctx, gemm_fp8, ctx, args);
 }
 

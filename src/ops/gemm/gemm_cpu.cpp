@@ -65,7 +65,7 @@ float RefMatrix::scale(int64_t r, int64_t kg) const {
     case Granularity::kRow:
       return s[r];
     case Granularity::k1x128:
-      return s[r * s_ld + kg];
+      return layout == ScaleLayout::kKMajor ? s[r * s_ld + kg] : s[kg * s_ld + r];
     case Granularity::k128x128:
       return s[(r / kGroup) * s_ld + kg];
     case Granularity::k128x1:
@@ -107,7 +107,10 @@ RefMatrix ref_matrix(const std::vector<float>& values, const Fp8Operand& op) {
   m.k = op.cols();
   m.g = op.granularity;
   m.s = op.scale_inv.data_as<const float>();
-  m.s_ld = scale_shape(op.granularity, op.rows(), op.cols()).back();
+  m.layout = scale_layout(op.granularity, op.scale_inv);
+  m.s_ld = m.layout == ScaleLayout::kMNMajor
+               ? mn_major_ld(op.rows())
+               : scale_shape(op.granularity, op.rows(), op.cols()).back();
   return m;
 }
 

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "core/scale_layout.h"
 #include "ops/gemm/gemm_backends.h"
 
 namespace octet::cpu {
@@ -20,7 +21,9 @@ struct RefMatrix {
   int64_t k = 0;
   Granularity g = Granularity::kTensor;
   const float* s = nullptr;  // scale_inv, laid out as scale_shape(g, ...) of the underlying operand
-  int64_t s_ld = 1;          // row stride of s in elements (1x128, 128x128: the number of K-groups)
+  int64_t s_ld = 1;          // row stride of s in elements (1x128, 128x128: the number of K-groups;
+                             // 1x128 MN-major: the stride between K-groups, mn_major_ld(rows))
+  ScaleLayout layout = ScaleLayout::kKMajor;  // 1x128: core/scale_layout.h (whole operands only)
 
   float scale(int64_t r, int64_t kg) const;
 };

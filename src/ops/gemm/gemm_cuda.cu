@@ -5,8 +5,9 @@
 // our B (stored (k x N) column-major = our (N, K) row-major, op T) and its "B" is our A (op N):
 // "TN".
 //
-// Scale layouts. octet stores scale_inv row-major (core/quant_tensor.h): 1x128 as [rows, L] and
-// 128x128 as [ceil(rows/128), L], L = ceil(K/128). cuBLASLt (documentation, "128-element 1D and
+// Scale layouts. octet stores scale_inv row-major (core/quant_tensor.h): 1x128 as [rows, L]
+// (K-major) and 128x128 as [ceil(rows/128), L], L = ceil(K/128); 1x128 may also be MN-major
+// (core/scale_layout.h), cuBLASLt's own layout below. cuBLASLt (documentation, "128-element 1D and
 // 128x128 2D block scaling for FP8", "Scaling factors layouts") reads
 //   VEC128_32F     : one float per (row, K-group), rows contiguous ("M-major" for its A,
 //                    "N-major" for its B): element (r, g) at g * ld + r. We use ld = rows rounded
@@ -15,9 +16,12 @@
 //   BLK128x128_32F : one float per (row block, K-group), K-groups contiguous with the stride
 //                    between row blocks a multiple of 4: element (rb, g) at rb * L4 + g, L4 = L
 //                    rounded up to 4.
-// so VEC128 scales are transposed and BLK128x128 scales re-strided (or used in place when L % 4 ==
-// 0). SCALAR_32F (one float) and OUTER_VEC_32F (one float per row, contiguous) are octet's layouts
-// as is. All of this runs on the context's stream; the scratch tensors are released stream-ordered
+// so MN-major VEC128 scales (what the dense Linear layers' quantizers write) are used in place,
+// K-major ones are transposed (a fallback: one launch per operand per call, for operands quantized
+// K-major, e.g. by a caller of gemm_fp8 that kept the default layout, or the grouped GEMM's
+// per-expert loop), and BLK128x128 scales re-strided (or used in place when L % 4 == 0).
+// SCALAR_32F (one float) and OUTER_VEC_32F (one float per row, contiguous) are octet's layouts as
+// is. All of this runs on the context's stream; the scratch tensors are released stream-ordered
 // after the matmul.
 #include "ops/gemm/gemm_cuda.h"
 
@@ -90,6 +94,13 @@ LtScale lt_scale(Context& ctx, const OperandView& op) {
       constexpr int kTile = 32, kRowsPerThread = 4;
       s.mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
       const int64_t ld = round_up(op.rows, kScaleAlign);
+      if (op.s_layout == ScaleLayout::kMNMajor) {  // the quantizer wrote cuBLASLt's layout
+        OCTET_CHECK(op.s_ld == ld && reinterpret_cast<uintptr_t>(op.scale) % 16 == 0,
+                    "gemm: MN-major 1x128 scales must be a whole operand's [", groups, ", ", ld,
+                    "], 16-byte aligned; got a row stride of ", op.s_ld);
+        return s;
+      }
+      // Fallback for K-major scales: the re-layout below, on every call.
       s.scratch = Tensor::empty(ctx, {groups, ld}, DType::kF32);
       const dim3 grid(static_cast<unsigned>(ceil_div(ld, kTile)),
                       static_cast<unsigned>(ceil_div(groups, kTile)));
@@ -135,7 +146,10 @@ OperandView view_of(const Fp8Operand& op) {
   v.type = fp8_type(op.format);
   v.g = op.granularity;
   v.scale = op.scale_inv.data_as<const float>();
-  v.s_ld = scale_shape(op.granularity, op.rows(), op.cols()).back();
+  v.s_layout = scale_layout(op.granularity, op.scale_inv);
+  v.s_ld = v.s_layout == ScaleLayout::kMNMajor
+               ? mn_major_ld(op.rows())
+               : scale_shape(op.granularity, op.rows(), op.cols()).back();
   return v;
 }
 

@@ -2,6 +2,7 @@
 // grouped ops.
 #pragma once
 
+#include "core/scale_layout.h"
 #include "ops/gemm/gemm_backends.h"
 #include "ops/gemm/gemm_cublaslt.h"
 
@@ -9,7 +10,9 @@ namespace octet::cuda {
 
 // A (rows, k) operand with row stride `ld` elements, FP8 or BF16, and (FP8) its scales laid out as
 // scale_shape(g, rows, k) row-major with row stride `s_ld` (so a sub-range of rows or of 128-groups
-// of a larger operand is a view, not a copy).
+// of a larger operand is a view, not a copy). 1x128 scales in s_layout kMNMajor
+// (core/scale_layout.h) are a whole operand's, s_ld = mn_major_ld(rows): cuBLASLt reads them in
+// place.
 struct OperandView {
   const void* data = nullptr;
   int64_t rows = 0, k = 0, ld = 0;
@@ -17,6 +20,7 @@ struct OperandView {
   Granularity g = Granularity::kTensor;
   const float* scale = nullptr;
   int64_t s_ld = 1;
+  ScaleLayout s_layout = ScaleLayout::kKMajor;
 };
 
 OperandView view_of(const Fp8Operand& op);

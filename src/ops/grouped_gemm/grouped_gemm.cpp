@@ -4,6 +4,7 @@
 
 #include "backend/backend.h"
 #include "backend/dispatch.h"
+#include "core/scale_layout.h"
 #include "numerics/scale.h"
 #include "ops/cast/cast.h"
 #include "ops/gemm/gemm_backends.h"
@@ -95,6 +96,9 @@ void check_wgrad_offsets(const GroupLayout& l) {
 }  // namespace
 
 void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
+  // The grouped kernels (CUTLASS) and the per-expert loop slice K-major 1x128 scales.
+  check_k_major_scales(args.a.granularity, args.a.scale_inv, "grouped gemm A");
+  check_k_major_scales(args.b.granularity, args.b.scale_inv, "grouped gemm B");
   check_gemm_operand(args.a, "A", ctx.device);
   check_gemm_operand(args.b, "B", ctx.device, ScaleShapeCheck::kStacked);
   OCTET_CHECK(args.a.granularity == Granularity::k1x128,
@@ -143,6 +147,8 @@ void grouped_gemm_bf16(Context& ctx, const GroupedGemmBf16Args& args) {
 }
 
 void grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
+  check_k_major_scales(args.a.granularity, args.a.scale_inv, "grouped wgrad A");
+  check_k_major_scales(args.b.granularity, args.b.scale_inv, "grouped wgrad B");
   check_gemm_operand(args.a, "A", ctx.device);
   check_gemm_operand(args.b, "B", ctx.device);
   check_fp8_pairing(args.a, args.b, Accumulation::kPromoted);

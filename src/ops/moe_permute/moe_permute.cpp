@@ -44,6 +44,7 @@ void check_fp8_rows(const Context& ctx, const PermuteMap& map, const QuantTensor
   check_dtype(x.data, data.c_str(), {fp8_dtype(x.format)});
   check_rows(x.data, data.c_str(), map.num_tokens, ctx.device);
   const int64_t groups = ceil_div(x.cols(), kGroup);
+  check_k_major_scales(x.granularity, x.scale_inv, scales.c_str());
   check_dtype(x.scale_inv, scales.c_str(), {DType::kF32});
   check_device(x.scale_inv, scales.c_str(), ctx.device);
   OCTET_CHECK(x.scale_inv.numel() == map.num_tokens * groups, what, " scale_inv: expected shape [",
@@ -146,6 +147,9 @@ QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const Quan
               args.output != QuantizeOutput::kRowwise ? " and a column-wise copy" : "");
   OCTET_CHECK(args.epsilon >= 0.0f && args.epsilon < 3.4e38f,
               "permute quantize: epsilon must be finite and >= 0, got ", args.epsilon);
+  OCTET_CHECK(args.scale_layout == ScaleLayout::kKMajor,
+              "permute quantize: the FP8 dispatch writes K-major scales (the grouped GEMMs read "
+              "them); got a request for MN-major ones");
   const int64_t cols = x.cols(), groups = ceil_div(cols, kGroup);
   QuantTensor q;
   q.format = args.format;

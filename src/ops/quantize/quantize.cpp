@@ -37,6 +37,9 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
     OCTET_CHECK(args.scale.numel() == 1, "quantize scale: expected 1 element, got ",
                 args.scale.numel());
   }
+  OCTET_CHECK(args.scale_layout == ScaleLayout::kKMajor || args.granularity == Granularity::k1x128,
+              "quantize: the MN-major scale layout exists for 1x128 groups only, got ",
+              granularity_name(args.granularity));
   const int64_t rows = x.rows(), cols = x.cols();
   QuantTensor q;
   q.format = args.format;
@@ -49,15 +52,16 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   count_casts(ctx, CastKind::kQuantize, args.output == QuantizeOutput::kBoth ? 2 : 1);
   if (args.output != QuantizeOutput::kColumnwise) {
     q.data = Tensor::empty(ctx, shape, dt);
-    q.scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, rows, cols), DType::kF32);
+    q.scale_inv = Tensor::empty(ctx, scale_shape(args.granularity, rows, cols, args.scale_layout),
+                                DType::kF32);
   } else {
     // Keep the logical shape visible even when only the column-wise copy is written.
     q.data = Tensor::wrap(nullptr, {rows, cols}, dt, ctx.device);
   }
   if (args.output != QuantizeOutput::kRowwise) {
     q.columnwise_data = Tensor::empty(ctx, {cols, rows}, dt);
-    q.columnwise_scale_inv =
-        Tensor::empty(ctx, scale_shape(args.granularity, cols, rows), DType::kF32);
+    q.columnwise_scale_inv = Tensor::empty(
+        ctx, scale_shape(args.granularity, cols, rows, args.scale_layout), DType::kF32);
   }
   if (x.numel() == 0) {
     // Nothing to scale: every group that exists is an all-zero group (scale 1), and amax is 0.
@@ -82,10 +86,12 @@ Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy
   check_dtype(data, "dequantize data", {fp8_dtype(q.format)});
   check_device(data, "dequantize data", ctx.device);
   check_dtype(sinv, "dequantize scale_inv", {DType::kF32});
-  const Shape want = scale_shape(g, data.rows(), data.cols());
-  OCTET_CHECK(sinv.numel() == shape_numel(want), "dequantize scale_inv: expected shape ",
-              shape_str(want), " for granularity ", granularity_name(g), ", got ",
-              shape_str(sinv.shape()));
+  const ScaleLayout layout = scale_layout(g, sinv);
+  const Shape want = scale_shape(g, data.rows(), data.cols(), layout);
+  OCTET_CHECK(
+      layout == ScaleLayout::kKMajor ? sinv.numel() == shape_numel(want) : sinv.shape() == want,
+      "dequantize scale_inv: expected shape ", shape_str(want), " for granularity ",
+      granularity_name(g), " (", scale_layout_name(layout), "), got ", shape_str(sinv.shape()));
   Tensor out = Tensor::empty(ctx, data.shape(), out_dtype);
   count_casts(ctx, CastKind::kDequantize, 1);
   OCTET_DISPATCH(ctx, dequantize, ctx, data, sinv, g, q.format, out);
@@ -109,6 +115,7 @@ void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
       "scaling-aware transpose: input scales must be powers of 2 (quantize with pow2 scales)");
   OCTET_CHECK(q.data.data() != nullptr || q.data.numel() == 0,
               "scaling-aware transpose: the row-wise copy was not written");
+  check_k_major_scales(q.granularity, q.scale_inv, "scaling-aware transpose input");
   check_device(q.data, "scaling-aware transpose input", ctx.device);
   const int64_t rows = q.rows(), cols = q.cols();
   Tensor cdata = Tensor::empty(ctx, {cols, rows}, fp8_dtype(q.format));

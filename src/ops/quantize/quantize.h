@@ -8,6 +8,7 @@
 
 #include "core/context.h"
 #include "core/quant_tensor.h"
+#include "core/scale_layout.h"
 #include "numerics/scale.h"
 
 namespace octet {
@@ -28,17 +29,23 @@ struct QuantizeArgs {
   // Delayed scaling (granularity kTensor only): use this (1) fp32 scale instead of the current
   // amax. Undefined: current scaling.
   Tensor scale;
+  // Granularity k1x128 only: the layout of both copies' scales (core/scale_layout.h). kMNMajor for
+  // operands of the dense cuBLASLt GEMMs (read in place), kKMajor for the MoE paths.
+  ScaleLayout scale_layout = ScaleLayout::kKMajor;
 };
 
 // q = cvt_rn_satfinite(x * scale) per group of `granularity`.
-// Row-wise copy:    data (rows, cols), scale_inv scale_shape(granularity, rows, cols).
+// Row-wise copy:    data (rows, cols), scale_inv scale_shape(granularity, rows, cols, layout).
 // Column-wise copy: quantize(X^T) with the same granularity applied to the (cols, rows) transpose:
-//                   columnwise_data (cols, rows), columnwise_scale_inv scale_shape(g, cols, rows).
+//                   columnwise_data (cols, rows), columnwise_scale_inv
+//                   scale_shape(g, cols, rows, layout).
+// The scale values and codes do not depend on the layout, only where the scales are stored.
 // amax (1): max |x| over the whole input, always written (NaN if the input holds a NaN).
 QuantTensor quantize(Context& ctx, const QuantizeArgs& args);
 
 // x = q * scale_inv (FP32 product; BF16 output rounds it to nearest even). Reads the row-wise copy,
-// or the column-wise one with Copy::kColumnwise (then the output is (cols, rows)).
+// or the column-wise one with Copy::kColumnwise (then the output is (cols, rows)); either scale
+// layout.
 enum class Copy : uint8_t { kRowwise, kColumnwise };
 Tensor dequantize(Context& ctx, const QuantTensor& q, DType out_dtype, Copy copy = Copy::kRowwise);
 
@@ -52,8 +59,9 @@ Tensor amax(Context& ctx, const Tensor& x);
 // scale_inv 1.0, the padding rows of a padded permute) do not set S: counting them would shift the
 // tile's small values (gradients) towards zero. Values that stay
 // normal are exact; values that become subnormal or underflow are rounded to nearest even (not
-// flushed). Sets q.columnwise_data (cols, rows) and q.columnwise_scale_inv [ceil(cols/128),
-// ceil(rows/128)], columnwise_granularity = k128x128.
+// flushed). Reads K-major scales only (an MN-major input is an error). Sets q.columnwise_data
+// (cols, rows) and q.columnwise_scale_inv [ceil(cols/128), ceil(rows/128)],
+// columnwise_granularity = k128x128.
 void scaling_aware_transpose(Context& ctx, QuantTensor& q);
 
 // Delayed scaling state of one per-tensor site (TransformerEngine's DelayedScaling). Lives on the

@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(kTileThreads, 4)
     quantize_bf16_1x128_tile_kernel(const uint16_t* __restrict__ in, int64_t rows, int64_t cols,
                                     ScaleRule rule, uint8_t* __restrict__ data,
                                     float* __restrict__ scale_inv, uint8_t* __restrict__ cdata,
-                                    float* __restrict__ cscale_inv, uint32_t* amax_out) {
+                                    float* __restrict__ cscale_inv, ScaleLayout layout,
+                                    uint32_t* amax_out) {
   static_assert(kTile == 128 && kTileThreads == 256, "16 chunks x 16 row blocks of 8x8");
   __shared__ Bf16TileSmem s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(kTileThreads, 4)
   __syncthreads();
 
   // Scales: threads 0-127 the tile rows (row-wise 1x128 groups), 128-255 the tile columns (the
-  // transpose's 1x128 groups). scale_inv layouts as scale_offset(k1x128, ...) in the general path.
+  // transpose's 1x128 groups), both copies' scales in `layout` (core/scale_layout.h) as
+  // scale_offset(k1x128, ...) in the general path.
   {
     const int i = threadIdx.x % kTile;
     uint32_t amax;
@@ -134,13 +136,15 @@ __global__ void __launch_bounds__(kTileThreads, 4)
     if (threadIdx.x < kTile) {
       s.row_scale[i] = scale;
       if (kRowwise && r0 + i < rows)
-        scale_inv[(r0 + i) * ceil_div(cols, kGroup) + blockIdx.x] = scale_inverse(scale);
+        store_1x128_scale(scale_inv, layout, r0 + i, blockIdx.x, rows, ceil_div(cols, kGroup),
+                          scale_inverse(scale));
       const uint32_t wm = warp_max(amax);  // warps 0-3: the tile's amax
       if (lane == 0) s.warp_amax[warp] = wm;
     } else {
       s.col_scale[i] = scale;
       if (c0 + i < cols)
-        cscale_inv[(c0 + i) * ceil_div(rows, kGroup) + blockIdx.y] = scale_inverse(scale);
+        store_1x128_scale(cscale_inv, layout, c0 + i, blockIdx.y, cols, ceil_div(rows, kGroup),
+                          scale_inverse(scale));
     }
   }
   __syncthreads();

@@ -40,10 +40,10 @@ GroupDims group_dims(Granularity g, int64_t rows, int64_t cols) {
 }
 
 // Quantizes the (rows, cols) matrix read through `at(i, j)`; `fixed_scale` > 0 overrides the
-// groups.
+// groups. 1x128 scales go where `layout` says (core/scale_layout.h), padding included.
 template <typename At>
-void quantize_matrix(At at, int64_t rows, int64_t cols, Granularity g, const ScaleRule& rule,
-                     float fixed_scale, uint8_t* data, float* scale_inv) {
+void quantize_matrix(At at, int64_t rows, int64_t cols, Granularity g, ScaleLayout layout,
+                     const ScaleRule& rule, float fixed_scale, uint8_t* data, float* scale_inv) {
   const auto [gh, gw] = group_dims(g, rows, cols);
   const int64_t gcols = ceil_div(cols, gw);
   for (int64_t r0 = 0; r0 < rows; r0 += gh) {
@@ -53,7 +53,10 @@ void quantize_matrix(At at, int64_t rows, int64_t cols, Granularity g, const Sca
       for (int64_t i = r0; i < r1; ++i)
         for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, abs_bits(at(i, j)));
       const float scale = fixed_scale > 0 ? fixed_scale : compute_scale(bits_float(amax), rule);
-      scale_inv[(r0 / gh) * gcols + c0 / gw] = scale_inverse(scale);
+      if (g == Granularity::k1x128)
+        store_1x128_scale(scale_inv, layout, r0, c0 / gw, rows, gcols, scale_inverse(scale));
+      else
+        scale_inv[(r0 / gh) * gcols + c0 / gw] = scale_inverse(scale);
       for (int64_t i = r0; i < r1; ++i)
         for (int64_t j = c0; j < c1; ++j)
           data[i * cols + j] = quantize_value(at(i, j), scale, rule.format);
@@ -76,12 +79,12 @@ void quantize(Context&, const QuantizeArgs& args, QuantTensor& out) {
 
   if (args.output != QuantizeOutput::kColumnwise) {
     auto at = [&](int64_t i, int64_t j) { return x[static_cast<size_t>(i * cols + j)]; };
-    quantize_matrix(at, rows, cols, args.granularity, rule, fixed, out.data.data_as<uint8_t>(),
-                    out.scale_inv.data_as<float>());
+    quantize_matrix(at, rows, cols, args.granularity, args.scale_layout, rule, fixed,
+                    out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>());
   }
   if (args.output != QuantizeOutput::kRowwise) {
     auto at_t = [&](int64_t i, int64_t j) { return x[static_cast<size_t>(j * cols + i)]; };
-    quantize_matrix(at_t, cols, rows, args.granularity, rule, fixed,
+    quantize_matrix(at_t, cols, rows, args.granularity, args.scale_layout, rule, fixed,
                     out.columnwise_data.data_as<uint8_t>(),
                     out.columnwise_scale_inv.data_as<float>());
   }
@@ -92,11 +95,15 @@ void dequantize(Context&, const Tensor& data, const Tensor& scale_inv, Granulari
   const int64_t rows = data.rows(), cols = data.cols();
   const auto [gh, gw] = group_dims(g, rows, cols);
   const int64_t gcols = ceil_div(cols, gw);
+  const ScaleLayout layout = scale_layout(g, scale_inv);
   const uint8_t* q = data.data_as<const uint8_t>();
   const float* s = scale_inv.data_as<const float>();
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
-      const float v = rn::mul(fp8_to_float(q[i * cols + j], f), s[(i / gh) * gcols + j / gw]);
+      const int64_t si = g == Granularity::k1x128
+                             ? scale_1x128_offset(layout, i, j / gw, rows, gcols)
+                             : (i / gh) * gcols + j / gw;
+      const float v = rn::mul(fp8_to_float(q[i * cols + j], f), s[si]);
       if (out.dtype() == DType::kF32)
         out.data_as<float>()[i * cols + j] = v;
       else

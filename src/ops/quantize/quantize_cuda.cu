@@ -88,7 +88,7 @@ bool launch_bf16_1x128_tile(Context& ctx, const QuantizeArgs& args, QuantTensor&
         args.input.data_as<const uint16_t>(), rows, cols, rule,
         rowwise ? out.data.data_as<uint8_t>() : nullptr,
         rowwise ? out.scale_inv.data_as<float>() : nullptr, out.columnwise_data.data_as<uint8_t>(),
-        out.columnwise_scale_inv.data_as<float>(), out.amax.data_as<uint32_t>());
+        out.columnwise_scale_inv.data_as<float>(), args.scale_layout, out.amax.data_as<uint32_t>());
   };
   const bool e4m3 = args.format == Fp8Format::kE4M3;
   if (rowwise)
@@ -117,7 +117,7 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
     auto launch = [&](auto kernel) {
       kernel<<<persistent_blocks(ctx, kernel, 256, work), 256, 0, st>>>(
           in, rows, cols, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
-          amax_bits);
+          args.scale_layout, amax_bits);
     };
     if (cols % 8 == 0 && aligned16(in))
       launch(kernels::quantize_1x128_kernel<InT, 8>);
@@ -139,11 +139,11 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
   p.aligned_input = reinterpret_cast<uintptr_t>(in) % (4 * sizeof(InT)) == 0;
   if (args.output != QuantizeOutput::kColumnwise)
     p.rowwise = TileOutput{out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
-                           rowwise_source(args.granularity), args.granularity};
+                           rowwise_source(args.granularity), args.granularity, args.scale_layout};
   if (args.output != QuantizeOutput::kRowwise)
-    p.columnwise = TileOutput{out.columnwise_data.data_as<uint8_t>(),
-                              out.columnwise_scale_inv.data_as<float>(),
-                              columnwise_source(args.granularity), args.granularity};
+    p.columnwise = TileOutput{
+        out.columnwise_data.data_as<uint8_t>(), out.columnwise_scale_inv.data_as<float>(),
+        columnwise_source(args.granularity), args.granularity, args.scale_layout};
 
   // Scale sources that span more than a tile need a reduction pass first.
   Tensor scratch;
@@ -203,21 +203,24 @@ void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granu
   const int blocks = persistent_blocks(ctx, kernels::dequantize_kernel<float, true>, 256, work);
   const auto* q = data.data_as<const uint8_t>();
   const auto* s = scale_inv.data_as<const float>();
+  const ScaleLayout l = scale_layout(g, scale_inv);
   const cudaStream_t st = stream_of(ctx);
   const bool vec = cols % 8 == 0 && aligned16(q) && aligned16(out.data());
   if (out.dtype() == DType::kF32) {
     auto* o = out.data_as<float>();
     if (vec)
-      kernels::dequantize_kernel<float, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+      kernels::dequantize_kernel<float, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, l, f, o);
     else
-      kernels::dequantize_kernel<float, false><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+      kernels::dequantize_kernel<float, false>
+          <<<blocks, 256, 0, st>>>(q, s, rows, cols, g, l, f, o);
   } else {
     auto* o = out.data_as<uint16_t>();
     if (vec)
-      kernels::dequantize_kernel<uint16_t, true><<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+      kernels::dequantize_kernel<uint16_t, true>
+          <<<blocks, 256, 0, st>>>(q, s, rows, cols, g, l, f, o);
     else
       kernels::dequantize_kernel<uint16_t, false>
-          <<<blocks, 256, 0, st>>>(q, s, rows, cols, g, f, o);
+          <<<blocks, 256, 0, st>>>(q, s, rows, cols, g, l, f, o);
   }
   OCTET_CUDA_CHECK_LAUNCH();
 }

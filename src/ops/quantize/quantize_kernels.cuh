@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/scale_layout.h"
 #include "numerics/scale.h"
 
 namespace octet::cuda::kernels {
@@ -88,9 +89,11 @@ struct Chunk1x128 {
     }
   }
 
-  // All 32 lanes call this (the shuffles need them); returns the group's amax bits.
-  __device__ __forceinline__ uint32_t store(int64_t cols, int64_t groups, const ScaleRule& rule,
-                                            uint8_t* __restrict__ data,
+  // All 32 lanes call this (the shuffles need them); returns the group's amax bits. The scale goes
+  // to (r, c / 128) in `layout` (core/scale_layout.h) of the (rows, groups_per_row) groups.
+  __device__ __forceinline__ uint32_t store(int64_t rows, int64_t cols, int64_t groups,
+                                            int64_t groups_per_row, ScaleLayout layout,
+                                            const ScaleRule& rule, uint8_t* __restrict__ data,
                                             float* __restrict__ scale_inv) const {
     float v[8];
     if constexpr (kVec == 8 && sizeof(InT) == 2) {
@@ -109,7 +112,9 @@ struct Chunk1x128 {
     for (int o = 8; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
     if (g >= groups) return a;
     const float scale = compute_scale(bits_float(a), rule);
-    if (threadIdx.x % 16 == 0) scale_inv[g] = scale_inverse(scale);
+    if (threadIdx.x % 16 == 0)  // c: the group's first column
+      store_1x128_scale(scale_inv, layout, r, c / kGroup, rows, groups_per_row,
+                        scale_inverse(scale));
     uint16_t q[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -131,7 +136,7 @@ template <typename InT, int kVec>
 __global__ void __launch_bounds__(256)
     quantize_1x128_kernel(const InT* __restrict__ in, int64_t rows, int64_t cols, ScaleRule rule,
                           uint8_t* __restrict__ data, float* __restrict__ scale_inv,
-                          uint32_t* amax_out) {
+                          ScaleLayout layout, uint32_t* amax_out) {
   static_assert(kVec == 8 || kVec == 1, "8-wide vectors or scalars");
   // Chunks in flight per thread: enough bytes outstanding per SM to cover DRAM latency at full
   // bandwidth.
@@ -152,7 +157,8 @@ __global__ void __launch_bounds__(256)
       chunk[k].load(in, cols, groups, groups_per_row, g0 + k * stride + mine);
 #pragma unroll
     for (int k = 0; k < kInFlight; ++k)
-      running = max(running, chunk[k].store(cols, groups, rule, data, scale_inv));
+      running = max(running, chunk[k].store(rows, cols, groups, groups_per_row, layout, rule, data,
+                                            scale_inv));
   }
   block_amax_to_global(running, amax_out, warp_amax);
 }
@@ -175,6 +181,7 @@ struct TileOutput {
   float* scale_inv = nullptr;
   ScaleSource source = ScaleSource::kTile;
   Granularity granularity = Granularity::k128x128;  // as applied to this copy's own matrix
+  ScaleLayout layout = ScaleLayout::kKMajor;        // k1x128: where its scales go
 };
 
 struct TileParams {
@@ -216,16 +223,17 @@ struct TensorSource {
   }
 };
 
-// Offset of the scale_inv entry of element (r, c) of a (rows, cols) matrix (scale.h layouts).
-__device__ __forceinline__ int64_t scale_offset(Granularity g, int64_t r, int64_t c, int64_t rows,
-                                                int64_t cols) {
+// Offset of the scale_inv entry of element (r, c) of a (rows, cols) matrix (scale.h layouts; 1x128
+// in either layout of core/scale_layout.h).
+__device__ __forceinline__ int64_t scale_offset(Granularity g, ScaleLayout layout, int64_t r,
+                                                int64_t c, int64_t rows, int64_t cols) {
   switch (g) {
     case Granularity::kTensor:
       return 0;
     case Granularity::kRow:
       return r;
     case Granularity::k1x128:
-      return r * ceil_div(cols, kGroup) + c / kGroup;
+      return scale_1x128_offset(layout, r, c / kGroup, rows, ceil_div(cols, kGroup));
     case Granularity::k128x1:
       return (r / kGroup) * cols + c;
     case Granularity::k128x128:
@@ -288,7 +296,12 @@ __device__ __forceinline__ void tile_scales(const TileParams& p, const TileOutpu
   if (o.source == ScaleSource::kGlobalPerRow && c0) return;
   if (o.source == ScaleSource::kGlobalPerCol && r0) return;
   if (o.source == ScaleSource::kTile && i) return;
-  o.scale_inv[scale_offset(o.granularity, mr, mc, my_rows, my_cols)] = scale_inverse(scale);
+  if (o.granularity == Granularity::k1x128)  // with the MN-major padding
+    store_1x128_scale(o.scale_inv, o.layout, mr, mc / kGroup, my_rows, ceil_div(my_cols, kGroup),
+                      scale_inverse(scale));
+  else
+    o.scale_inv[scale_offset(o.granularity, o.layout, mr, mc, my_rows, my_cols)] =
+        scale_inverse(scale);
 }
 
 __device__ __forceinline__ float tile_scale_of(const TileOutput& o, const TileSmem& s, int copy,
@@ -573,7 +586,8 @@ __global__ void __launch_bounds__(256)
 template <typename OutT, bool kVec>
 __global__ void __launch_bounds__(256)
     dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ sinv, int64_t rows,
-                      int64_t cols, Granularity g, Fp8Format f, OutT* __restrict__ out) {
+                      int64_t cols, Granularity g, ScaleLayout layout, Fp8Format f,
+                      OutT* __restrict__ out) {
   const int64_t chunks_per_row = ceil_div(cols, 8);
   const int64_t chunks = rows * chunks_per_row;
   const bool shared_scale =
@@ -592,12 +606,13 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int i = 0; i < 8; ++i) code[i] = c + i < cols ? q[base + i] : 0;
     }
-    const float s0 = sinv[scale_offset(g, r, c, rows, cols)];
+    const float s0 = sinv[scale_offset(g, layout, r, c, rows, cols)];
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float s =
-          (shared_scale || c + i >= cols) ? s0 : sinv[scale_offset(g, r, c + i, rows, cols)];
+      const float s = (shared_scale || c + i >= cols)
+                          ? s0
+                          : sinv[scale_offset(g, layout, r, c + i, rows, cols)];
       v[i] = rn::mul(fp8_to_float(code[i], f), s);
     }
     if constexpr (kVec && sizeof(OutT) == 4) {
