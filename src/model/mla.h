@@ -5,8 +5,9 @@
 //            viewed (B, T, H, dn + dr); RoPE on its last dr channels
 //   c, kr  = split(kv_a_proj_with_mqa(x), [kv_lora_rank, dr])
 //   kv     = kv_b_proj(kv_a_layernorm(c))                    viewed (B, T, H, dn + dv)
-//   k      = [kv[..., :dn] ; RoPE(kr) broadcast to every head]    (B, T, H, dn + dr)
-//   v      = kv[..., dn:]                                         (B, T, H, dv)
+//   k      = [kv[..., :dn] ; RoPE(kr) broadcast to every head]    (B, T, H, dn + dr), one pass
+//                                                                  (ops/rope/rope_key.h)
+//   v      = kv[..., dn:]        read in place (a HeadView of kv)   (B, T, H, dv)
 //   o      = causal softmax(q k^T / sqrt(dn + dr)) v               (ops/attention, FP32 softmax)
 //   out    = o_proj(o viewed (B, T, H dv))
 //
@@ -16,13 +17,17 @@
 // deepseek). The latent path (c, its norm, the rope key) stays in the activation dtype (BF16).
 //
 // Saved for backward: each Linear's input in its site's storage, the norms' inputs and rstd, the
-// attention's q, k, v, o and lse (BF16). Backward runs the forward in reverse (below, in mla.cpp).
+// attention's q, k, v (kv itself, v being its columns), o and lse (BF16). Backward runs the forward
+// in reverse (below, in mla.cpp); the attention backward writes dv straight into dkv's v columns.
+// When dn is not a multiple of 8 (cuDNN's alignment for a column window), v is a compact copy and
+// dv is copied into dkv: same values either way.
 #pragma once
 
 #include <optional>
 
 #include "model/config.h"
 #include "model/parameter.h"
+#include "ops/attention/attention.h"
 #include "ops/rope/rope.h"
 
 namespace octet {
@@ -41,8 +46,13 @@ struct MlaLayer {
     int64_t B = 0, T = 0;
     LinearSaved q_a, q_b, q, kv_a, kv_b, o;
     NormLayer::Saved q_a_norm, kv_a_norm;
-    Tensor q_rot, k, v, out, lse;  // attention operands (B, T, H, *) and lse (B, H, T)
+    Tensor q_rot, k, out, lse;  // attention operands (B, T, H, *) and lse (B, H, T)
+    HeadView v;                 // columns [dn, dn + dv) of kv (B, T, H, dn + dv), or a copy
   };
+
+  // Whether v is read (and dv written) in place in kv: cuDNN needs the window's first column dn
+  // to be a multiple of 8 (dn + dv then is too, dv being one).
+  bool v_in_place() const { return nope % 8 == 0; }
 
   // x (B * T, D) -> (B * T, D) in the activation dtype.
   Tensor forward(Context& ctx, const Precision& p, const RopeTable& rope_table, const Tensor& x,
