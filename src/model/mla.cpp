@@ -56,7 +56,12 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
   }
 
   AttentionForwardResult att = attention_forward(ctx, {.q = s.q_rot, .k = k, .v = s.v});
-  s.k = k;
+  s.k = Tensor();
+  s.kva = Tensor();
+  if (recompute_k && v_in_place())
+    s.kva = kva;
+  else
+    s.k = k;
   s.out = att.o;
   s.lse = att.lse;
   return o.forward(ctx, p, att.o.reshape({N, H * v_dim}), s.o, p.recipe.attn_out_input);
@@ -68,11 +73,19 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
   const Tensor d_out = o.backward(ctx, p, dy, s.o).reshape({B, T, H, v_dim});
   // k and v came from kv (per head) and the shared rope key: route their gradients back. dv lands
   // in dkv's v columns straight from the attention backward (v_in_place).
+  const Tensor k = s.kva.rank() > 0
+                       ? rope_key_forward(ctx, {.kv = s.v.base,
+                                                .nope = nope,
+                                                .kr = s.kva.reshape({B, T, kv_lora + rope}),
+                                                .kr_col = kv_lora,
+                                                .table = rope_table,
+                                                .pairing = pairing})
+                       : s.k;
   Tensor dkv = Tensor::empty(ctx, {N * H, nope + v_dim}, dy.dtype());
   const AttentionGrads g = attention_backward(
       ctx,
       {.q = s.q_rot,
-       .k = s.k,
+       .k = k,
        .v = s.v,
        .o = s.out,
        .lse = s.lse,

@@ -17,10 +17,11 @@
 // deepseek). The latent path (c, its norm, the rope key) stays in the activation dtype (BF16).
 //
 // Saved for backward: each Linear's input in its site's storage, the norms' inputs and rstd, the
-// attention's q, k, v (kv itself, v being its columns), o and lse (BF16). Backward runs the forward
-// in reverse (below, in mla.cpp); the attention backward writes dv straight into dkv's v columns.
-// When dn is not a multiple of 8 (cuDNN's alignment for a column window), v is a compact copy and
-// dv is copied into dkv: same values either way.
+// attention's q, v (kv itself, v being its columns), o and lse (BF16), and k, or with recompute_k
+// kv_a's output, from which the backward rebuilds k in one pass (kv is kept anyway). Backward runs
+// the forward in reverse (below, in mla.cpp); the attention backward writes dv straight into dkv's
+// v columns. When dn is not a multiple of 8 (cuDNN's alignment for a column window), v is a compact
+// copy, dv is copied into dkv and k is kept: same values either way.
 #pragma once
 
 #include <optional>
@@ -36,6 +37,9 @@ struct MlaLayer {
   int64_t heads = 0, nope = 0, rope = 0, v_dim = 0, kv_lora = 0;
   bool has_q_lora = false;
   bool deterministic = true;  // attention backward: ops/attention/attention.h
+  // Rebuild k in backward (one rope_key_forward pass) rather than keep it: N H (dn + dr) BF16 less
+  // per layer for N (kv_lora + dr) more (kv_a's output). Only with v_in_place() (kv is kept then).
+  bool recompute_k = true;
   RopePairing pairing = RopePairing::kInterleave;
   LinearLayer q_a, q_b, q;  // q_a + q_b with q_lora_rank, q without
   NormLayer q_a_norm;
@@ -46,8 +50,10 @@ struct MlaLayer {
     int64_t B = 0, T = 0;
     LinearSaved q_a, q_b, q, kv_a, kv_b, o;
     NormLayer::Saved q_a_norm, kv_a_norm;
-    Tensor q_rot, k, out, lse;  // attention operands (B, T, H, *) and lse (B, H, T)
-    HeadView v;                 // columns [dn, dn + dv) of kv (B, T, H, dn + dv), or a copy
+    Tensor q_rot, out, lse;  // attention operands (B, T, H, *) and lse (B, H, T)
+    HeadView v;              // columns [dn, dn + dv) of kv (B, T, H, dn + dv), or a copy
+    Tensor k;                // (B, T, H, dn + dr), or empty when recomputed from kva
+    Tensor kva;              // kv_a's output (B T, kv_lora + dr) when k is recomputed
   };
 
   // Whether v is read (and dv written) in place in kv: cuDNN needs the window's first column dn

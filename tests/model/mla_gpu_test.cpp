@@ -19,7 +19,8 @@ TEST(MlaLayerGpu, MatchesCopyBasedCompositionBitwise) {
   OCTET_REQUIRE_GPU();
   Context gpu = make_context(Device::kCuda);
   for (const char* recipe : {"bf16", "deepseek"})
-    test::expect_mla_matches_reference(gpu, gpu_config(), recipe);
+    for (const bool recompute_k : {true, false})
+      test::expect_mla_matches_reference(gpu, gpu_config(), recipe, recompute_k);
 }
 
 TEST(MlaLayerGpu, UnalignedNopeCopiesVAndMatchesBitwise) {

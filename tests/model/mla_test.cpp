@@ -1,6 +1,6 @@
 // MlaLayer on the CPU: bitwise the outputs and gradients of the copy-based composition it replaced
-// (mla_test_util.h), with v read in place in kv and dv written into dkv, and with the compact copy
-// when qk_nope_head_dim is not a multiple of 8.
+// (mla_test_util.h), with v read in place in kv, dv written into dkv and k kept or rebuilt in
+// backward, and with the compact copy when qk_nope_head_dim is not a multiple of 8.
 #include <gtest/gtest.h>
 
 #include "mla_test_util.h"
@@ -19,7 +19,8 @@ ModelConfig unaligned_nope_config() {
 TEST(MlaLayer, MatchesCopyBasedCompositionBitwise) {
   Context ctx = make_context(Device::kCpu);
   for (const char* recipe : {"bf16", "deepseek"})
-    test::expect_mla_matches_reference(ctx, test::tiny_model_config(), recipe);
+    for (const bool recompute_k : {true, false})
+      test::expect_mla_matches_reference(ctx, test::tiny_model_config(), recipe, recompute_k);
 }
 
 TEST(MlaLayer, UnalignedNopeCopiesVAndMatchesBitwise) {
@@ -27,7 +28,7 @@ TEST(MlaLayer, UnalignedNopeCopiesVAndMatchesBitwise) {
   test::expect_mla_matches_reference(ctx, unaligned_nope_config(), "deepseek");
 }
 
-TEST(MlaLayer, VIsAWindowOfKv) {
+TEST(MlaLayer, VIsAWindowOfKvAndKIsRebuilt) {
   Context ctx = make_context(Device::kCpu);
   for (const bool aligned : {true, false}) {
     const ModelConfig c = aligned ? test::tiny_model_config() : unaligned_nope_config();
@@ -46,9 +47,13 @@ TEST(MlaLayer, VIsAWindowOfKv) {
       EXPECT_EQ(s.v.base.shape(), kv_shape) << "v should be read in place in kv";
       EXPECT_EQ(s.v.col, a.nope);
       EXPECT_EQ(s.v.head_dim(), a.v_dim);
+      EXPECT_EQ(s.k.data(), nullptr) << "k should be rebuilt in backward, not kept";
+      EXPECT_EQ(s.kva.shape(), (Shape{B * T, a.kv_lora + a.rope}));
     } else {
       EXPECT_TRUE(s.v.compact());
       EXPECT_EQ(s.v.base.shape(), (Shape{B, T, a.heads, a.v_dim}));
+      EXPECT_EQ(s.k.shape(), (Shape{B, T, a.heads, a.nope + a.rope})) << "k is kept";
+      EXPECT_EQ(s.kva.data(), nullptr);
     }
   }
 }

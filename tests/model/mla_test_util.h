@@ -123,14 +123,16 @@ struct MlaResult {
 };
 
 // Layer 0's attention of a model of `c` in `recipe`: one forward and backward on fixed random x
-// and dy, through MlaLayer (reference = false) or the copy-based composition above.
+// and dy, through MlaLayer (reference = false; k kept or rebuilt as recompute_k says) or the
+// copy-based composition above.
 inline MlaResult run_mla(Context& ctx, const ModelConfig& c, const std::string& recipe,
-                         bool reference, int64_t B = 2, int64_t T = 24) {
+                         bool reference, bool recompute_k = true, int64_t B = 2, int64_t T = 24) {
   Model m(ctx, c, {recipe_preset(recipe), DType::kBF16});
   m.load(ctx, init_parameters(c, 5));
   m.prepare(ctx);
   m.zero_grad(ctx);
   MlaLayer& a = m.layer(0).attn;
+  a.recompute_k = recompute_k;
   const int64_t D = c.hidden_size;
   const Tensor x =
       cast(ctx, random_tensor({B * T, D}, DType::kF32, 21).to(ctx, ctx.device), DType::kBF16);
@@ -153,15 +155,16 @@ inline MlaResult run_mla(Context& ctx, const ModelConfig& c, const std::string& 
 
 // MlaLayer against the copy-based composition, bitwise.
 inline void expect_mla_matches_reference(Context& ctx, const ModelConfig& c,
-                                         const std::string& recipe) {
-  const MlaResult got = run_mla(ctx, c, recipe, false);
+                                         const std::string& recipe, bool recompute_k = true) {
+  const MlaResult got = run_mla(ctx, c, recipe, false, recompute_k);
   const MlaResult want = run_mla(ctx, c, recipe, true);
-  EXPECT_TRUE(bitwise_equal(want.out, got.out)) << recipe << ": output";
-  EXPECT_TRUE(bitwise_equal(want.dx, got.dx)) << recipe << ": dx";
+  const std::string where = recipe + (recompute_k ? " (k rebuilt in backward)" : " (k kept)");
+  EXPECT_TRUE(bitwise_equal(want.out, got.out)) << where << ": output";
+  EXPECT_TRUE(bitwise_equal(want.dx, got.dx)) << where << ": dx";
   ASSERT_EQ(got.grads.size(), want.grads.size());
   EXPECT_GE(got.grads.size(), 6u) << "layer 0's attention parameters were not found";
   for (const auto& [name, g] : want.grads)
-    EXPECT_TRUE(bitwise_equal(g, got.grads.at(name))) << recipe << ": " << name;
+    EXPECT_TRUE(bitwise_equal(g, got.grads.at(name))) << where << ": " << name;
 }
 
 }  // namespace octet::test
