@@ -43,7 +43,7 @@ struct HeadView {
   int64_t width = -1;  // D; -1: all of base's last dimension from col on
 
   HeadView() = default;
-  HeadView(Tensor t) : base(std::move(t)) {}  // NOLINT(google-explicit-constructor): the whole
+  HeadView(Tensor t) : base(std::move(t)) {}  // implicit on purpose: the whole tensor
   HeadView(Tensor t, int64_t first_col, int64_t cols)
       : base(std::move(t)), col(first_col), width(cols) {}
 
@@ -51,8 +51,9 @@ struct HeadView {
   int64_t row_stride() const { return base.rank() > 0 ? base.size(base.rank() - 1) : 0; }  // W
   int64_t head_dim() const { return width >= 0 ? width : row_stride() - col; }             // D
   bool compact() const { return col == 0 && head_dim() == row_stride(); }
-  // The first element, (0, 0, 0, 0).
+  // The first element, (0, 0, 0, 0); null for an empty base.
   void* data() const {
+    if (base.data() == nullptr) return nullptr;
     return static_cast<char*>(base.data()) + col * static_cast<int64_t>(dtype_size(base.dtype()));
   }
 };
