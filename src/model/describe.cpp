@@ -146,9 +146,15 @@ MemoryEstimate estimate_memory(const ModelConfig& c, const Recipe& r, int64_t to
   const double k = static_cast<double>(c.num_experts_per_tok);
   auto kb = [&](GemmSite s) { return kept_bytes(r.at(s)); };
   // Per token and block: the two norms' inputs (BF16 residual stream), the attention projections'
-  // inputs, q / k / v and the log-sum-exp for the attention backward, and the o_proj input.
+  // inputs, q / k / v and the log-sum-exp for the attention backward, and the o_proj input. When
+  // qk_nope is a multiple of 8 (MlaLayer::v_in_place), v is read in place in kv, so all of kv stays,
+  // and k is rebuilt in backward from kv and kv_a's output (recompute_k) instead of kept.
+  const double nope = static_cast<double>(c.qk_nope_head_dim),
+               rope = static_cast<double>(c.qk_rope_head_dim);
+  const double qkv =
+      c.qk_nope_head_dim % 8 == 0 ? h * qk + h * (nope + v) + kvl + rope : 2 * h * qk + h * v;
   double attn = 2 * d * 2 + d * kb(GemmSite::kAttnQDown) + ql * (2 + kb(GemmSite::kAttnQUp)) +
-                kvl * (2 + kb(GemmSite::kAttnKvUp)) + (2 * h * qk + h * v) * 2 + h * 4 +
+                kvl * (2 + kb(GemmSite::kAttnKvUp)) + qkv * 2 + h * 4 +
                 h * v * storage_bytes(r.attn_out_input);
   // Dense MLP: its input, and the SwiGLU input (its output is recomputed from it).
   const double dense = d * kb(GemmSite::kDenseGateUp) +

@@ -4,6 +4,7 @@
 #include "ops/attention/attention.h"
 #include "ops/cast/cast.h"
 #include "ops/layout/layout.h"
+#include "ops/rope/rope_key.h"
 
 namespace octet {
 
@@ -36,29 +37,31 @@ Tensor MlaLayer::forward(Context& ctx, const Precision& p, const RopeTable& rope
   shared_x = QuantTensor{};
   const Tensor c = slice_columns(ctx, kva, 0, kv_lora, kva.dtype());
   const Tensor cn = kv_a_norm.forward(ctx, c, s.kv_a_norm);
-  const Tensor kva_rot = rope_forward(ctx, {.input = kva.reshape({B, T, kv_lora + rope}),
-                                            .table = rope_table,
-                                            .pairing = pairing,
-                                            .offset = kv_lora});
   const Tensor kv = kv_b.forward(ctx, p, cn, s.kv_b);  // (N, H (dn + dv))
-  const Tensor kv_h = kv.reshape({N * H, nope + v_dim});
-  Tensor k = Tensor::empty(ctx, {B, T, H, dqk}, x.dtype());
-  Tensor v = Tensor::empty(ctx, {B, T, H, v_dim}, x.dtype());
-  copy_columns(ctx, {.src = kv_h, .dst = k, .width = nope});
-  // The rope key is shared by all heads (MQA-style): row n of kva_rot goes to rows n H .. n H +
-  // H-1.
-  copy_columns(ctx, {.src = kva_rot.reshape({N, kv_lora + rope}),
-                     .src_col = kv_lora,
-                     .dst = k,
-                     .dst_col = nope,
-                     .width = rope,
-                     .repeat = H,
-                     .mode = CopyMode::kBroadcast});
-  copy_columns(ctx, {.src = kv_h, .src_col = nope, .dst = v, .width = v_dim});
+  // k in one pass: each head's nope columns of kv next to RoPE(kr), the rope key shared by all
+  // heads (MQA-style), rotated straight out of kva (ops/rope/rope_key.h).
+  const Tensor k = rope_key_forward(ctx, {.kv = kv.reshape({B, T, H, nope + v_dim}),
+                                          .nope = nope,
+                                          .kr = kva.reshape({B, T, kv_lora + rope}),
+                                          .kr_col = kv_lora,
+                                          .table = rope_table,
+                                          .pairing = pairing});
+  if (v_in_place()) {
+    s.v = HeadView(kv.reshape({B, T, H, nope + v_dim}), nope, v_dim);
+  } else {
+    Tensor v = Tensor::empty(ctx, {B, T, H, v_dim}, x.dtype());
+    copy_columns(
+        ctx, {.src = kv.reshape({N * H, nope + v_dim}), .src_col = nope, .dst = v, .width = v_dim});
+    s.v = v;
+  }
 
-  AttentionForwardResult att = attention_forward(ctx, {.q = s.q_rot, .k = k, .v = v});
-  s.k = k;
-  s.v = v;
+  AttentionForwardResult att = attention_forward(ctx, {.q = s.q_rot, .k = k, .v = s.v});
+  s.k = Tensor();
+  s.kva = Tensor();
+  if (recompute_k && v_in_place())
+    s.kva = kva;
+  else
+    s.k = k;
   s.out = att.o;
   s.lse = att.lse;
   return o.forward(ctx, p, att.o.reshape({N, H * v_dim}), s.o, p.recipe.attn_out_input);
@@ -68,36 +71,43 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
                           const Tensor& dy, const Saved& s) {
   const int64_t B = s.B, T = s.T, N = B * T, H = heads, dqk = nope + rope;
   const Tensor d_out = o.backward(ctx, p, dy, s.o).reshape({B, T, H, v_dim});
-  const AttentionGrads g = attention_backward(ctx, {.q = s.q_rot,
-                                                    .k = s.k,
-                                                    .v = s.v,
-                                                    .o = s.out,
-                                                    .lse = s.lse,
-                                                    .grad_o = d_out,
-                                                    .deterministic = deterministic});
-
-  // k and v came from kv (per head) and the shared rope key: route their gradients back.
+  // k and v came from kv (per head) and the shared rope key: route their gradients back. dv lands
+  // in dkv's v columns straight from the attention backward (v_in_place).
+  const Tensor k = s.kva.rank() > 0
+                       ? rope_key_forward(ctx, {.kv = s.v.base,
+                                                .nope = nope,
+                                                .kr = s.kva.reshape({B, T, kv_lora + rope}),
+                                                .kr_col = kv_lora,
+                                                .table = rope_table,
+                                                .pairing = pairing})
+                       : s.k;
   Tensor dkv = Tensor::empty(ctx, {N * H, nope + v_dim}, dy.dtype());
-  copy_columns(ctx, {.src = g.grad_k, .dst = dkv, .width = nope});
-  copy_columns(ctx, {.src = g.grad_v, .dst = dkv, .dst_col = nope, .width = v_dim});
+  const AttentionGrads g = attention_backward(
+      ctx,
+      {.q = s.q_rot,
+       .k = k,
+       .v = s.v,
+       .o = s.out,
+       .lse = s.lse,
+       .grad_o = d_out,
+       .deterministic = deterministic,
+       .grad_v_into = v_in_place() ? HeadView(dkv.reshape({B, T, H, nope + v_dim}), nope, v_dim)
+                                   : HeadView()});
+  if (!v_in_place())
+    copy_columns(ctx, {.src = g.grad_v, .dst = dkv, .dst_col = nope, .width = v_dim});
+  // dk's nope columns into dkv; its rope columns summed over heads and rotated back into the rope
+  // key's columns of dkva (ops/rope/rope_key.h); the latent's columns from the norm's backward.
   Tensor dkva = Tensor::empty(ctx, {N, kv_lora + rope}, dy.dtype());
-  copy_columns(ctx, {.src = g.grad_k,
-                     .src_col = nope,
-                     .dst = dkva,
-                     .dst_col = kv_lora,
-                     .width = rope,
-                     .repeat = H,
-                     .mode = CopyMode::kSum});  // sum over heads
-
+  rope_key_backward(ctx, {.grad_k = g.grad_k,
+                          .grad_kv = dkv.reshape({B, T, H, nope + v_dim}),
+                          .grad_kr = dkva.reshape({B, T, kv_lora + rope}),
+                          .kr_col = kv_lora,
+                          .table = rope_table,
+                          .pairing = pairing});
   const Tensor dcn = kv_b.backward(ctx, p, dkv.reshape({N, H * (nope + v_dim)}), s.kv_b);
   const Tensor dc = kv_a_norm.backward(ctx, dcn, s.kv_a_norm);
   copy_columns(ctx, {.src = dc, .dst = dkva, .width = kv_lora});
-  // RoPE touched only the rope channels; its backward rotates them back and copies the rest.
-  const Tensor dkva_pre = rope_backward(ctx, {.input = dkva.reshape({B, T, kv_lora + rope}),
-                                              .table = rope_table,
-                                              .pairing = pairing,
-                                              .offset = kv_lora});
-  Tensor dx = kv_a.backward(ctx, p, dkva_pre.reshape({N, kv_lora + rope}), s.kv_a);
+  Tensor dx = kv_a.backward(ctx, p, dkva, s.kv_a);
 
   const Tensor dq =
       rope_backward(ctx,

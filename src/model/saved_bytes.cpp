@@ -40,7 +40,8 @@ SavedBytes saved_bytes(const DecoderLayer::Saved& s) {
   for (const LinearSaved* l : {&a.q_a, &a.q_b, &a.q, &a.kv_a, &a.kv_b, &a.o})
     b.attention += c.add(*l);
   b.attention += c.add(a.q_a_norm) + c.add(a.kv_a_norm);
-  for (const Tensor* t : {&a.q_rot, &a.k, &a.v, &a.out, &a.lse}) b.attention += c.add(*t);
+  for (const Tensor* t : {&a.q_rot, &a.k, &a.kva, &a.v.base, &a.out, &a.lse})
+    b.attention += c.add(*t);
   b.mlp = c.add(s.mlp);
   const MoeLayer::Saved& m = s.moe;
   for (const Tensor* t :

@@ -65,6 +65,25 @@ void check_operand(Context& ctx, const Tensor& t, const char* name, DType dtype,
                 " must be 16-byte aligned on CUDA (cuDNN reads its rows in 16-byte chunks)");
 }
 
+// A HeadView operand: its base is (B, T, H, W) with the window [col, col + D) inside W.
+void check_view(Context& ctx, const HeadView& v, const char* name, DType dtype, int64_t B,
+                int64_t T, int64_t H, int64_t D) {
+  const Tensor& t = v.base;
+  OCTET_CHECK(t.rank() == 4, "attention: ", name,
+              " must be (B, T, H, D) or a column window of a (B, T, H, W) tensor, got ",
+              shape_str(t.shape()));
+  const int64_t W = v.row_stride();
+  OCTET_CHECK(v.col >= 0 && v.head_dim() == D && v.col + D <= W, "attention: ", name,
+              " is columns [", v.col, ", ", v.col + v.head_dim(), ") of a tensor with W = ", W,
+              "; expected a window of D = ", D, " columns inside W");
+  check_operand(ctx, t, name, dtype, B, T, H, W);
+  if (ctx.device == Device::kCuda && !v.compact() && t.numel() > 0)
+    OCTET_CHECK(v.col % kHeadDimMultiple == 0 && W % kHeadDimMultiple == 0, "attention: ", name,
+                " is columns [", v.col, ", ", v.col + D, ") of rows of W = ", W,
+                "; on CUDA a column window needs its first column and W to be multiples of ",
+                kHeadDimMultiple, " (cuDNN reads rows in 16-byte chunks)");
+}
+
 // The softmax scale a call runs with: the given one, or 1/sqrt(Dqk) for 0.
 float resolve_scale(float scale, int64_t dqk) {
   OCTET_CHECK(scale == 0.0f || (std::isfinite(scale) && scale > 0.0f),
@@ -74,30 +93,37 @@ float resolve_scale(float scale, int64_t dqk) {
 }
 
 // Shapes and dtypes of q, k, v (shared by forward and backward).
-AttentionShape validate_qkv(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+AttentionShape validate_qkv(Context& ctx, const HeadView& q, const HeadView& k, const HeadView& v,
                             float scale) {
-  check_dtype(q, "attention q", {DType::kBF16, DType::kF32});
-  OCTET_CHECK(q.rank() == 4, "attention: q must be (B, T, H, Dqk), got ", shape_str(q.shape()));
-  OCTET_CHECK(v.rank() == 4, "attention: v must be (B, T, H, Dv), got ", shape_str(v.shape()));
+  check_dtype(q.base, "attention q", {DType::kBF16, DType::kF32});
+  OCTET_CHECK(q.base.rank() == 4, "attention: q must be (B, T, H, Dqk), got ",
+              shape_str(q.base.shape()));
+  OCTET_CHECK(v.base.rank() == 4, "attention: v must be (B, T, H, Dv), got ",
+              shape_str(v.base.shape()));
+  const DType dtype = q.base.dtype();
   if (ctx.device == Device::kCuda)
-    OCTET_CHECK(q.dtype() == DType::kBF16,
-                "attention: cuDNN's fused attention takes BF16 q, k, v; got ",
-                dtype_name(q.dtype()), " (F32 attention runs on the CPU only)");
+    OCTET_CHECK(dtype == DType::kBF16,
+                "attention: cuDNN's fused attention takes BF16 q, k, v; got ", dtype_name(dtype),
+                " (F32 attention runs on the CPU only)");
   AttentionShape s;
-  s.batch = q.size(0);
-  s.seq = q.size(1);
-  s.heads = q.size(2);
-  check_head_dim(q.size(3), "q", "Dqk");
-  check_head_dim(v.size(3), "v", "Dv");
-  s.dqk = static_cast<int>(q.size(3));
-  s.dv = static_cast<int>(v.size(3));
-  check_operand(ctx, q, "q", q.dtype(), s.batch, s.seq, s.heads, s.dqk);
-  check_operand(ctx, k, "k", q.dtype(), s.batch, s.seq, s.heads, s.dqk);
-  check_operand(ctx, v, "v", q.dtype(), s.batch, s.seq, s.heads, s.dv);
+  s.batch = q.base.size(0);
+  s.seq = q.base.size(1);
+  s.heads = q.base.size(2);
+  check_head_dim(q.head_dim(), "q", "Dqk");
+  check_head_dim(v.head_dim(), "v", "Dv");
+  s.dqk = static_cast<int>(q.head_dim());
+  s.dv = static_cast<int>(v.head_dim());
+  check_view(ctx, q, "q", dtype, s.batch, s.seq, s.heads, s.dqk);
+  check_view(ctx, k, "k", dtype, s.batch, s.seq, s.heads, s.dqk);
+  check_view(ctx, v, "v", dtype, s.batch, s.seq, s.heads, s.dv);
   OCTET_CHECK(s.seq <= (int64_t{1} << 21) && s.batch * s.heads <= INT32_MAX,
               "attention: T = ", s.seq, " (at most 2^21) or B * H = ", s.batch * s.heads,
               " out of range");
   s.scale = resolve_scale(scale, s.dqk);
+  s.ld_q = q.row_stride();
+  s.ld_k = k.row_stride();
+  s.ld_v = v.row_stride();
+  s.ld_dv = s.dv;
   return s;
 }
 
@@ -106,7 +132,7 @@ AttentionShape validate_qkv(Context& ctx, const Tensor& q, const Tensor& k, cons
 AttentionForwardResult attention_forward(Context& ctx, const AttentionForwardArgs& args) {
   const AttentionShape s = validate_qkv(ctx, args.q, args.k, args.v, args.softmax_scale);
   AttentionForwardResult out;
-  out.o = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dv}, args.q.dtype());
+  out.o = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dv}, args.q.base.dtype());
   out.lse = Tensor::empty(ctx, {s.batch, s.heads, s.seq}, DType::kF32);
   if (out.o.numel() == 0) return out;
   dispatch(
@@ -116,9 +142,14 @@ AttentionForwardResult attention_forward(Context& ctx, const AttentionForwardArg
 }
 
 AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& args) {
-  const AttentionShape s = validate_qkv(ctx, args.q, args.k, args.v, args.softmax_scale);
-  check_operand(ctx, args.o, "o", args.q.dtype(), s.batch, s.seq, s.heads, s.dv);
-  check_operand(ctx, args.grad_o, "grad_o", args.q.dtype(), s.batch, s.seq, s.heads, s.dv);
+  AttentionShape s = validate_qkv(ctx, args.q, args.k, args.v, args.softmax_scale);
+  const DType dtype = args.q.base.dtype();
+  check_operand(ctx, args.o, "o", dtype, s.batch, s.seq, s.heads, s.dv);
+  check_operand(ctx, args.grad_o, "grad_o", dtype, s.batch, s.seq, s.heads, s.dv);
+  if (args.grad_v_into.given()) {
+    check_view(ctx, args.grad_v_into, "grad_v_into", dtype, s.batch, s.seq, s.heads, s.dv);
+    s.ld_dv = args.grad_v_into.row_stride();
+  }
   check_dtype(args.lse, "attention lse", {DType::kF32});
   check_device(args.lse, "attention lse", ctx.device);
   const Shape lse_shape{s.batch, s.heads, s.seq};
@@ -126,9 +157,10 @@ AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& arg
               "attention: lse must be (B, H, T) = ", shape_str(lse_shape), ", got ",
               shape_str(args.lse.shape()));
   AttentionGrads g;
-  g.grad_q = Tensor::empty(ctx, args.q.shape(), args.q.dtype());
-  g.grad_k = Tensor::empty(ctx, args.k.shape(), args.q.dtype());
-  g.grad_v = Tensor::empty(ctx, args.v.shape(), args.q.dtype());
+  g.grad_q = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dqk}, dtype);
+  g.grad_k = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dqk}, dtype);
+  if (!args.grad_v_into.given())
+    g.grad_v = Tensor::empty(ctx, {s.batch, s.seq, s.heads, s.dv}, dtype);
   if (g.grad_q.numel() == 0) return g;
   dispatch(
       ctx, [&] { cpu::attention_backward(ctx, args, s, g); },
@@ -146,7 +178,11 @@ AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq,
                          heads,
                          static_cast<int>(dqk),
                          static_cast<int>(dv),
-                         resolve_scale(softmax_scale, dqk)};
+                         resolve_scale(softmax_scale, dqk),
+                         dqk,
+                         dqk,
+                         dv,
+                         dv};
   AttentionWorkspace ws;
   if (batch * seq * heads == 0) return ws;
   dispatch(

@@ -12,9 +12,12 @@
 //   D_i = dO_i . o_i,  dP_ij = dO_i . v_j,  dS_ij = p_ij (dP_ij - D_i)
 //   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i p_ij dO_i
 //
-// Outputs are freshly allocated (`=`). Tensors are contiguous; all of q, k, v, o, grad_o share one
-// dtype: BF16 (CUDA and CPU) or F32 (CPU only: the FP32 mode of the finite-difference checks).
-// Outputs take that dtype; lse is always F32.
+// Outputs are freshly allocated (`=`), except grad_v when the call names a destination view for it.
+// q, k and v may be column windows of wider tensors (HeadView below: rows lie W elements apart, so
+// MLA's v is read straight out of kv); o, grad_o and lse are contiguous. All of q, k, v, o, grad_o
+// share one dtype: BF16 (CUDA and CPU) or F32 (CPU only: the FP32 mode of the finite-difference
+// checks). Outputs take that dtype; lse is always F32. A view changes where elements live, never
+// the arithmetic: results are bitwise those of the same values in compact tensors.
 //
 // CPU: plain loops in FP64, one score row at a time (the oracle). CUDA: cuDNN's fused flash
 // attention (SDPA) through the cuDNN frontend, on this (B, T, H, D) layout by strides; memory
@@ -23,14 +26,42 @@
 // attention on the GPU with one clear error.
 #pragma once
 
+#include <utility>
+
 #include "core/context.h"
 
 namespace octet {
 
+// A (B, T, H, D) attention operand that may be a column window of a wider tensor: element
+// (b, t, h, d) is base[b, t, h, col + d] for d < D, where base is contiguous (B, T, H, W) and
+// col + D <= W, so consecutive (b, t, h) rows lie W elements apart. A Tensor converts to the whole
+// of itself (col 0, D = W). On CUDA, col and W must be multiples of 8 (cuDNN reads rows in 16-byte
+// chunks). Example: MLA's v is HeadView(kv viewed (B, T, H, Dn + Dv), Dn, Dv).
+struct HeadView {
+  Tensor base;
+  int64_t col = 0;
+  int64_t width = -1;  // D; -1: all of base's last dimension from col on
+
+  HeadView() = default;
+  HeadView(Tensor t) : base(std::move(t)) {}  // implicit on purpose: the whole tensor
+  HeadView(Tensor t, int64_t first_col, int64_t cols)
+      : base(std::move(t)), col(first_col), width(cols) {}
+
+  bool given() const { return base.rank() > 0; }  // false for a default-constructed view
+  int64_t row_stride() const { return base.rank() > 0 ? base.size(base.rank() - 1) : 0; }  // W
+  int64_t head_dim() const { return width >= 0 ? width : row_stride() - col; }             // D
+  bool compact() const { return col == 0 && head_dim() == row_stride(); }
+  // The first element, (0, 0, 0, 0); null for an empty base.
+  void* data() const {
+    if (base.data() == nullptr) return nullptr;
+    return static_cast<char*>(base.data()) + col * static_cast<int64_t>(dtype_size(base.dtype()));
+  }
+};
+
 struct AttentionForwardArgs {
-  Tensor q;                    // (B, T, H, Dqk) bf16 | f32 (CPU)
-  Tensor k;                    // (B, T, H, Dqk) same dtype
-  Tensor v;                    // (B, T, H, Dv) same dtype
+  HeadView q;                  // (B, T, H, Dqk) bf16 | f32 (CPU)
+  HeadView k;                  // (B, T, H, Dqk) same dtype
+  HeadView v;                  // (B, T, H, Dv) same dtype
   float softmax_scale = 0.0f;  // multiplies q.k; 0 selects 1/sqrt(Dqk); else finite and > 0
 };
 
@@ -43,9 +74,9 @@ struct AttentionForwardResult {
 AttentionForwardResult attention_forward(Context& ctx, const AttentionForwardArgs& args);
 
 struct AttentionBackwardArgs {
-  Tensor q;                    // (B, T, H, Dqk) as in forward
-  Tensor k;                    // (B, T, H, Dqk)
-  Tensor v;                    // (B, T, H, Dv)
+  HeadView q;                  // (B, T, H, Dqk) as in forward
+  HeadView k;                  // (B, T, H, Dqk)
+  HeadView v;                  // (B, T, H, Dv)
   Tensor o;                    // (B, T, H, Dv) the forward's output
   Tensor lse;                  // (B, H, T) f32, the forward's lse
   Tensor grad_o;               // (B, T, H, Dv) dL/do
@@ -54,12 +85,16 @@ struct AttentionBackwardArgs {
   // sums dQ over key blocks with FP32 atomics (faster; the last bits vary run to run). The CPU
   // oracle is deterministic either way.
   bool deterministic = true;
+  // Optional destination of dv, (B, T, H, Dv) in the dtype of q: when given, dv is written (=)
+  // into these columns (MLA: the v columns of dkv) and AttentionGrads::grad_v stays empty. It must
+  // not overlap any input.
+  HeadView grad_v_into;
 };
 
 struct AttentionGrads {
   Tensor grad_q;  // (B, T, H, Dqk) dtype of q
   Tensor grad_k;  // (B, T, H, Dqk)
-  Tensor grad_v;  // (B, T, H, Dv)
+  Tensor grad_v;  // (B, T, H, Dv); empty when the call gave grad_v_into
 };
 
 // dq, dk, dv as above (`=`, not accumulated).

@@ -10,6 +10,8 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0;
   int dqk = 0, dv = 0;
   float scale = 0.0f;  // resolved softmax scale
+  // Row strides in elements (HeadView::row_stride): dqk / dv for compact operands.
+  int64_t ld_q = 0, ld_k = 0, ld_v = 0, ld_dv = 0;
 };
 
 #define OCTET_ATTENTION_BACKEND_DECLS                                                             \

@@ -11,24 +11,29 @@
 namespace octet::cpu {
 namespace {
 
-// Reads (B, T, H, D) tensors as doubles and writes results in the tensor's dtype.
+// Reads (B, T, H, D) operands (column windows of (B, T, H, W) tensors) as doubles and writes
+// results in the tensor's dtype.
 struct View {
-  const Tensor* t;
-  int64_t T, H, D;
-  int64_t index(int64_t b, int64_t i, int64_t h) const { return ((b * T + i) * H + h) * D; }
+  void* p;
+  DType dtype;
+  int64_t T, H, D, W;
+  View(const HeadView& v, int64_t seq, int64_t heads)
+      : p(v.data()), dtype(v.base.dtype()), T(seq), H(heads), D(v.head_dim()), W(v.row_stride()) {}
+  View(const Tensor& t, int64_t seq, int64_t heads) : View(HeadView(t), seq, heads) {}
+  int64_t index(int64_t b, int64_t i, int64_t h) const { return ((b * T + i) * H + h) * W; }
   double at(int64_t b, int64_t i, int64_t h, int64_t d) const {
     const int64_t e = index(b, i, h) + d;
-    return t->dtype() == DType::kF32 ? t->data_as<const float>()[e]
-                                     : bf16_to_float(t->data_as<const uint16_t>()[e]);
+    return dtype == DType::kF32 ? static_cast<const float*>(p)[e]
+                                : bf16_to_float(static_cast<const uint16_t*>(p)[e]);
+  }
+  void put(int64_t b, int64_t i, int64_t h, int64_t d, double v) const {
+    const int64_t e = index(b, i, h) + d;
+    if (dtype == DType::kF32)
+      static_cast<float*>(p)[e] = static_cast<float>(v);
+    else
+      static_cast<uint16_t*>(p)[e] = float_to_bf16(static_cast<float>(v));
   }
 };
-
-void put(Tensor& t, int64_t e, double v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[e] = static_cast<float>(v);
-  else
-    t.data_as<uint16_t>()[e] = float_to_bf16(static_cast<float>(v));
-}
 
 // Copies one head (all T rows of (b, h)) of a (B, T, H, D) tensor into a dense (T, D) double
 // matrix.
@@ -56,8 +61,8 @@ void score_row(const std::vector<double>& q, const std::vector<double>& k, int64
 
 void attention_forward(Context&, const AttentionForwardArgs& a, const AttentionShape& s,
                        AttentionForwardResult& out) {
-  const View vq{&a.q, s.seq, s.heads, s.dqk}, vk{&a.k, s.seq, s.heads, s.dqk},
-      vv{&a.v, s.seq, s.heads, s.dv};
+  const View vq(a.q, s.seq, s.heads), vk(a.k, s.seq, s.heads), vv(a.v, s.seq, s.heads);
+  const View vo(out.o, s.seq, s.heads);
   float* lse = out.lse.data_as<float>();
   std::vector<double> row(static_cast<size_t>(s.seq)), acc(static_cast<size_t>(s.dv));
   for (int64_t b = 0; b < s.batch; ++b)
@@ -74,8 +79,7 @@ void attention_forward(Context&, const AttentionForwardArgs& a, const AttentionS
           for (int64_t d = 0; d < s.dv; ++d)
             acc[static_cast<size_t>(d)] += p * v[static_cast<size_t>(j * s.dv + d)];
         }
-        for (int64_t d = 0; d < s.dv; ++d)
-          put(out.o, vv.index(b, i, h) + d, acc[static_cast<size_t>(d)] / l);
+        for (int64_t d = 0; d < s.dv; ++d) vo.put(b, i, h, d, acc[static_cast<size_t>(d)] / l);
         lse[(b * s.heads + h) * s.seq + i] = static_cast<float>(m + std::log(l));
       }
     }
@@ -84,8 +88,11 @@ void attention_forward(Context&, const AttentionForwardArgs& a, const AttentionS
 void attention_backward(Context&, const AttentionBackwardArgs& a, const AttentionShape& s,
                         AttentionGrads& out) {
   const int64_t T = s.seq, dqk = s.dqk, dv = s.dv;
-  const View vq{&a.q, T, s.heads, dqk}, vk{&a.k, T, s.heads, dqk}, vv{&a.v, T, s.heads, dv};
-  const View vo{&a.o, T, s.heads, dv}, vdo{&a.grad_o, T, s.heads, dv};
+  const View vq(a.q, T, s.heads), vk(a.k, T, s.heads), vv(a.v, T, s.heads);
+  const View vo(a.o, T, s.heads), vdo(a.grad_o, T, s.heads);
+  const View vdq(out.grad_q, T, s.heads), vdk(out.grad_k, T, s.heads);
+  const View vdv =
+      a.grad_v_into.given() ? View(a.grad_v_into, T, s.heads) : View(out.grad_v, T, s.heads);
   const float* lse = a.lse.data_as<const float>();
   std::vector<double> row(static_cast<size_t>(T)), dq(static_cast<size_t>(dqk));
   for (int64_t b = 0; b < s.batch; ++b)
@@ -110,14 +117,12 @@ void attention_backward(Context&, const AttentionBackwardArgs& a, const Attentio
           for (int64_t d = 0; d < dv; ++d)
             dvv[static_cast<size_t>(j * dv + d)] += p * go[static_cast<size_t>(i * dv + d)];
         }
-        for (int64_t d = 0; d < dqk; ++d)
-          put(out.grad_q, vq.index(b, i, h) + d, s.scale * dq[static_cast<size_t>(d)]);
+        for (int64_t d = 0; d < dqk; ++d) vdq.put(b, i, h, d, s.scale * dq[static_cast<size_t>(d)]);
       }
       for (int64_t j = 0; j < T; ++j) {
         for (int64_t d = 0; d < dqk; ++d)
-          put(out.grad_k, vk.index(b, j, h) + d, s.scale * dk[static_cast<size_t>(j * dqk + d)]);
-        for (int64_t d = 0; d < dv; ++d)
-          put(out.grad_v, vv.index(b, j, h) + d, dvv[static_cast<size_t>(j * dv + d)]);
+          vdk.put(b, j, h, d, s.scale * dk[static_cast<size_t>(j * dqk + d)]);
+        for (int64_t d = 0; d < dv; ++d) vdv.put(b, j, h, d, dvv[static_cast<size_t>(j * dv + d)]);
       }
     }
 }

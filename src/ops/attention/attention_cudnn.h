@@ -3,6 +3,7 @@
 // graph per pass and shape, made on first use (attention_cudnn.cpp).
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -22,8 +23,10 @@ struct AttentionGraph {
 };
 
 struct AttentionState {
-  // pass, B, T, H, Dqk, Dv, the bits of the softmax scale
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, uint32_t>;
+  // pass, B, T, H, Dqk, Dv, the bits of the softmax scale, the row strides of q, k, v and dv
+  // (0 in the forward)
+  using Key =
+      std::tuple<int, int64_t, int64_t, int64_t, int, int, uint32_t, std::array<int64_t, 4>>;
 
   cudnnContext* handle = nullptr;
   std::map<Key, std::unique_ptr<AttentionGraph>> graphs;

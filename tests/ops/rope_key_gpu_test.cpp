@@ -1,0 +1,36 @@
+// rope_key.h on CUDA: the fused MLA key forward and backward bitwise against the same composition
+// on the GPU and against the CPU reference, on MLA's shapes (the baseline's and DeepSeek-V3's) and
+// on odd ones that take the scalar paths.
+#include <gtest/gtest.h>
+
+#include "rope_key_test_util.h"
+
+namespace octet {
+namespace {
+
+TEST(RopeKeyGpu, MatchesCompositionAndCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  Context gpu = make_context(Device::kCuda);
+  Context cpu = make_context(Device::kCpu);
+  uint64_t seed = 70;
+  for (const RopePairing pairing : {RopePairing::kHalf, RopePairing::kInterleave}) {
+    const test::RopeKeyCase cases[] = {
+        {2, 33, 16, 64, 32, 128, 288, 256, pairing, DType::kBF16},  // baseline-h100's MLA
+        {1, 17, 8, 128, 64, 256, 576, 512, pairing, DType::kBF16},  // DeepSeek-V3's head dims
+        {1, 5, 3, 6, 4, 11, 13, 5, pairing, DType::kBF16},          // scalar paths
+        {2, 9, 3, 16, 8, 32, 40, 32, pairing, DType::kF32},         // F32
+    };
+    for (const test::RopeKeyCase& c : cases) {
+      test::expect_rope_key_matches_composition(gpu, c, seed);
+      const test::RopeKeyOut g = test::run_rope_key(gpu, c, true, seed);
+      const test::RopeKeyOut h = test::run_rope_key(cpu, c, true, seed);
+      EXPECT_TRUE(test::bitwise_equal(h.k, g.k)) << "k against the CPU";
+      EXPECT_TRUE(test::bitwise_equal(h.grad_kv, g.grad_kv)) << "grad_kv against the CPU";
+      EXPECT_TRUE(test::bitwise_equal(h.grad_kr, g.grad_kr)) << "grad_kr against the CPU";
+      ++seed;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace octet
