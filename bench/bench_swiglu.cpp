@@ -9,13 +9,6 @@
 //   quantize + row weight (fp8-flow)    | gate_up, weights       | h (fp8), 1x128 scales
 //   backward (deepseek, bf16 d_gate_up) | gate_up, dh            | d_gate_up (bf16)
 //   backward quantize (fp8-flow)        | gate_up, dh, weights   | d_gate_up (fp8), scales, d_weight
-//   dense pair: forward, quantize both  | gate_up                | h (fp8) both copies, their scales
-//   dense fused: quantize_stored both   | gate_up                | h (fp8) both copies, their scales
-//   dense pair: backward, quantize both | gate_up, dh            | d_gate_up (fp8) both copies, scales
-//   dense fused: backward_quantize_stored | gate_up, dh          | d_gate_up (fp8) both copies, scales
-// The "dense" rows are the dense MLP's and the shared experts' (model/dense_mlp.h; exact scales): the
-// unfused pair (swiglu_forward / swiglu_backward into BF16, then quantize() of both copies, as the
-// Linear does) against the one kernel that replaced it, with the same byte count, so "us" compares.
 // "of copy" = copy time / op time for a copy that reads and writes the op's byte count in total;
 // "scalar us" = the same op on a gate_up that is not 16-byte aligned, which takes the scalar kernels
 // (the code before the vectorised ones), and "speedup" = scalar us / us.
@@ -26,7 +19,6 @@
 #include "backend/backend.h"
 #include "bench.h"
 #include "cli.h"
-#include "ops/quantize/quantize.h"
 #include "ops/swiglu/swiglu.h"
 
 namespace octet::bench {
@@ -39,16 +31,6 @@ struct ShapeSet {
 
 double scale_bytes(int64_t rows, int64_t cols) {
   return 4.0 * static_cast<double>(shape_numel(scale_shape(Granularity::k1x128, rows, cols)));
-}
-
-// The dense MLP's Linears quantize their BF16 input or gradient: E4M3, 1x128, exact scales, both
-// copies.
-QuantizeArgs dense_quantize(const Tensor& t) {
-  QuantizeArgs qa;
-  qa.input = t;
-  qa.granularity = Granularity::k1x128;
-  qa.output = QuantizeOutput::kBoth;
-  return qa;
 }
 
 int run(const std::vector<std::string>& argv) {
@@ -110,22 +92,6 @@ int run(const std::vector<std::string>& argv) {
          [&](const Tensor& x) {
            swiglu_backward_quantize(ctx, {.dh = dh, .gate_up = x, .row_weight = w});
          }},
-        {"dense pair: forward, quantize both", 4 * n + 2 * n + 2 * scale_bytes(rows, f),
-         [&](const Tensor& x) {
-           swiglu_forward(ctx, {.gate_up = x, .h = h});
-           quantize(ctx, dense_quantize(h));
-         }},
-        {"dense fused: quantize_stored both", 4 * n + 2 * n + 2 * scale_bytes(rows, f),
-         [&](const Tensor& x) { swiglu_quantize_stored(ctx, {.gate_up = x}); }},
-        {"dense pair: backward, quantize both",
-         4 * n + 2 * n + 4 * n + 2 * scale_bytes(rows, 2 * f),
-         [&](const Tensor& x) {
-           swiglu_backward(ctx, {.dh = dh, .gate_up = x, .d_gate_up = dgu});
-           quantize(ctx, dense_quantize(dgu));
-         }},
-        {"dense fused: backward_quantize_stored",
-         4 * n + 2 * n + 4 * n + 2 * scale_bytes(rows, 2 * f),
-         [&](const Tensor& x) { swiglu_backward_quantize_stored(ctx, {.gate_up = x, .dh = dh}); }},
     };
     for (const Op& op : ops) {
       const double ms = time_op(

@@ -7,15 +7,6 @@
 //
 // Both projections are Linear sites in the recipe's precision (dense or shared-expert sites).
 // Saved: each Linear's input in its site's storage and gu (for the SwiGLU backward).
-//
-// When the next Linear quantizes in 1x128 groups (fp8-block: deepseek, fp8-flow), the SwiGLU and
-// its backward run fused with that quantization (ops/swiglu swiglu_quantize_stored and
-// swiglu_backward_quantize_stored): one kernel reads gu (and dh) and writes down's FP8 input, or
-// gate_up's FP8 gradient, both copies, bit for bit what the unfused op followed by the Linear's
-// own quantization gives (h and dgu rounded to BF16 as they were stored, then quantized with the
-// site's exact or power-of-2 scales). h and dgu are then never written in BF16: two launches and
-// a BF16 round trip of (rows, I) and (rows, 2I) fewer per pass. Other recipes, and runs with a
-// site probe (which reads the unquantized tensors), run the unfused pair.
 #pragma once
 
 #include "model/parameter.h"

@@ -27,12 +27,10 @@ void check_state(GemmSite site, const GemmRecipe& r, const LinearScalingState* s
               "(make_linear_scaling_state), got none");
 }
 
-// shape_only: the tensor arrives already quantized (LinearArgs::shared_x, LinearBackwardArgs::
-// quantized_dy) and gives only its shape, dtype and device; it may have no storage.
 void check_bf16_matrix(Context& ctx, GemmSite site, const Tensor& t, const char* name,
-                       const GemmRecipe& r, bool shape_only = false) {
-  OCTET_CHECK(shape_only || t.data() != nullptr || t.numel() == 0, "linear ", gemm_site_name(site),
-              " ", name, ": tensor has no storage");
+                       const GemmRecipe& r) {
+  OCTET_CHECK(t.data() != nullptr || t.numel() == 0, "linear ", gemm_site_name(site), " ", name,
+              ": tensor has no storage");
   OCTET_CHECK(t.rank() >= 2, "linear ", gemm_site_name(site), " ", name,
               ": expected shape (T, features), got ", shape_str(t.shape()));
   if (ctx.device == Device::kCpu && !r.is_fp8())
@@ -158,8 +156,7 @@ PreparedWeight prepare_weight(Context& ctx, const PrepareWeightArgs& a) {
 Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   const GemmRecipe& r = a.recipe;
   const PreparedWeight& w = a.weight;
-  const bool reuse = r.is_fp8() && a.shared_x != nullptr && a.shared_x->data.data() != nullptr;
-  check_bf16_matrix(ctx, a.site, a.x, "linear x", r, reuse);
+  check_bf16_matrix(ctx, a.site, a.x, "linear x", r);
   check_prepared(a.site, w, r, a.x.cols(), "x");
   check_state(a.site, r, a.state);
   check_cuda_dim(ctx, a.site, r, "In", a.x.cols(), "Fprop");
@@ -183,6 +180,7 @@ Tensor linear_forward(Context& ctx, const LinearArgs& a, LinearSaved& saved) {
   OCTET_CHECK(a.shared_x == nullptr || (keep_fp8 && !r.is_delayed()), "linear ",
               gemm_site_name(a.site),
               ": a shared quantization of x needs FP8 saved storage and no delayed scaling");
+  const bool reuse = a.shared_x != nullptr && a.shared_x->data.data() != nullptr;
   QuantTensor qx = reuse
                        ? *a.shared_x
                        : quantize_both(ctx, a.x, r, GemmOperand::kActivation, ds,
@@ -220,8 +218,7 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   const GemmRecipe& r = a.recipe;
   const PreparedWeight& w = a.weight;
   const LinearSaved& s = a.saved;
-  const bool given_dy = r.is_fp8() && a.quantized_dy != nullptr;
-  check_bf16_matrix(ctx, a.site, a.dy, "linear dy", r, given_dy);
+  check_bf16_matrix(ctx, a.site, a.dy, "linear dy", r);
   OCTET_CHECK(s.precision == r.precision, "linear ", gemm_site_name(a.site), ": saved for ",
               gemm_precision_name(s.precision), " but the recipe is ",
               gemm_precision_name(r.precision));
@@ -263,16 +260,7 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
     return dx;
   }
   DelayedScaling* ds = r.is_delayed() ? &a.state->dy : nullptr;
-  OCTET_CHECK(!given_dy || ds == nullptr, "linear ", gemm_site_name(a.site),
-              ": a dy quantized by the caller needs a recipe without delayed scaling");
-  if (given_dy)
-    OCTET_CHECK(a.quantized_dy->rows() == t && a.quantized_dy->cols() == w.out_features &&
-                    a.quantized_dy->data.data() != nullptr && a.quantized_dy->has_columnwise(),
-                "linear ", gemm_site_name(a.site), ": the quantized dy is ",
-                shape_str(a.quantized_dy->data.shape()), " (both copies needed), dy is ",
-                shape_str({t, w.out_features}));
-  QuantTensor qdy =
-      given_dy ? *a.quantized_dy : quantize_both(ctx, a.dy, r, GemmOperand::kGradient, ds);
+  QuantTensor qdy = quantize_both(ctx, a.dy, r, GemmOperand::kGradient, ds);
   GemmFp8Args dgrad;
   dgrad.a = rowwise_operand(qdy);       // (T, Out)
   dgrad.b = columnwise_operand(w.fp8);  // W^T (In, Out)

@@ -142,9 +142,7 @@ struct LinearArgs {
   // FP8 recipes, saved_storage kFp8, no delayed scaling: x's quantization (both copies) shared
   // with other Linears that read the same x and quantize it alike (same_input_quantization), as
   // MLA's q_a and kv_a read the normed layer input. Empty: filled by this call; filled: used as
-  // it is (no second quantization, and the saved column-wise copy is the same buffer), and x then
-  // gives only the shape, dtype and device (it may have no storage: the dense SwiGLU MLP hands
-  // down_proj h quantized by the fused SwiGLU, model/dense_mlp.h).
+  // it is (no second quantization, and the saved column-wise copy is the same buffer).
   QuantTensor* shared_x = nullptr;
 };
 
@@ -162,10 +160,6 @@ struct LinearBackwardArgs {
   PreparedWeight weight;                 // the one the forward used
   GemmRecipe recipe;
   LinearScalingState* state = nullptr;  // delayed scaling only (dy's history advances)
-  // FP8 recipes without delayed scaling: dy already quantized exactly as this site quantizes it
-  // (quantize_args(recipe, kGradient, dy, kBoth): both copies), e.g. by the fused dSwiGLU of
-  // model/dense_mlp.h; dy then gives only the shape, dtype and device (it may have no storage).
-  const QuantTensor* quantized_dy = nullptr;
 };
 
 // dx (dy's leading dims, In) bf16 = dy W, written (=); grads.weight (Out, In) f32 += dy^T x.

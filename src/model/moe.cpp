@@ -16,11 +16,7 @@ bool fp8_experts(const Recipe& r) {
   return r.at(GemmSite::kExpertGateUp).is_fp8() || r.at(GemmSite::kExpertDown).is_fp8();
 }
 
-// The shared experts, their casts counted apart from the routed path's. They quantize x
-// themselves: the routed path's quantization of x (the FP8 dispatch payload, and fp8-flow's x_fp8)
-// has gemm.expert.gate_up's power-of-2 scales (Recipe::validate requires them) and no column-wise
-// copy along tokens, shared.gate_up exact scales in every preset, so one quantization cannot serve
-// both without changing the shared experts' bits (linear.h same_input_quantization).
+// The shared experts, their casts counted apart from the routed path's.
 Tensor shared_forward(Context& ctx, const Precision& p, SwigluMlp& mlp, const Tensor& x,
                       SwigluMlp::Saved& s) {
   CastScope scope(ctx, "moe.shared");

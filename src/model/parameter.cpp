@@ -62,7 +62,7 @@ Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, L
 }
 
 Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
-                             const LinearSaved& saved, const QuantTensor* quantized_dy) {
+                             const LinearSaved& saved) {
   LinearBackwardArgs a;
   a.site = site;
   a.dy = dy;
@@ -70,7 +70,6 @@ Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
   a.weight = prepared;
   a.recipe = p.recipe.at(site);
   a.state = &state;
-  a.quantized_dy = quantized_dy;
   if (p.probe != nullptr)
     p.probe->record(ctx, site, GemmOperand::kGradient, dy, a.recipe,
                     a.recipe.is_delayed() ? &state.dy.scale : nullptr);

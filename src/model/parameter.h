@@ -79,9 +79,8 @@ struct LinearLayer {
   // shared_x: LinearArgs::shared_x (x quantized once for several Linears), or null.
   Tensor forward(Context& ctx, const Precision& p, const Tensor& x, LinearSaved& saved,
                  Storage storage = Storage::kFp8, QuantTensor* shared_x = nullptr);
-  // dx (=); param->grad += dy^T x. quantized_dy: LinearBackwardArgs::quantized_dy, or null.
-  Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const LinearSaved& saved,
-                  const QuantTensor* quantized_dy = nullptr);
+  // dx (=); param->grad += dy^T x.
+  Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const LinearSaved& saved);
 };
 
 // RMSNorm with FP32 arithmetic (ops/rmsnorm); the input is what the caller keeps for backward.

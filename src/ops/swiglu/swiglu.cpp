@@ -55,50 +55,6 @@ QuantTensor make_1x128(Context& ctx, Fp8Format format, ScaleRounding rounding, i
   return q;
 }
 
-// quantize()'s outputs for a (rows, cols) input in 1x128 groups (ops/quantize/quantize.cpp).
-QuantTensor make_stored_quant(Context& ctx, const SwigluStoredQuantizeArgs& a, int64_t rows,
-                              int64_t cols) {
-  QuantTensor q;
-  q.format = a.format;
-  q.granularity = Granularity::k1x128;
-  q.columnwise_granularity = Granularity::k1x128;
-  q.rounding = a.rounding;
-  const DType dt = fp8_dtype(a.format);
-  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
-  if (a.output != QuantizeOutput::kColumnwise) {
-    q.data = Tensor::empty(ctx, {rows, cols}, dt);
-    q.scale_inv = Tensor::empty(ctx, scale_shape(Granularity::k1x128, rows, cols), DType::kF32);
-  } else {
-    q.data = Tensor::wrap(nullptr, {rows, cols}, dt, ctx.device);
-  }
-  if (a.output != QuantizeOutput::kRowwise) {
-    q.columnwise_data = Tensor::empty(ctx, {cols, rows}, dt);
-    q.columnwise_scale_inv =
-        Tensor::empty(ctx, scale_shape(Granularity::k1x128, cols, rows), DType::kF32);
-  }
-  return q;
-}
-
-QuantTensor quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& a, bool backward) {
-  const char* op = backward ? "swiglu_backward_quantize_stored" : "swiglu_quantize_stored";
-  const auto [rows, f] = check_gate_up(ctx, a.gate_up);
-  if (backward) {
-    check_tensor(ctx, a.dh, "swiglu_backward_quantize_stored dh", {rows, f});
-    check_dtype(a.dh, "swiglu_backward_quantize_stored dh (the stored dtype)", {a.gate_up.dtype()});
-  }
-  OCTET_CHECK(std::isfinite(a.epsilon) && a.epsilon >= 0.0f, op,
-              ": epsilon must be finite and >= 0, got ", a.epsilon);
-  const int64_t cols = backward ? 2 * f : f;
-  QuantTensor q = make_stored_quant(ctx, a, rows, cols);
-  count_casts(ctx, CastKind::kFusedQuantize, a.output == QuantizeOutput::kBoth ? 2 : 1);
-  if (rows == 0) {  // as quantize() of an empty tensor: no groups, amax 0
-    ctx.be().memset(q.amax.data(), 0, sizeof(float));
-    return q;
-  }
-  OCTET_DISPATCH(ctx, swiglu_quantize_stored, ctx, a, backward, q);
-  return q;
-}
-
 }  // namespace
 
 void swiglu_forward(Context& ctx, const SwigluForwardArgs& args) {
@@ -151,14 +107,6 @@ SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
   }
   OCTET_DISPATCH(ctx, swiglu_backward_quantize, ctx, args, out);
   return out;
-}
-
-QuantTensor swiglu_quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& args) {
-  return quantize_stored(ctx, args, false);
-}
-
-QuantTensor swiglu_backward_quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& args) {
-  return quantize_stored(ctx, args, true);
 }
 
 }  // namespace octet

@@ -20,7 +20,6 @@
 
 #include "core/context.h"
 #include "core/quant_tensor.h"
-#include "ops/quantize/quantize.h"
 
 namespace octet {
 
@@ -88,31 +87,5 @@ struct SwigluBackwardQuantizeResult {
 
 SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
                                                       const SwigluBackwardQuantizeArgs& args);
-
-// The dense SwiGLU MLP's unfused pairs in one pass, bit for bit (model/dense_mlp.h: the dense layer
-// and the shared experts): the forward's or the backward's output as swiglu_forward /
-// swiglu_backward would store it (rounded once to gate_up's dtype, resp. dh's), then quantize() of
-// that tensor with 1x128 groups:
-//   swiglu_quantize_stored           quantize({.input = h,   format, k1x128, rounding, epsilon,
-//                                               output})   h (rows, F) = swiglu_forward(gate_up)
-//   swiglu_backward_quantize_stored  quantize({.input = dgu, ...})   dgu (rows, 2F) =
-//                                               swiglu_backward(dh, gate_up)
-// Unlike swiglu_quantize (which quantizes the FP32 h, the routed experts' numerics), the stored
-// rounding is kept, and both copies (row-wise and the column-wise 1x128 along rows) come from one
-// pass, so the result is exactly what the unfused pair gives a Linear that quantizes its input or
-// gradient itself. Neither h nor dgu is ever written. CUDA runs ops/quantize's tile kernel with a
-// source that computes the values (the same element math and conversions as swiglu_cuda.cu).
-// Casts counted: kFusedQuantize, one per copy (as quantize() counts kQuantize).
-struct SwigluStoredQuantizeArgs {
-  Tensor gate_up;  // (rows, 2F) bf16 or f32
-  Tensor dh{};     // backward only: (rows, F), gate_up's dtype (the dtype dgu is stored in)
-  Fp8Format format = Fp8Format::kE4M3;
-  ScaleRounding rounding = ScaleRounding::kExact;
-  float epsilon = 0.0f;                           // amax floor, >= 0
-  QuantizeOutput output = QuantizeOutput::kBoth;  // which copies
-};
-
-QuantTensor swiglu_quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& args);
-QuantTensor swiglu_backward_quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& args);
 
 }  // namespace octet

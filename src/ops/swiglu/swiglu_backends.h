@@ -6,14 +6,12 @@
 
 namespace octet {
 
-#define OCTET_SWIGLU_BACKEND_DECLS                                                               \
-  void swiglu_forward(Context& ctx, const SwigluForwardArgs& args);                              \
-  void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);                            \
-  void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args, QuantTensor& out);          \
-  void swiglu_backward_quantize(Context& ctx, const SwigluBackwardQuantizeArgs& args,            \
-                                SwigluBackwardQuantizeResult& out);                              \
-  void swiglu_quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& args, bool backward, \
-                              QuantTensor& out);
+#define OCTET_SWIGLU_BACKEND_DECLS                                                      \
+  void swiglu_forward(Context& ctx, const SwigluForwardArgs& args);                     \
+  void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);                   \
+  void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args, QuantTensor& out); \
+  void swiglu_backward_quantize(Context& ctx, const SwigluBackwardQuantizeArgs& args,   \
+                                SwigluBackwardQuantizeResult& out);
 
 namespace cpu {
 OCTET_SWIGLU_BACKEND_DECLS

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "ops/cpu_elements.h"
-#include "ops/quantize/quantize_backends.h"
 #include "ops/swiglu/swiglu_backends.h"
 #include "ops/swiglu/swiglu_math.h"
 
@@ -102,27 +101,6 @@ void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
     quantize_row(d, n, rule, a.format, data + r * n, scale_inv + r * groups, amax_all);
   }
   out.d_gate_up.amax.data_as<float>()[0] = bits_float(amax_all);
-}
-
-// The definition itself: the values as swiglu_forward / swiglu_backward store them, then the
-// quantizer's reference.
-void swiglu_quantize_stored(Context& ctx, const SwigluStoredQuantizeArgs& a, bool backward,
-                            QuantTensor& out) {
-  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
-  Tensor v =
-      Tensor::empty(ctx, {rows, backward ? 2 * f : f}, backward ? a.dh.dtype() : a.gate_up.dtype());
-  if (backward)
-    cpu::swiglu_backward(ctx, {.dh = a.dh, .gate_up = a.gate_up, .d_gate_up = v});
-  else
-    cpu::swiglu_forward(ctx, {.gate_up = a.gate_up, .h = v});
-  QuantizeArgs q;
-  q.input = v;
-  q.format = a.format;
-  q.granularity = Granularity::k1x128;
-  q.rounding = a.rounding;
-  q.epsilon = a.epsilon;
-  q.output = a.output;
-  cpu::quantize(ctx, q, out);
 }
 
 }  // namespace octet::cpu
