@@ -294,11 +294,10 @@ double peak_mib(const std::string& run_dir) {
 }
 
 // Issue 11's memory target with gradient accumulation: the micro-batches of a step replay one
-// graph (or all run eagerly), so grad_accum = 2 graphed peaks where grad_accum = 1 graphed does;
+// graph (or all run eagerly), so grad_accum = 2 graphed peaks no higher than grad_accum = 2 eager;
 // a probe step's eager micro-batches and the BF16 shadow's forward run after the graphs gave their
 // working set back, so they add no second one. (Before: 2 micro-batches graphed peaked one working
-// set above, 20.4 against 13.7 GiB eager on the baseline model.) The eager runs are printed for
-// comparison only: graph memory has its own overhead, the same at every grad_accum.
+// set above, 20.4 against 13.7 GiB eager on the baseline model.)
 TEST(StepGraphMemoryGpu, AccumulationAndEagerStepsAddNoWorkingSet) {
   OCTET_REQUIRE_GPU();
   const std::string dir = temp_dir("memory");
@@ -329,9 +328,14 @@ TEST(StepGraphMemoryGpu, AccumulationAndEagerStepsAddNoWorkingSet) {
       "%.1f\n",
       peak["g1"], peak["g2"], peak["g2probe"], peak["g2shadow"], peak["e1"], peak["e2"],
       peak["e2probe"], peak["e2shadow"]);
-  const double margin = 0.05 * peak["g1"] + 4.0;
-  EXPECT_LE(peak["g2"], peak["g1"] + margin)
-      << "grad_accum = 2 graphed holds more than grad_accum = 1 graphed";
+  // The bug this guards against held a second working set: graphed grad_accum 2 far above eager
+  // grad_accum 2 (20.4 against 13.7 GiB on the baseline model). Graphed and eager are compared at
+  // the same grad_accum: on this tiny model the eager warm-up steps set both peaks (H100: graphed
+  // accum 1 175.2 MiB, accum 2 207.2; eager 207.2 at both), so graphed accum 1 is no bound for
+  // graphed accum 2 here.
+  const double margin = 0.05 * peak["e2"] + 4.0;
+  EXPECT_LE(peak["g2"], peak["e2"] + margin)
+      << "grad_accum = 2 graphed holds more than grad_accum = 2 eager";
   // The probe's and the shadow model's own memory is in both: what they add graphed is what they
   // add eagerly.
   EXPECT_LE(peak["g2probe"] - peak["g2"], peak["e2probe"] - peak["e2"] + margin)
