@@ -27,4 +27,21 @@ inline void store(const Tensor& t, int64_t i, float v) {
     t.data_as<uint16_t>()[i] = float_to_bf16(v);
 }
 
+// The same for a typed pointer into an f32 (float) or bf16 (uint16_t) buffer, for loops that have
+// dispatched on the dtype once.
+template <typename T>
+float load(const T* p, int64_t i) {
+  if constexpr (sizeof(T) == 2)
+    return bf16_to_float(p[i]);
+  else
+    return p[i];
+}
+template <typename T>
+void store(T* p, int64_t i, float v) {
+  if constexpr (sizeof(T) == 2)
+    p[i] = float_to_bf16(v);
+  else
+    p[i] = v;
+}
+
 }  // namespace octet::cpu

@@ -2,26 +2,12 @@
 // of rope_math.h, so the CUDA kernel matches it bit for bit.
 #include <cstring>
 
+#include "ops/cpu_elements.h"
 #include "ops/rope/rope_backends.h"
 #include "ops/rope/rope_math.h"
 
 namespace octet::cpu {
 namespace {
-
-template <typename T>
-float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 2)
-    return bf16_to_float(p[i]);
-  else
-    return p[i];
-}
-template <typename T>
-void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 2)
-    p[i] = float_to_bf16(v);
-  else
-    p[i] = v;
-}
 
 template <typename T>
 void rope_rows(const RopeArgs& a, const RopeGeometry& g, RopeDirection dir, Tensor& out) {

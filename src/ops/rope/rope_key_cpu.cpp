@@ -3,26 +3,13 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/cpu_elements.h"
 #include "ops/rope/rope_backends.h"
 #include "ops/rope/rope_math.h"
 
 namespace octet::cpu {
 namespace {
 
-template <typename T>
-float load(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 2)
-    return bf16_to_float(p[i]);
-  else
-    return p[i];
-}
-template <typename T>
-void store(T* p, int64_t i, float v) {
-  if constexpr (sizeof(T) == 2)
-    p[i] = float_to_bf16(v);
-  else
-    p[i] = v;
-}
 // v rounded to T and back (the sum's one rounding to the dtype).
 template <typename T>
 float round_to(float v) {
