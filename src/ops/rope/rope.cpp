@@ -17,24 +17,12 @@ RopeGeometry validate(Context& ctx, const RopeArgs& a, const char* op) {
   OCTET_CHECK(x.rank() == 3 || x.rank() == 4, op, ": input must be (B, T, H, W) or (B, T, W), got ",
               shape_str(x.shape()));
   const RopeTable& tb = a.table;
-  OCTET_CHECK(tb.rope_dim > 0 && tb.rope_dim % 2 == 0, op,
-              ": table rope_dim must be even and > 0, got ", tb.rope_dim,
-              " (was the table made with make_rope_table?)");
-  check_dtype(tb.cos, "rope table cos", {DType::kF32});
-  check_dtype(tb.sin, "rope table sin", {DType::kF32});
-  check_device(tb.cos, "rope table cos", ctx.device);
-  check_device(tb.sin, "rope table sin", ctx.device);
-  const Shape want{tb.positions, tb.rope_dim / 2};
-  OCTET_CHECK(tb.cos.shape() == want && tb.sin.shape() == want, op, ": table cos/sin must be ",
-              shape_str(want), ", got ", shape_str(tb.cos.shape()), " and ",
-              shape_str(tb.sin.shape()));
   RopeGeometry g;
   g.seq = x.size(1);
   g.heads = x.rank() == 4 ? x.size(2) : 1;
   g.width = x.size(x.rank() - 1);
   g.rows = x.numel() / std::max<int64_t>(g.width, 1);
-  OCTET_CHECK(g.seq <= tb.positions, op, ": sequence length T = ", g.seq, " exceeds the table's ",
-              tb.positions, " positions");
+  check_rope_table(ctx, tb, g.seq, op);
   OCTET_CHECK(a.offset >= 0 && a.offset + tb.rope_dim <= g.width, op, ": rope channels [", a.offset,
               ", ", a.offset + tb.rope_dim,
               ") do not fit in the input's last dimension W = ", g.width);
@@ -51,6 +39,22 @@ Tensor run(Context& ctx, const RopeArgs& args, RopeDirection dir, const char* op
 }
 
 }  // namespace
+
+void check_rope_table(Context& ctx, const RopeTable& tb, int64_t seq, const char* op) {
+  OCTET_CHECK(tb.rope_dim > 0 && tb.rope_dim % 2 == 0, op,
+              ": table rope_dim must be even and > 0, got ", tb.rope_dim,
+              " (was the table made with make_rope_table?)");
+  check_dtype(tb.cos, "rope table cos", {DType::kF32});
+  check_dtype(tb.sin, "rope table sin", {DType::kF32});
+  check_device(tb.cos, "rope table cos", ctx.device);
+  check_device(tb.sin, "rope table sin", ctx.device);
+  const Shape want{tb.positions, tb.rope_dim / 2};
+  OCTET_CHECK(tb.cos.shape() == want && tb.sin.shape() == want, op, ": table cos/sin must be ",
+              shape_str(want), ", got ", shape_str(tb.cos.shape()), " and ",
+              shape_str(tb.sin.shape()));
+  OCTET_CHECK(seq <= tb.positions, op, ": sequence length T = ", seq, " exceeds the table's ",
+              tb.positions, " positions");
+}
 
 RopeTable make_rope_table(Context& ctx, int64_t positions, int64_t rope_dim, double theta) {
   OCTET_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= 4096,

@@ -44,6 +44,10 @@ struct RopeTable {
 // Builds the table on the host (FP64) and copies it to the context's device.
 RopeTable make_rope_table(Context& ctx, int64_t positions, int64_t rope_dim, double theta);
 
+// The checks every rope op makes of its table: even rope_dim > 0, F32 cos/sin of shape
+// (positions, rope_dim / 2) on the context's device, and positions >= the sequence length seq.
+void check_rope_table(Context& ctx, const RopeTable& table, int64_t seq, const char* op);
+
 struct RopeArgs {
   Tensor input;     // (B, T, H, W) or (B, T, W) f32 | bf16; forward: x, backward: dy
   RopeTable table;  // positions >= T, rope_dim = d

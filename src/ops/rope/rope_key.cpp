@@ -9,22 +9,6 @@
 namespace octet {
 namespace {
 
-void check_table(Context& ctx, const RopeTable& tb, int64_t seq, const char* op) {
-  OCTET_CHECK(tb.rope_dim > 0 && tb.rope_dim % 2 == 0, op,
-              ": table rope_dim must be even and > 0, got ", tb.rope_dim,
-              " (was the table made with make_rope_table?)");
-  check_dtype(tb.cos, "rope table cos", {DType::kF32});
-  check_dtype(tb.sin, "rope table sin", {DType::kF32});
-  check_device(tb.cos, "rope table cos", ctx.device);
-  check_device(tb.sin, "rope table sin", ctx.device);
-  const Shape want{tb.positions, tb.rope_dim / 2};
-  OCTET_CHECK(tb.cos.shape() == want && tb.sin.shape() == want, op, ": table cos/sin must be ",
-              shape_str(want), ", got ", shape_str(tb.cos.shape()), " and ",
-              shape_str(tb.sin.shape()));
-  OCTET_CHECK(seq <= tb.positions, op, ": sequence length T = ", seq, " exceeds the table's ",
-              tb.positions, " positions");
-}
-
 // kv (B, T, H, Wkv) and kr (B, T, Wr) of one dtype on the context's device, kr's window inside Wr.
 RopeKeyGeometry geometry(Context& ctx, const Tensor& kv, const char* kv_name, const Tensor& kr,
                          const char* kr_name, int64_t kr_col, const RopeTable& tb, const char* op) {
@@ -38,7 +22,7 @@ RopeKeyGeometry geometry(Context& ctx, const Tensor& kv, const char* kv_name, co
               ", got ", shape_str(kr.shape()));
   OCTET_CHECK(kr.dtype() == kv.dtype(), op, ": ", kr_name, " has dtype ", dtype_name(kr.dtype()),
               ", expected ", dtype_name(kv.dtype()), " (that of ", kv_name, ")");
-  check_table(ctx, tb, kv.size(1), op);
+  check_rope_table(ctx, tb, kv.size(1), op);
   RopeKeyGeometry g;
   g.batch = kv.size(0);
   g.seq = kv.size(1);
