@@ -264,6 +264,7 @@ ModelConfig model_config_from_json(const Json& j, const std::string& source) {
   r.get("octet_seq_aux_loss_alpha", c.seq_aux_loss_alpha);
   r.get("octet_head_chunk_tokens", c.head_chunk_tokens);
   r.get("octet_moe_recompute", c.moe_recompute);
+  r.get("octet_attention_recompute_k", c.attention_recompute_k);
   r.get("octet_deterministic_attention", c.deterministic_attention);
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!r.seen(it.key())) c.extra[it.key()] = it.value();
@@ -313,6 +314,7 @@ Json model_config_to_json(const ModelConfig& c) {
   j["octet_seq_aux_loss_alpha"] = c.seq_aux_loss_alpha;
   j["octet_head_chunk_tokens"] = c.head_chunk_tokens;
   j["octet_moe_recompute"] = c.moe_recompute;
+  j["octet_attention_recompute_k"] = c.attention_recompute_k;
   j["octet_deterministic_attention"] = c.deterministic_attention;
   return j;
 }

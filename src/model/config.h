@@ -67,6 +67,9 @@ struct ModelConfig {
   // The MoE backward recomputes the SwiGLU output and the experts' outputs from gu instead of
   // keeping them (model/moe.h recompute_down): less memory, one more down-projection Fprop.
   bool moe_recompute = true;
+  // MLA's backward rebuilds k (one rope_key pass over kv and kv_a's output) instead of keeping it
+  // from the forward (model/mla.h recompute_k): N H (nope + rope) BF16 less per layer.
+  bool attention_recompute_k = true;
   // Attention's backward on CUDA: cuDNN's deterministic algorithm (bitwise reproducible runs,
   // resumes and graph replays) or, false, the faster one that sums dQ with FP32 atomics.
   bool deterministic_attention = true;

@@ -166,6 +166,7 @@ void Model::build_layer(DecoderLayer& l, int64_t index) {
   a.kv_lora = c.kv_lora_rank;
   a.has_q_lora = c.q_lora_rank.has_value();
   a.deterministic = c.deterministic_attention;
+  a.recompute_k = c.attention_recompute_k;
   a.pairing = c.rope_interleave ? RopePairing::kInterleave : RopePairing::kHalf;
   if (a.has_q_lora) {
     linear(a.q_a, GemmSite::kAttnQDown, ParamRole::kQAProj);

@@ -119,6 +119,8 @@ void add_model_keys(std::vector<Key>& k) {
   add("seq_aux_loss_alpha", "sequence-wise balance loss; 0: off", &M::seq_aux_loss_alpha);
   add("head_chunk_tokens", "tokens per output-head chunk; 0: automatic", &M::head_chunk_tokens);
   add("moe_recompute", "MoE backward recomputes SwiGLU + down", &M::moe_recompute);
+  add("attention_recompute_k", "MLA backward rebuilds k from kv instead of keeping it",
+      &M::attention_recompute_k);
   add("deterministic_attention", "cuDNN's deterministic attention backward; false: atomics",
       &M::deterministic_attention);
   // Keys of a config.json that octet keeps but does not use (architectures, bos_token_id, ...),

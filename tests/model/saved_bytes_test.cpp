@@ -184,5 +184,25 @@ TEST(SavedBytes, ConfigTurnsTheMoeRecomputationOff) {
   EXPECT_EQ(back.head_chunk_tokens, 512);
 }
 
+TEST(SavedBytes, ConfigKeepsKWhenAskedTo) {
+  Context cpu = make_context(Device::kCpu);
+  ModelConfig c = test::memory_test_config();
+  auto attention_bytes = [&](const ModelConfig& mc) {
+    Model m(cpu, mc, {recipe_preset("deepseek"), DType::kBF16});
+    EXPECT_EQ(m.layer(1).attn.recompute_k, mc.attention_recompute_k);
+    m.load(cpu, init_parameters(mc, 3));
+    m.prepare(cpu);
+    const Tensor x =
+        cast(cpu, test::random_tensor({64, mc.hidden_size}, DType::kF32, 9), DType::kBF16);
+    DecoderLayer::Saved s;
+    m.layer(1).forward(cpu, m.precision(), m.rope(), x, 2, 32, s);
+    return saved_bytes(s).attention;
+  };
+  const int64_t rebuilt = attention_bytes(c);
+  c.attention_recompute_k = false;
+  EXPECT_GT(attention_bytes(c), rebuilt);  // k kept: N H (nope + rope) BF16 more
+  EXPECT_FALSE(model_config_from_json(model_config_to_json(c)).attention_recompute_k);
+}
+
 }  // namespace
 }  // namespace octet
