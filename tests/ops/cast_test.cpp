@@ -182,6 +182,9 @@ TEST(Cast, StorageRoundBf16MatchesTheReferenceOnEveryInput) {
   for (const ExMyFormat& f : formats) {
     ASSERT_TRUE(storage_bf16_supported(f));
     const StorageBf16Format g = storage_bf16_format(f);
+    // The kernel's tile scale comes from max_bits (storage_tile_scale_for_max): the same value.
+    ASSERT_EQ(float_bits(bf16_to_float(static_cast<uint16_t>(g.max_bits))),
+              float_bits(decode_exmy(f.max_code(), f)));
     const int kmin = scale_exp(storage_tile_scale(bf16_to_float(0x7F7F), f));
     int64_t checked = 0, mismatches = 0;
     for (uint32_t b = 0; b < 0x10000u; ++b) {
