@@ -47,30 +47,30 @@ struct StorageBf16Tile {
 };
 
 // Per-half unsigned min, max and difference (mod 2^16) of two pairs of 16-bit values: one
-// instruction each on the GPU (VIMNMX.U16x2, VIADD.16x2).
+// instruction each on the GPU (VIMNMX.U16x2, VIADD.16x2), per_half on the host.
+template <typename Op>
+OCTET_HD uint32_t per_half(uint32_t x, uint32_t y, Op op) {
+  return (op(x & 0xFFFFu, y & 0xFFFFu) & 0xFFFFu) | (op(x >> 16, y >> 16) << 16);
+}
 OCTET_HD uint32_t min_u16x2(uint32_t x, uint32_t y) {
 #if defined(__CUDA_ARCH__)
   return __vminu2(x, y);
 #else
-  const uint32_t lo = (x & 0xFFFFu) < (y & 0xFFFFu) ? x & 0xFFFFu : y & 0xFFFFu;
-  const uint32_t hi = (x >> 16) < (y >> 16) ? x >> 16 : y >> 16;
-  return lo | (hi << 16);
+  return per_half(x, y, [](uint32_t a, uint32_t b) { return a < b ? a : b; });
 #endif
 }
 OCTET_HD uint32_t max_u16x2(uint32_t x, uint32_t y) {
 #if defined(__CUDA_ARCH__)
   return __vmaxu2(x, y);
 #else
-  const uint32_t lo = (x & 0xFFFFu) > (y & 0xFFFFu) ? x & 0xFFFFu : y & 0xFFFFu;
-  const uint32_t hi = (x >> 16) > (y >> 16) ? x >> 16 : y >> 16;
-  return lo | (hi << 16);
+  return per_half(x, y, [](uint32_t a, uint32_t b) { return a > b ? a : b; });
 #endif
 }
 OCTET_HD uint32_t sub_u16x2(uint32_t x, uint32_t y) {
 #if defined(__CUDA_ARCH__)
   return __vsub2(x, y);
 #else
-  return ((x - y) & 0xFFFFu) | (((x >> 16) - (y >> 16)) << 16);
+  return per_half(x, y, [](uint32_t a, uint32_t b) { return a - b; });
 #endif
 }
 
