@@ -4,6 +4,7 @@
 // recomputed, dO V^T, P^T dO, dS^T Q, dS K). Kernels that recompute more than that (the dQ pass
 // recomputes Q K^T and dO V^T) are charged only the useful work.
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,15 +13,24 @@
 #include "cli.h"
 #include "numerics/fp8.h"
 #include "ops/attention/attention.h"
+#include "ops/cast/cast.h"
 #include "ops/rope/rope.h"
+#include "ops/rope/rope_key.h"
 
 namespace octet::bench {
 namespace {
 
 // MLA's RoPE on the attention inputs of the first shape: q (B, T, H, 96) with the rope part at 64,
-// and the shared key row (B, T, kv_lora 256 + 32) with it at 256, forward and backward.
-// Memory-bound (the whole row is written, the non-rope channels copied): GB/s of input read +
-// output written, against the device copy bandwidth.
+// and the shared key row (B, T, kv_lora 256 + 32) with it at 256, forward and backward; then the
+// layer's two fused memory-bound kernels around attention, each with its previous kernel beside
+// it (the same bits, ops/rope/rope_key.h and ops/cast/cast.h):
+//   key    rope_key_forward: k (B, T, H, 64 + 32) from kv's nope columns (B, T, H, 64 + 64) and the
+//          rotated k_pe row broadcast over the heads; bytes = k written + kv's 64 nope columns
+//          read + k_pe's 32 rope columns read (the v columns between are never touched)
+//   E5M6   round_to_storage of the o_proj input (B T, H 64) in DeepSeek-V3's E5M6 (1x128 tiles);
+//          bytes = input read + output written
+// Memory-bound (the whole row is written, the non-rope channels copied): GB/s of those bytes,
+// against the device copy bandwidth.
 void rope_table(Context& ctx, int64_t B, int64_t T, int64_t H, int warmup, int runs) {
   const double copy_gbs = copy_bandwidth_gbs(ctx, int64_t{1} << 30, runs);
   L2Flusher flush(ctx);
@@ -33,21 +43,50 @@ void rope_table(Context& ctx, int64_t B, int64_t T, int64_t H, int warmup, int r
   const RopeShape shapes[] = {{"q (B, T, H, 64 + 32)", {B, T, H, 96}, 64},
                               {"k_pe row (B, T, 256 + 32)", {B, T, 288}, 256}};
   std::vector<std::vector<std::string>> table;
+  const auto row = [&](const std::string& name, const std::string& what,
+                       const std::function<void()>& fn, double bytes) {
+    const double ms = time_op(ctx, fn, warmup, runs, flush).median_ms;
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    table.push_back(
+        {name, what, fmt(ms * 1e3, 1), fmt(gbs, 0), fmt(100.0 * gbs / copy_gbs, 1) + "%"});
+  };
   for (const RopeShape& rs : shapes) {
     const Tensor x = random_bf16(ctx, rs.shape, 5);
     for (bool forward : {true, false}) {
       const RopeArgs a{.input = x, .table = tb, .pairing = RopePairing::kHalf, .offset = rs.offset};
-      const double ms = time_op(
-                            ctx, [&] { forward ? rope_forward(ctx, a) : rope_backward(ctx, a); },
-                            warmup, runs, flush)
-                            .median_ms;
-      const double gbs = 2.0 * static_cast<double>(x.nbytes()) / (ms * 1e-3) / 1e9;
-      table.push_back({rs.name, forward ? "forward" : "backward", fmt(ms * 1e3, 1), fmt(gbs, 0),
-                       fmt(100.0 * gbs / copy_gbs, 1) + "%"});
+      row(
+          rs.name, forward ? "forward" : "backward",
+          [&] { forward ? rope_forward(ctx, a) : rope_backward(ctx, a); },
+          2.0 * static_cast<double>(x.nbytes()));
     }
   }
-  std::printf("\nrope (BF16, rope dim 32; device copy %.0f GB/s):\n", copy_gbs);
-  print_table({"tensor", "direction", "us", "GB/s", "of copy"}, table);
+  const Tensor kv = random_bf16(ctx, {B, T, H, 128}, 6), kr = random_bf16(ctx, {B, T, 288}, 7);
+  const double key_bytes =
+      2.0 * static_cast<double>(B * T) * static_cast<double>(H * 96 + H * 64 + 32);
+  for (RopeKeyKernel kernel : {RopeKeyKernel::kAuto, RopeKeyKernel::kPerChunk})
+    row(
+        "key k (B, T, H, 64 + 32) from kv, k_pe",
+        kernel == RopeKeyKernel::kAuto ? "forward, block kernel" : "forward, per-chunk (previous)",
+        [&] {
+          rope_key_forward(ctx, {.kv = kv,
+                                 .nope = 64,
+                                 .kr = kr,
+                                 .kr_col = 256,
+                                 .table = tb,
+                                 .pairing = RopePairing::kHalf,
+                                 .kernel = kernel});
+        },
+        key_bytes);
+  const Tensor o = random_bf16(ctx, {B * T, H * 64}, 8);
+  for (StorageKernel kernel : {StorageKernel::kAuto, StorageKernel::kGenericEncode})
+    row(
+        "E5M6 o_proj input (B T, H 64)",
+        kernel == StorageKernel::kAuto ? "integer encode" : "generic encode (previous)",
+        [&] { round_to_storage(ctx, o, kE5M6Format, kernel); },
+        2.0 * static_cast<double>(o.nbytes()));
+  std::printf("\nrope, the MLA key and E5M6 storage (BF16, rope dim 32; device copy %.0f GB/s):\n",
+              copy_gbs);
+  print_table({"tensor", "direction / kernel", "us", "GB/s", "of copy"}, table);
 }
 
 int run(const std::vector<std::string>& argv) {
@@ -142,7 +181,9 @@ Suite attention_suite() {
           "times\n"
           "cuDNN's attention through PyTorch on the same shapes. On CUDA, then RoPE on the "
           "first shape's\n"
-          "q and shared-key tensors in GB/s against the device copy bandwidth.",
+          "q and shared-key tensors, MLA's fused key (rope_key) and the o_proj input's E5M6 "
+          "rounding, new and\n"
+          "previous kernel side by side, in GB/s against the device copy bandwidth.",
           run};
 }
 

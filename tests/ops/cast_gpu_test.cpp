@@ -10,6 +10,7 @@
 // where the comparison is still exact: NaN bits must match too).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -202,6 +203,65 @@ TEST(CastGpu, RoundToStorageVectorMatchesElementwiseKernel) {
     const Tensor got = round_to_storage(gpu, aligned, kE5M6Format).to_host(gpu);
     EXPECT_TRUE(test::bitwise_equal(want, got)) << dtype_name(dt);
   }
+}
+
+// BF16 tiles built for storage_round_bf16.h's branches: each 1x128 tile draws its amax exponent
+// over BF16's whole range and its values' exponents up to 40 below it, with random signs and
+// mantissas (every odd BF16 mantissa is an E5M6 tie), so the tiles' values land in the normal
+// range, below it (E5M6 subnormals, rounding up into the smallest normal, down to zero) and at
+// the cap; some tiles are all zeros, some hold an inf or a NaN (scale 1, saturation), some BF16
+// subnormals.
+Tensor storage_edge_input(int64_t rows, int64_t cols, uint64_t seed) {
+  Tensor t = Tensor::empty({rows, cols}, DType::kBF16);
+  uint16_t* p = t.data_as<uint16_t>();
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  const auto next = [&s] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(s >> 33);
+  };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+      const uint32_t kind = next() % 16;
+      const int top = static_cast<int>(next() % 255);  // the tile's largest exponent field
+      for (int64_t c = c0; c < std::min(cols, c0 + 128); ++c) {
+        const int e = std::max(0, top - static_cast<int>(next() % 41));
+        uint32_t b = (next() & 0x8000u) | (static_cast<uint32_t>(e) << 7) | (next() & 0x7Fu);
+        if (kind == 0) b &= 0x8000u;                                     // a tile of signed zeros
+        if (kind == 1 && c == c0 + 5) b = 0x7F80u | (next() & 0x8000u);  // inf
+        if (kind == 2 && c == c0 + 9) b = 0x7FC1u;                       // NaN
+        p[r * cols + c] = static_cast<uint16_t>(b);
+      }
+    }
+  return t;
+}
+
+// The BF16 kernel (integer encode, kAuto) and the previous one (kGenericEncode) against the CPU
+// reference, NaN included (every path makes a NaN 0x7FFF in BF16): the o_proj input's shape of
+// the baseline configuration (B T = 16384, H dv = 1024), rows whose width is not a multiple of 128
+// (the tile index by division) and the edge tiles above, in E5M6 and E4M3.
+TEST(CastGpu, RoundToStorageBf16KernelsMatchCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  Context& cpu = devices().cpu;
+  Context& gpu = devices().gpu;
+  struct Case {
+    int64_t rows, cols;
+    bool edge;
+  };
+  for (const Case& c : {Case{16384, 1024, false}, Case{16384, 1024, true}, Case{129, 1000, true},
+                        Case{1481, 136, true}, Case{3, 8, true}})
+    for (ExMyFormat f : {kE5M6Format, kE4M3Format}) {
+      const Tensor x = c.edge ? storage_edge_input(c.rows, c.cols, static_cast<uint64_t>(c.cols))
+                              : input(c.rows, c.cols, DType::kBF16, 7);
+      const Tensor want = round_to_storage(cpu, x, f);
+      const Tensor xd = x.to(gpu, Device::kCuda);
+      for (StorageKernel kernel : {StorageKernel::kAuto, StorageKernel::kGenericEncode}) {
+        poison_pool(c.rows * c.cols * 2);
+        const Tensor got = round_to_storage(gpu, xd, f, kernel).to_host(gpu);
+        EXPECT_TRUE(test::bitwise_equal(want, got))
+            << c.rows << "x" << c.cols << (c.edge ? " edge" : "") << " man_bits " << f.man_bits
+            << (kernel == StorageKernel::kAuto ? " integer encode" : " generic encode");
+      }
+    }
 }
 
 }  // namespace

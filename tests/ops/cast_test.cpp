@@ -3,6 +3,7 @@
 // pairing, and argument errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,6 +11,8 @@
 #include "backend/backend.h"
 #include "norm_act_test_util.h"
 #include "ops/cast/cast.h"
+#include "ops/cast/cast_backends.h"
+#include "ops/cast/storage_round_bf16.h"
 
 namespace octet {
 namespace {
@@ -159,6 +162,62 @@ TEST(Cast, RejectsBadArguments) {
   test::expect_error([&] { add_into(cpu(), y, x); }, {"add_into x", "[4, 7]", "[4, 8]"});
   Tensor same = x;
   test::expect_error([&] { add_into(cpu(), same, x); }, {"overlap"});
+}
+
+// storage_round_bf16.h's integer element against the reference, float_to_bf16(storage_round(x,
+// 2^k, f)), for every BF16 x (NaN, inf, zeros, subnormals, every tie) and every tile scale 2^k a
+// tile holding x can get: k from that of BF16's largest finite amax up to that of amax = |x| (a
+// larger amax gives a smaller scale), up to 2^100 for a zero, and k = 0 for every x (a tile with a
+// zero, inf or NaN amax). Formats: the ones the model uses and the corners of the supported range.
+TEST(Cast, StorageRoundBf16MatchesTheReferenceOnEveryInput) {
+  const ExMyFormat formats[] = {kE5M6Format,
+                                kE4M3Format,
+                                kE5M2Format,
+                                {5, 7, ExMyKind::kIeee},
+                                {5, 1, ExMyKind::kIeee},
+                                {3, 2, ExMyKind::kIeee},
+                                {2, 1, ExMyKind::kFiniteOnly},
+                                {4, 7, ExMyKind::kFiniteOnly}};
+  const auto scale_exp = [](float s) { return static_cast<int>(float_bits(s) >> 23) - 127; };
+  for (const ExMyFormat& f : formats) {
+    ASSERT_TRUE(storage_bf16_supported(f));
+    const StorageBf16Format g = storage_bf16_format(f);
+    // The kernel's tile scale comes from max_bits (storage_tile_scale_for_max): the same value.
+    ASSERT_EQ(float_bits(bf16_to_float(static_cast<uint16_t>(g.max_bits))),
+              float_bits(decode_exmy(f.max_code(), f)));
+    const int kmin = scale_exp(storage_tile_scale(bf16_to_float(0x7F7F), f));
+    int64_t checked = 0, mismatches = 0;
+    for (uint32_t b = 0; b < 0x10000u; ++b) {
+      const uint32_t a = b & 0x7FFFu;
+      const float x = bf16_to_float(static_cast<uint16_t>(b));
+      const int kmax =
+          a == 0 ? 100 : (a >= 0x7F80u ? 0 : scale_exp(storage_tile_scale(std::fabs(x), f)));
+      for (int k = std::min(kmin, 0); k <= std::max(kmax, 0); ++k) {
+        if (k != 0 && (k < kmin || k > kmax)) continue;
+        const float s = bits_float(static_cast<uint32_t>(127 + k) << 23);
+        const StorageBf16Tile tile = storage_bf16_tile(g, s);
+        const uint32_t want = float_to_bf16(storage_round(x, s, f));
+        const uint32_t got = storage_round_bf16(b, g, tile);
+        uint32_t pair = got, other = 0;
+        if (storage_bf16_is_normal(a, tile)) {
+          // The pair form, x in the low half next to another value of the normal branch.
+          other = (b * 40503u + static_cast<uint32_t>(k)) & 0xFFFFu;
+          if (!storage_bf16_is_normal(other & 0x7FFFu, tile)) other = b ^ 0x8000u;
+          pair = storage_bf16_normal_pair(b | (other << 16), g, tile);
+          pair = (pair >> 16) == storage_round_bf16(other, g, tile) ? pair & 0xFFFFu : ~0u;
+        }
+        ++checked;
+        if ((want != got || want != pair) && ++mismatches <= 5)
+          ADD_FAILURE() << "E" << f.exp_bits << "M" << f.man_bits << " x bits 0x" << std::hex << b
+                        << " k " << std::dec << k << ": want 0x" << std::hex << want << ", got 0x"
+                        << got << ", as a pair with 0x" << other << " 0x" << pair;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "E" << f.exp_bits << "M" << f.man_bits;
+    EXPECT_GT(checked, 65536 * 50);
+  }
+  EXPECT_FALSE(storage_bf16_supported({8, 7, ExMyKind::kIeee}));
+  EXPECT_FALSE(storage_bf16_supported({5, 10, ExMyKind::kIeee}));
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
+#include "ops/rope/rope_math.h"
 #include "rope_key_test_util.h"
 
 namespace octet {
@@ -24,6 +26,32 @@ TEST(RopeKey, MatchesCompositionBitwise) {
       test::expect_rope_key_matches_composition(cpu, {1, 3, 4, 0, 6, 8, 6, 0, pairing, dtype},
                                                 seed++);
     }
+}
+
+// rope_math::FastDiv (the CUDA kernel's index division) against integer division: every divisor
+// up to 1100 and the kernel's usual ones past it, every numerator up to 70000 and, near the top of
+// the range (2^31 - 1), the multiples of d and their neighbours.
+TEST(RopeKey, FastDivDividesExactly) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 1100; ++d) divisors.push_back(d);
+  for (uint32_t d : {3072u, 4096u, 65535u, 65536u, 65537u, 1000003u, (1u << 30) - 1, 1u << 30,
+                     (1u << 30) + 1, (1u << 31) - 1})
+    divisors.push_back(d);
+  int64_t failures = 0;
+  for (uint32_t d : divisors) {
+    const rope_math::FastDiv fd(d);
+    const auto check = [&](uint32_t n) {
+      if (fd.div(n) != n / d && ++failures <= 5)
+        ADD_FAILURE() << n << " / " << d << ": got " << fd.div(n);
+    };
+    for (uint32_t n = 0; n <= 70000; ++n) check(n);
+    const uint32_t top = (1u << 31) - 1;
+    for (uint32_t q = top / d, i = 0; i < 64 && q > 0; ++i, --q)
+      for (uint32_t n : {q * d - 1, q * d, q * d + 1})
+        if (n <= top) check(n);
+    check(top);
+  }
+  EXPECT_EQ(failures, 0);
 }
 
 TEST(RopeKey, ClearErrors) {

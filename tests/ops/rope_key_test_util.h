@@ -22,9 +22,11 @@ struct RopeKeyOut {
   Tensor k, grad_kv, grad_kr;  // host
 };
 
-// The fused ops (fused = true) or the composition, on random inputs of the case; grad_kv and
-// grad_kr start as random values so that the columns the backward must not touch are checked too.
-inline RopeKeyOut run_rope_key(Context& ctx, const RopeKeyCase& c, bool fused, uint64_t seed) {
+// The fused ops (fused = true, the forward's CUDA kernel picked by `kernel`) or the composition, on
+// random inputs of the case; grad_kv and grad_kr start as random values so that the columns the
+// backward must not touch are checked too.
+inline RopeKeyOut run_rope_key(Context& ctx, const RopeKeyCase& c, bool fused, uint64_t seed,
+                               RopeKeyKernel kernel = RopeKeyKernel::kAuto) {
   const Device dev = ctx.device;
   const RopeTable tb = make_rope_table(ctx, c.T + 3, c.rope, 10000.0);
   const Tensor kv = random_tensor({c.B, c.T, c.H, c.kv_width}, c.dtype, seed).to(ctx, dev);
@@ -40,7 +42,8 @@ inline RopeKeyOut run_rope_key(Context& ctx, const RopeKeyCase& c, bool fused, u
                                    .kr = kr,
                                    .kr_col = c.kr_col,
                                    .table = tb,
-                                   .pairing = c.pairing})
+                                   .pairing = c.pairing,
+                                   .kernel = kernel})
                 .to_host(ctx);
     rope_key_backward(ctx, {.grad_k = dk,
                             .grad_kv = dkv,

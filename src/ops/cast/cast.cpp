@@ -69,13 +69,13 @@ void add_into(Context& ctx, Tensor& y, const Tensor& x) {
   OCTET_DISPATCH(ctx, add_into, ctx, y, x);
 }
 
-Tensor round_to_storage(Context& ctx, const Tensor& x, ExMyFormat format) {
+Tensor round_to_storage(Context& ctx, const Tensor& x, ExMyFormat format, StorageKernel kernel) {
   check_input(ctx, x, "round_to_storage input");
   OCTET_CHECK(x.rank() >= 1, "round_to_storage input: expected a (rows, cols) matrix, got shape ",
               shape_str(x.shape()));
   Tensor out = Tensor::empty(ctx, x.shape(), x.dtype());
   if (x.numel() == 0) return out;
-  OCTET_DISPATCH(ctx, round_to_storage, ctx, x, format, out);
+  OCTET_DISPATCH(ctx, round_to_storage, ctx, x, format, kernel, out);
   return out;
 }
 

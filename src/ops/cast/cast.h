@@ -41,6 +41,11 @@ void add_into(Context& ctx, Tensor& y, const Tensor& x);
 // Both multiplications by powers of 2 are exact, so out holds exactly the values the format with
 // that scale can represent; for formats with at most 7 mantissa bits (E5M6) they are BF16 values.
 // x (rows, cols) f32 | bf16 -> x's shape and dtype (=). CPU and CUDA agree bit for bit.
-Tensor round_to_storage(Context& ctx, const Tensor& x, ExMyFormat format);
+// `kernel` picks the CUDA kernel for BF16 data (the same bits either way): kAuto the integer
+// encode of ops/cast/storage_round_bf16.h where the format allows, kGenericEncode the previous
+// kernel through numerics/fp8.h's ExMy encode and decode (kept for `octet bench attention`).
+enum class StorageKernel : uint8_t { kAuto, kGenericEncode };
+Tensor round_to_storage(Context& ctx, const Tensor& x, ExMyFormat format,
+                        StorageKernel kernel = StorageKernel::kAuto);
 
 }  // namespace octet

@@ -42,7 +42,7 @@ void add_into(Context&, const Tensor& y, const Tensor& x) {
   for (int64_t i = 0; i < n; ++i) store(y, i, add_element(load(y, i), load(x, i)));  // +=
 }
 
-void round_to_storage(Context&, const Tensor& x, ExMyFormat f, const Tensor& out) {
+void round_to_storage(Context&, const Tensor& x, ExMyFormat f, StorageKernel, const Tensor& out) {
   const int64_t rows = x.rows(), cols = x.cols();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c0 = 0; c0 < cols; c0 += kGroup) {

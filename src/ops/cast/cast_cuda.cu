@@ -114,10 +114,21 @@ void add_into(Context& ctx, const Tensor& y, const Tensor& x) {
     launch_add<uint16_t, uint16_t>(ctx, y, x);
 }
 
-void round_to_storage(Context& ctx, const Tensor& x, ExMyFormat f, const Tensor& out) {
+void round_to_storage(Context& ctx, const Tensor& x, ExMyFormat f, StorageKernel kernel,
+                      const Tensor& out) {
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (x.cols() % 8 == 0 && aligned16(x.data()) && aligned16(out.data())) {
     const int64_t half_warps = x.rows() * ceil_div(x.cols(), kGroup);
+    if (x.dtype() == DType::kBF16 && kernel == StorageKernel::kAuto && storage_bf16_supported(f)) {
+      // Two tiles a half-warp: half the blocks of the kernel below.
+      const auto blocks =
+          static_cast<unsigned>(std::min(ceil_div(half_warps, kThreads / 16 * 2), kMaxBlocks));
+      k::round_to_storage_bf16_kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(
+          x.data_as<const uint4>(), x.rows(), x.cols(), storage_bf16_format(f),
+          out.data_as<uint4>());
+      OCTET_CUDA_CHECK_LAUNCH();
+      return;
+    }
     const auto blocks =
         static_cast<unsigned>(std::min(ceil_div(half_warps, kThreads / 16), kMaxBlocks));
     if (x.dtype() == DType::kF32)

@@ -7,6 +7,7 @@
 
 #include "numerics/fp8.h"
 #include "ops/cast/cast_backends.h"
+#include "ops/cast/storage_round_bf16.h"
 
 namespace octet::cuda::cast_kernels {
 
@@ -177,6 +178,83 @@ __global__ void __launch_bounds__(256)
       v[i] = q != q ? rn::div(q, s) : rn::mul(q, inv);
     }
     store8(out + r * cols + c, v);
+  }
+}
+
+// round_to_storage for BF16 with a format storage_round_bf16.h supports (E5M6), cols % 8 == 0 and
+// 16-byte aligned x and out: the layout of round_to_storage_vec_kernel (a half-warp per 1x128
+// tile, 8 elements a lane in one 16-byte load) with the element in integer operations on the bits
+// (storage_round_bf16.h), two values at a time in 16x2 instructions: the tile's amax is the unsigned
+// max of the 15-bit |x| fields (NaN above inf, as there), its scale storage_tile_scale's from the
+// format's largest value, and a lane whose 8 values all take the normal branch runs it on pairs
+// without a branch. A lane loads its part of
+// two tiles before it reduces either (32 bytes a thread in flight). Tiles are flat (t * 128) when
+// cols % 128 == 0, else (row, column) by division.
+struct Bf16Tile {
+  int64_t at;  // the lane's 8 values: x[at], out[at] (16-byte units)
+  bool ok;     // the lane has values (inside the matrix)
+};
+
+__device__ __forceinline__ Bf16Tile bf16_tile_at(int64_t t, int64_t tiles, int64_t cols,
+                                                 int64_t tiles_per_row, bool flat, int lane16) {
+  if (t >= tiles) return {0, false};
+  if (flat) return {t * 16 + lane16, true};
+  const int64_t r = t / tiles_per_row, c8 = (t - r * tiles_per_row) * 16 + lane16;
+  return {r * (cols / 8) + c8, c8 < cols / 8};
+}
+
+__global__ void __launch_bounds__(256)
+    round_to_storage_bf16_kernel(const uint4* __restrict__ x, int64_t rows, int64_t cols,
+                                 StorageBf16Format g, uint4* __restrict__ out) {
+  constexpr int kTilesPerLane = 2;
+  const int64_t tiles_per_row = (cols + 127) / 128, tiles = rows * tiles_per_row;
+  const bool flat = cols % 128 == 0;
+  const int lane16 = threadIdx.x % 16;
+  const int64_t hw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int64_t halves = static_cast<int64_t>(gridDim.x) * (blockDim.x / 16);
+  // The loop test uses the warp's first half-warp, so all 32 lanes run the same steps (the
+  // shuffles need them all).
+  for (int64_t t0 = hw; t0 - hw % 2 < tiles; t0 += kTilesPerLane * halves) {
+    Bf16Tile lane[kTilesPerLane];
+    uint4 w[kTilesPerLane];
+#pragma unroll
+    for (int u = 0; u < kTilesPerLane; ++u) {
+      lane[u] = bf16_tile_at(t0 + u * halves, tiles, cols, tiles_per_row, flat, lane16);
+      w[u] = lane[u].ok ? x[lane[u].at] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kTilesPerLane; ++u) {
+      const uint32_t v[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+      // The lane's largest |x| and smallest |x| - 1 (a zero wraps to 0xFFFF), per half, then
+      // over the halves; the largest over the tile's 16 lanes.
+      uint32_t hi2 = 0, lo2 = 0xFFFFFFFFu;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t a = v[i] & 0x7FFF7FFFu;
+        hi2 = max_u16x2(hi2, a);
+        lo2 = min_u16x2(lo2, sub_u16x2(a, 0x10001u));
+      }
+      const uint32_t lane_max = max(hi2 & 0xFFFFu, hi2 >> 16);
+      const uint32_t lane_min = min(lo2 & 0xFFFFu, lo2 >> 16);
+      uint32_t m = lane_max;
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (!lane[u].ok) continue;
+      const StorageBf16Tile tile = storage_bf16_tile(
+          g, storage_tile_scale_for_max(bits_float(m << 16), bits_float(g.max_bits << 16)));
+      // All 8 values in the normal branch (storage_bf16_is_normal): two at a time, no branch.
+      uint32_t o[4];
+      if (lane_min >= tile.normal_min - 1u && lane_max <= 0x7F80u) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] = storage_bf16_normal_pair(v[i], g, tile);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          o[i] = storage_round_bf16(v[i] & 0xFFFFu, g, tile) |
+                 (storage_round_bf16(v[i] >> 16, g, tile) << 16);
+      }
+      out[lane[u].at] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
   }
 }
 

@@ -20,6 +20,11 @@
 
 namespace octet {
 
+// The CUDA forward kernel (the same bits either way): kAuto the token-block kernel where the
+// shapes allow it (rope_key_cuda.cu), kPerChunk the previous one-thread-per-8-columns kernel
+// (kept for `octet bench attention`, and the fallback for odd shapes).
+enum class RopeKeyKernel : uint8_t { kAuto, kPerChunk };
+
 struct RopeKeyArgs {
   Tensor kv;           // (B, T, H, Wkv) f32 | bf16: columns [0, nope) read
   int64_t nope = 0;    // dn, 0 <= dn <= Wkv
@@ -27,6 +32,7 @@ struct RopeKeyArgs {
   int64_t kr_col = 0;  // kr_col + d <= Wr
   RopeTable table;     // positions >= T
   RopePairing pairing = RopePairing::kHalf;
+  RopeKeyKernel kernel = RopeKeyKernel::kAuto;
 };
 
 // k = [kv[..., :dn] ; rope(kr) broadcast over heads], (B, T, H, dn + d) in kv's dtype (`=`).

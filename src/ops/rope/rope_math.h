@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "numerics/fp8.h"  // OCTET_HD
 
@@ -50,5 +51,27 @@ OCTET_HD RopePick rope_pick(int i, int half, bool interleave, bool forward) {
   }
   return r;
 }
+
+// n / d for 0 <= n < 2^31 and a divisor 1 <= d < 2^31 fixed at launch, in a multiply-high, an
+// add and a shift (Granlund and Montgomery's round-up method): with l = ceil(log2 d) and
+// mul = floor(2^32 (2^l - d) / d) + 1, n / d = (mulhi(n, mul) + n) >> l; the sum fits in 32 bits
+// because n < 2^31. rope_key_cuda.cu's index arithmetic (tests/ops/rope_key_test.cpp checks it).
+struct FastDiv {
+  uint32_t d = 1, mul = 1, shift = 0;
+
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while ((uint64_t{1} << shift) < d) ++shift;
+    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  OCTET_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, mul);
+#else
+    const auto hi = static_cast<uint32_t>((uint64_t{n} * mul) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
 
 }  // namespace octet::rope_math
