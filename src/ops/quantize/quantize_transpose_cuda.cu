@@ -2,6 +2,7 @@
 // the op, its row-gather form (moe_permute_transposed) and the kernel it replaced, which
 // `octet bench quantize` times next to it. Arguments were validated and outputs allocated by the
 // callers; everything is enqueued on the context's stream.
+#include <atomic>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -28,12 +29,31 @@ dim3 tile_grid(int64_t rows, int64_t cols) {
   return grid;
 }
 
+// The largest shared-memory carveout for the tile kernels, so that the 6 blocks per SM their launch
+// bounds allow (16 KB of staged codes each) fit; set once per device.
+void configure_tile_kernels(const Context& ctx) {
+  static std::atomic<bool> configured[64] = {};
+  OCTET_CHECK(ctx.device_index >= 0 && ctx.device_index < 64, "scaling-aware transpose: device ",
+              ctx.device_index, " out of range");
+  if (configured[ctx.device_index]) return;
+  auto carveout = [](auto kernel) {
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+  };
+  carveout(kernels::scaling_aware_transpose_tile_kernel<Fp8Format::kE4M3, true>);
+  carveout(kernels::scaling_aware_transpose_tile_kernel<Fp8Format::kE4M3, false>);
+  carveout(kernels::scaling_aware_transpose_tile_kernel<Fp8Format::kE5M2, true>);
+  carveout(kernels::scaling_aware_transpose_tile_kernel<Fp8Format::kE5M2, false>);
+  configured[ctx.device_index] = true;
+}
+
 // `rows` rows of the tensor transposed; row_src null (rows of in) or its source rows in `in`.
 void launch_transpose(Context& ctx, const QuantTensor& in, int64_t rows, const int32_t* row_src,
                       Tensor& cdata, Tensor& cscale) {
   const int64_t cols = in.cols();
   if (rows == 0 || cols == 0) return;  // nothing to write: the outputs are empty
   const dim3 grid = tile_grid(rows, cols);
+  configure_tile_kernels(ctx);
   const auto* q = in.data.data_as<const uint8_t>();
   auto* out = cdata.data_as<uint8_t>();
   const bool vec = cols % 16 == 0 && aligned16(q);
