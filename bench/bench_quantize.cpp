@@ -89,7 +89,7 @@ std::vector<std::string> transpose_row(Context& ctx, const Tensor& x, double cop
   const bool legacy = t_legacy > 0;
   return {std::to_string(rows) + " x " + std::to_string(cols),
           fmt(t_sat * 1e3, 1),
-          fmt(gbs, 0),
+          fmt(gbs, gbs < 10 ? 2 : 0),
           fmt(100.0 * gbs / copy_gbs, 1) + "%",
           legacy ? fmt(t_legacy * 1e3, 1) : "-",
           legacy ? fmt(bytes / (t_legacy * 1e-3) / 1e9, 0) : "-",
