@@ -11,6 +11,7 @@
 #include "bench.h"
 #include "cli.h"
 #include "ops/quantize/quantize.h"
+#include "ops/quantize/quantize_backends.h"
 
 namespace octet::bench {
 namespace {
@@ -36,6 +37,65 @@ Tensor random_bf16(Context& ctx, int64_t rows, int64_t cols) {
     p[i] = float_to_bf16(v);
   }
   return h.to(ctx, ctx.device);
+}
+
+// One row of the transpose table: the scaling-aware transpose of x's 1x128 pow2 E4M3 copy (the
+// op, then the kernel it replaced where the build has it), against the path it replaces: dequantize
+// to BF16, quantize the transpose. Bytes: codes read and written once, both copies' scales.
+std::vector<std::string> transpose_row(Context& ctx, const Tensor& x, double copy_gbs, int warmup,
+                                       int runs, L2Flusher& flush) {
+  const int64_t rows = x.rows(), cols = x.cols();
+  const double n = static_cast<double>(rows) * static_cast<double>(cols);
+  QuantTensor q = quantize(ctx, {.input = x,
+                                 .format = Fp8Format::kE4M3,
+                                 .granularity = Granularity::k1x128,
+                                 .rounding = ScaleRounding::kPow2,
+                                 .epsilon = 0.0f,
+                                 .output = QuantizeOutput::kRowwise});
+  const double t_sat = time_op(
+                           ctx, [&] { scaling_aware_transpose(ctx, q); }, warmup, runs, flush)
+                           .median_ms;
+  double t_legacy = 0;
+#if OCTET_WITH_CUDA
+  if (ctx.device == Device::kCuda) {
+    Tensor cdata = q.columnwise_data, cscale = q.columnwise_scale_inv;
+    t_legacy = time_op(
+                   ctx, [&] { cuda::scaling_aware_transpose_legacy(ctx, q, cdata, cscale); },
+                   warmup, runs, flush)
+                   .median_ms;
+  }
+#endif
+  const double t_deq = time_op(
+                           ctx, [&] { dequantize(ctx, q, DType::kBF16); }, warmup, runs, flush)
+                           .median_ms;
+  const Tensor xd = dequantize(ctx, q, DType::kBF16);
+  const double t_req = time_op(
+                           ctx,
+                           [&] {
+                             quantize(ctx, {.input = xd,
+                                            .format = Fp8Format::kE4M3,
+                                            .granularity = Granularity::k1x128,
+                                            .rounding = ScaleRounding::kPow2,
+                                            .epsilon = 0.0f,
+                                            .output = QuantizeOutput::kColumnwise});
+                           },
+                           warmup, runs, flush)
+                           .median_ms;
+  const double bytes =
+      2 * n +
+      4.0 * static_cast<double>(shape_numel(scale_shape(Granularity::k1x128, rows, cols)) +
+                                shape_numel(scale_shape(Granularity::k128x128, cols, rows)));
+  const double gbs = bytes / (t_sat * 1e-3) / 1e9;
+  const bool legacy = t_legacy > 0;
+  return {std::to_string(rows) + " x " + std::to_string(cols),
+          fmt(t_sat * 1e3, 1),
+          fmt(gbs, gbs < 10 ? 2 : 0),
+          fmt(100.0 * gbs / copy_gbs, 1) + "%",
+          legacy ? fmt(t_legacy * 1e3, 1) : "-",
+          legacy ? fmt(bytes / (t_legacy * 1e-3) / 1e9, 0) : "-",
+          legacy ? fmt(t_legacy / t_sat, 2) + "x" : "-",
+          fmt((t_deq + t_req) * 1e3, 1),
+          fmt((t_deq + t_req) / t_sat, 2) + "x"};
 }
 
 // The tile kernel (1x128 with the column-wise copy) on the shapes the deepseek recipe quantizes in
@@ -155,44 +215,21 @@ int run(const std::vector<std::string>& argv) {
                        fmt(100.0 * gbs / copy_gbs, 1) + "%"});
     }
 
-    // Scaling-aware transpose vs the path it replaces: dequantize to BF16, quantize the transpose.
-    QuantTensor q = quantize(ctx, {.input = x,
-                                   .format = Fp8Format::kE4M3,
-                                   .granularity = Granularity::k1x128,
-                                   .rounding = ScaleRounding::kPow2,
-                                   .epsilon = 0.0f,
-                                   .output = QuantizeOutput::kRowwise});
-    const double t_sat = time_op(
-                             ctx, [&] { scaling_aware_transpose(ctx, q); }, warmup, runs, flush)
-                             .median_ms;
-    const double t_deq = time_op(
-                             ctx, [&] { dequantize(ctx, q, DType::kBF16); }, warmup, runs, flush)
-                             .median_ms;
-    const Tensor xd = dequantize(ctx, q, DType::kBF16);
-    const double t_req = time_op(
-                             ctx,
-                             [&] {
-                               quantize(ctx, {.input = xd,
-                                              .format = Fp8Format::kE4M3,
-                                              .granularity = Granularity::k1x128,
-                                              .rounding = ScaleRounding::kPow2,
-                                              .epsilon = 0.0f,
-                                              .output = QuantizeOutput::kColumnwise});
-                             },
-                             warmup, runs, flush)
-                             .median_ms;
-    const double sat_bytes = 2 * n + s1x128 + s128;
-    transpose_table.push_back({shape, fmt(t_sat, 3), fmt(sat_bytes / (t_sat * 1e-3) / 1e9, 0),
-                               fmt(t_deq, 3), fmt(t_req, 3), fmt(t_deq + t_req, 3),
-                               fmt((t_deq + t_req) / t_sat, 2) + "x"});
+    transpose_table.push_back(transpose_row(ctx, x, copy_gbs, warmup, runs, flush));
   }
   print_table({"op", "shape", "ms", "GB/s", "of copy"}, table);
   std::printf(
-      "\nscaling-aware transpose (1x128 pow2 -> column-wise, 128x128 scales) vs dequantize + "
+      "\nscaling-aware transpose (1x128 pow2 -> column-wise, 128x128 scales; on CUDA also the "
+      "model's MoE\nshapes): the op, the kernel it replaced (legacy), and dequantize + "
       "requantize:\n");
-  print_table(
-      {"shape", "transpose ms", "GB/s", "dequantize ms", "requantize ms", "deq+req ms", "speedup"},
-      transpose_table);
+  if (dev == "cuda" && !args.get("rows") && !args.get("cols"))
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {65536, 1024}, {65536, 704}, {16384, 1024}, {16384, 704}})
+      transpose_table.push_back(
+          transpose_row(ctx, random_bf16(ctx, rows, cols), copy_gbs, warmup, runs, flush));
+  print_table({"shape", "transpose us", "GB/s", "of copy", "legacy us", "legacy GB/s", "vs legacy",
+               "deq+req us", "vs deq+req"},
+              transpose_table);
   if (dev == "cuda" && !args.get("rows") && !args.get("cols")) {
     std::printf(
         "\nbf16 -> fp8 E4M3 1x128 (pow2) with the column-wise copy on the model's shapes "
@@ -215,6 +252,8 @@ Suite quantize_suite() {
           "and as a share\n"
           "of the device-to-device copy bandwidth measured in the same run; then the scaling-aware "
           "transpose\n"
+          "(the op, and on CUDA the kernel it replaced, also on the MoE shapes 65536 / 16384 x "
+          "1024 / 704)\n"
           "against dequantize-then-requantize; then (CUDA, no --rows/--cols) the 1x128 tile "
           "kernel with the\n"
           "column-wise copy on the shapes configs/baseline-h100.toml quantizes. Median of --runs "

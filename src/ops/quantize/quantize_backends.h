@@ -26,6 +26,10 @@ OCTET_QUANTIZE_BACKEND_DECLS
 // code (ops/moe_permute). cdata (cols, R), cscale (ceil(cols / 128), ceil(R / 128)).
 void scaling_aware_transpose_gathered(Context& ctx, const QuantTensor& in, const Tensor& row_src,
                                       Tensor& cdata, Tensor& cscale);
+// scaling_aware_transpose through the kernel the 16-byte one replaced (bit for bit the same
+// outputs): `octet bench quantize` times both in one run, the GPU tests compare them.
+void scaling_aware_transpose_legacy(Context& ctx, const QuantTensor& in, Tensor& cdata,
+                                    Tensor& cscale);
 }  // namespace cuda
 
 #undef OCTET_QUANTIZE_BACKEND_DECLS

@@ -239,33 +239,6 @@ void amax(Context& ctx, const Tensor& x, Tensor& out) {
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
-namespace {
-
-// `rows` rows of the tensor transposed; row_src null (rows of in) or its source rows in `in`.
-void launch_transpose(Context& ctx, const QuantTensor& in, int64_t rows, const int32_t* row_src,
-                      Tensor& cdata, Tensor& cscale) {
-  const int64_t cols = in.cols();
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kGroup)),
-                  static_cast<unsigned>(ceil_div(rows, kGroup)));
-  OCTET_CHECK(grid.y < 65536, "scaling-aware transpose: ", rows,
-              " rows exceed the grid limit (65535 * 128)");
-  kernels::scaling_aware_transpose_kernel<<<grid, kernels::kTileThreads, 0, stream_of(ctx)>>>(
-      in.data.data_as<const uint8_t>(), in.scale_inv.data_as<const float>(), rows, cols, in.format,
-      cdata.data_as<uint8_t>(), cscale.data_as<float>(), row_src);
-  OCTET_CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace
-
-void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale) {
-  launch_transpose(ctx, in, in.rows(), nullptr, cdata, cscale);
-}
-
-void scaling_aware_transpose_gathered(Context& ctx, const QuantTensor& in, const Tensor& row_src,
-                                      Tensor& cdata, Tensor& cscale) {
-  launch_transpose(ctx, in, row_src.numel(), row_src.data_as<const int32_t>(), cdata, cscale);
-}
-
 void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax, int64_t step,
                             AmaxReduction reduce, const ScaleRule& rule) {
   kernels::delayed_scaling_update_kernel<<<1, 256, 0, stream_of(ctx)>>>(
