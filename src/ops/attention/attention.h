@@ -37,9 +37,10 @@
 // (b, h) per chunk exceeds it, that finest split runs. The results are bitwise those of one call
 // (each (b, h)'s arithmetic is the same). One workspace of the chunk's size is taken per call and
 // reused by every chunk (stream order keeps them apart); a chunk's lse that would start off
-// cuDNN's 16-byte alignment (odd T) is first copied to an aligned scratch of one chunk's lse. The
-// atomics backward follows the same rule; its workspace (an FP32 dQ accumulator, B*H*T*Dqk*4)
-// reaches the cap only at large shapes (384 MiB, so 2 chunks, at DeepSeek-V3's).
+// cuDNN's 16-byte alignment (T not a multiple of 4) is first copied to an aligned scratch of one
+// chunk's lse. The atomics backward follows the same rule; its workspace (by the frontend's sizing
+// an FP32 dQ accumulator, B*H*T*Dqk*4) reaches the cap only at large shapes (DeepSeek-V3's:
+// 384 MiB, 2 chunks).
 #pragma once
 
 #include <cstdint>
