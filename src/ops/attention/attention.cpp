@@ -180,17 +180,17 @@ AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq,
   OCTET_CHECK(max_backward_workspace >= 0,
               "attention: max_backward_workspace must be >= 0 (0: the default cap), got ",
               max_backward_workspace);
-  const AttentionShape s{batch,
-                         seq,
-                         heads,
-                         static_cast<int>(dqk),
-                         static_cast<int>(dv),
-                         resolve_scale(softmax_scale, dqk),
-                         dqk,
-                         dqk,
-                         dv,
-                         dv,
-                         0};
+  [[maybe_unused]] const AttentionShape s{batch,
+                                          seq,
+                                          heads,
+                                          static_cast<int>(dqk),
+                                          static_cast<int>(dv),
+                                          resolve_scale(softmax_scale, dqk),
+                                          dqk,
+                                          dqk,
+                                          dv,
+                                          dv,
+                                          0};
   AttentionWorkspace ws;
   if (batch * seq * heads == 0) return ws;
   dispatch(
