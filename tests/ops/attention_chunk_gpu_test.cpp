@@ -164,8 +164,8 @@ TEST(AttentionChunkGpu, HeadChunksOfOneSequenceMatchWholeBitwise) {
 TEST(AttentionChunkGpu, WindowsAndDvIntoAWindowMatchWholeBitwise) {
   OCTET_REQUIRE_GPU();
   Context gpu = make_context(Device::kCuda);
-  // MLA: q, k, v windows, dv written into a window. 5/16: neither 2 batch chunks (1/2) nor one
-  // sequence per chunk (1/2) fits, so each sequence splits into 2 chunks of 2 heads (4 in all).
+  // MLA: q, k, v windows, dv written into a window. 5/16: 2 chunks of one sequence (1/2 each) do
+  // not fit, so each sequence splits into 2 chunks of 2 heads (4 in all).
   expect_chunks_match_whole(gpu, {.B = 2, .T = 97, .H = 4, .dqk = 192, .dv = 128, .windows = true},
                             5, 16, 4, 31);
 }
