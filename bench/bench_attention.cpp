@@ -3,6 +3,7 @@
 // head: forward 2 * pairs * (Dqk + Dv) (Q K^T and P V), backward 2 * pairs * (3 Dqk + 2 Dv) (Q K^T
 // recomputed, dO V^T, P^T dO, dS^T Q, dS K). Kernels that recompute more than that (the dQ pass
 // recomputes Q K^T and dO V^T) are charged only the useful work.
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -124,8 +125,10 @@ int run(const std::vector<std::string>& argv) {
             warmup, runs)
             .median_ms;
     // The backward both ways: cuDNN's deterministic algorithm (the default) and the one that sums
-    // dQ with FP32 atomics (model.deterministic_attention = false).
-    const auto time_bwd = [&](bool deterministic) {
+    // dQ with FP32 atomics (model.deterministic_attention = false), each chunked under the default
+    // workspace cap as the model runs it; and the deterministic one as one unchunked call, which is
+    // what the chunks cost.
+    const auto time_bwd = [&](bool deterministic, int64_t max_workspace) {
       return time_op(
                  ctx,
                  [&] {
@@ -136,12 +139,14 @@ int run(const std::vector<std::string>& argv) {
                                             .lse = f.lse,
                                             .grad_o = dO,
                                             .softmax_scale = 0.0f,
-                                            .deterministic = deterministic});
+                                            .deterministic = deterministic,
+                                            .max_workspace_bytes = max_workspace});
                  },
                  warmup, runs)
           .median_ms;
     };
-    const double bwd = time_bwd(true), bwd_atomics = time_bwd(false);
+    const double bwd = time_bwd(true, 0), bwd_atomics = time_bwd(false, 0),
+                 bwd_whole = time_bwd(true, INT64_MAX);
     const double pairs =
         static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
     const double fwd_flops = 2 * pairs * static_cast<double>(dqk + dv),
@@ -150,14 +155,18 @@ int run(const std::vector<std::string>& argv) {
                               std::to_string(H) + " (" + std::to_string(dqk) + ", " +
                               std::to_string(dv) + ")";
     const AttentionWorkspace ws = attention_workspace(ctx, B, T, H, dqk, dv);
-    table.push_back(
-        {shape, fmt(fwd, 3), fmt(fwd_flops / (fwd * 1e-3) / 1e12, 1), fmt(bwd, 3),
-         fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2), fmt(bwd_atomics, 3),
-         fmt(bwd_flops / (bwd_atomics * 1e-3) / 1e12, 1),
-         fmt(ws.forward_bytes / 1048576.0, 1) + " / " + fmt(ws.backward_bytes / 1048576.0, 1)});
+    const AttentionWorkspace whole = attention_workspace(ctx, B, T, H, dqk, dv, 0.0f, INT64_MAX);
+    table.push_back({shape, fmt(fwd, 3), fmt(fwd_flops / (fwd * 1e-3) / 1e12, 1), fmt(bwd, 3),
+                     fmt(bwd_flops / (bwd * 1e-3) / 1e12, 1), fmt(bwd / fwd, 2), fmt(bwd_whole, 3),
+                     fmt(bwd_atomics, 3), fmt(bwd_flops / (bwd_atomics * 1e-3) / 1e12, 1),
+                     fmt(ws.forward_bytes / 1048576.0, 1) + " / " +
+                         fmt(ws.backward_bytes / 1048576.0, 1) + " x " +
+                         std::to_string(ws.backward_chunks),
+                     fmt(whole.backward_bytes / 1048576.0, 1)});
   }
   print_table({"B x T x H (Dqk, Dv)", "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS", "bwd/fwd",
-               "bwd ms (atomics)", "TFLOPS (atomics)", "workspace MiB fwd / bwd"},
+               "bwd ms (1 call)", "bwd ms (atomics)", "TFLOPS (atomics)",
+               "workspace MiB fwd / bwd x chunks", "bwd MiB (1 call)"},
               table);
   if (dev == "cuda")
     rope_table(ctx, shapes.front().B, shapes.front().T, shapes.front().H, warmup, runs);
@@ -177,7 +186,10 @@ Suite attention_suite() {
           "4096 x 128\n"
           "(192, 128), or at the one shape the flags give; TFLOPS count the causal half's useful "
           "FLOPs\n"
-          "(see bench_attention.cpp). Median of --runs (default 20). scripts/peer_attention.py "
+          "(see bench_attention.cpp). The backward runs in chunks under the default workspace "
+          "cap\n"
+          "(attention.h); \"1 call\" times it unchunked. Median of --runs (default 20). "
+          "scripts/peer_attention.py "
           "times\n"
           "cuDNN's attention through PyTorch on the same shapes. On CUDA, then RoPE on the "
           "first shape's\n"

@@ -227,6 +227,23 @@ TEST(AttentionCpu, RejectsBadShapesWithClearMessages) {
                                  .softmax_scale = 0.0f});
       },
       {"lse", "(B, H, T)"});
+  expect_error(
+      [&] {
+        attention_backward(cpu, {.q = q,
+                                 .k = q,
+                                 .v = v,
+                                 .o = r.o,
+                                 .lse = r.lse,
+                                 .grad_o = r.o,
+                                 .max_workspace_bytes = -1});
+      },
+      {"max_workspace_bytes", "-1"});
+  expect_error([&] { attention_workspace(cpu, 1, 4, 2, 32, 16, 0.0f, -5); },
+               {"max_backward_workspace", "-5"});
+  // The CPU takes no workspace and ignores the cap.
+  const AttentionWorkspace ws = attention_workspace(cpu, 8, 64, 4, 32, 16, 0.0f, 1);
+  EXPECT_EQ(ws.backward_bytes, 0);
+  EXPECT_EQ(ws.backward_chunks, 1);
 }
 
 TEST(AttentionCpu, EmptySequenceIsAllowed) {

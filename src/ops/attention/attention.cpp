@@ -150,6 +150,9 @@ AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& arg
     check_view(ctx, args.grad_v_into, "grad_v_into", dtype, s.batch, s.seq, s.heads, s.dv);
     s.ld_dv = args.grad_v_into.row_stride();
   }
+  OCTET_CHECK(args.max_workspace_bytes >= 0,
+              "attention: max_workspace_bytes must be >= 0 (0: the default cap), got ",
+              args.max_workspace_bytes);
   check_dtype(args.lse, "attention lse", {DType::kF32});
   check_device(args.lse, "attention lse", ctx.device);
   const Shape lse_shape{s.batch, s.heads, s.seq};
@@ -169,24 +172,30 @@ AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& arg
 }
 
 AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq, int64_t heads,
-                                       int64_t dqk, int64_t dv, float softmax_scale) {
+                                       int64_t dqk, int64_t dv, float softmax_scale,
+                                       int64_t max_backward_workspace) {
   check_head_dim(dqk, "q", "Dqk");
   check_head_dim(dv, "v", "Dv");
   OCTET_CHECK(batch >= 0 && seq >= 0 && heads >= 0, "attention: negative shape");
-  const AttentionShape s{batch,
-                         seq,
-                         heads,
-                         static_cast<int>(dqk),
-                         static_cast<int>(dv),
-                         resolve_scale(softmax_scale, dqk),
-                         dqk,
-                         dqk,
-                         dv,
-                         dv};
+  OCTET_CHECK(max_backward_workspace >= 0,
+              "attention: max_backward_workspace must be >= 0 (0: the default cap), got ",
+              max_backward_workspace);
+  [[maybe_unused]] const AttentionShape s{batch,
+                                          seq,
+                                          heads,
+                                          static_cast<int>(dqk),
+                                          static_cast<int>(dv),
+                                          resolve_scale(softmax_scale, dqk),
+                                          dqk,
+                                          dqk,
+                                          dv,
+                                          dv,
+                                          0};
   AttentionWorkspace ws;
   if (batch * seq * heads == 0) return ws;
   dispatch(
-      ctx, [] {}, [&] { OCTET_CUDNN_ONLY(ws = cuda::attention_workspace(ctx, s)); });
+      ctx, [] {},
+      [&] { OCTET_CUDNN_ONLY(ws = cuda::attention_workspace(ctx, s, max_backward_workspace)); });
   return ws;
 }
 

@@ -22,15 +22,40 @@
 // CPU: plain loops in FP64, one score row at a time (the oracle). CUDA: cuDNN's fused flash
 // attention (SDPA) through the cuDNN frontend, on this (B, T, H, D) layout by strides; memory
 // linear in T; one graph per shape cached in the context; the backward is cuDNN's deterministic
-// algorithm unless the call asks otherwise, so results are bitwise reproducible run to run. CUDA builds without cuDNN refuse
-// attention on the GPU with one clear error.
+// algorithm unless the call asks otherwise, so results are bitwise reproducible run to run. CUDA
+// builds without cuDNN refuse attention on the GPU with one clear error.
+//
+// Backward workspace bound (CUDA). cuDNN's deterministic backward before 9.25 takes a dP scratch
+// of B*H*T^2 BF16 plus B*H*T FP32 row sums (1025 MiB at 8 x 2048 x 16, 4098 MiB at DeepSeek-V3's
+// 1 x 4096 x 128), on top of the step's peak. Since every (b, h) is independent, the backward runs
+// as n equal chunks, one after the other on the stream, each the same cached cuDNN graph on
+// pointer offsets into every operand: the fewest n whose workspace (cuDNN's own figure for the
+// chunk's graph) is at most the cap, trying batch chunks first (n dividing B, all heads; the
+// layout's strides are unchanged) and then, one sequence per chunk, head chunks (n = B * m with m
+// dividing H; cuDNN < 9.26 reads lse only as packed (B, H, T), which a head chunk of one sequence
+// is). The cap is kAttentionBackwardWorkspaceCap unless the call gives another; when even one
+// (b, h) per chunk exceeds it, that finest split runs. The results are bitwise those of one call
+// (each (b, h)'s arithmetic is the same). One workspace of the chunk's size is taken per call and
+// reused by every chunk (stream order keeps them apart); a chunk's lse that would start off
+// cuDNN's 16-byte alignment (T not a multiple of 4) is first copied to an aligned scratch of one
+// chunk's lse. The atomics backward follows the same rule; its workspace (by the frontend's sizing
+// an FP32 dQ accumulator, B*H*T*Dqk*4) reaches the cap only at large shapes (DeepSeek-V3's:
+// 384 MiB, 2 chunks).
 #pragma once
 
+#include <cstdint>
 #include <utility>
 
 #include "core/context.h"
 
 namespace octet {
+
+// The default bound on one cuDNN backward call's workspace: 256 MiB of dP scratch plus 8 MiB for
+// cuDNN's FP32 row sums (2/T of the dP part) and alignment, so that a quarter of the baseline's
+// 8 x 2048 x 16 (256.25 MiB) is one chunk rather than an eighth. 256 MiB is under 2% of the
+// trainer's peak on both configurations, and each chunk still spans B*H/n * T/128 >= 256 blocks
+// of 128 keys there (two waves of an H100's 132 SMs), so chunking adds launches, not idle SMs.
+constexpr int64_t kAttentionBackwardWorkspaceCap = int64_t{264} << 20;
 
 // A (B, T, H, D) attention operand that may be a column window of a wider tensor: element
 // (b, t, h, d) is base[b, t, h, col + d] for d < D, where base is contiguous (B, T, H, W) and
@@ -89,6 +114,9 @@ struct AttentionBackwardArgs {
   // into these columns (MLA: the v columns of dkv) and AttentionGrads::grad_v stays empty. It must
   // not overlap any input.
   HeadView grad_v_into;
+  // CUDA: the largest workspace one cuDNN backward call may take (the chunking rule above); 0:
+  // kAttentionBackwardWorkspaceCap; INT64_MAX: one call, unchunked. Ignored on the CPU.
+  int64_t max_workspace_bytes = 0;
 };
 
 struct AttentionGrads {
@@ -106,14 +134,17 @@ AttentionGrads attention_backward(Context& ctx, const AttentionBackwardArgs& arg
 void attention_check_supported(Context& ctx, int64_t dqk, int64_t dv);
 
 struct AttentionWorkspace {
-  int64_t forward_bytes = 0;   // device scratch of one attention_forward call
-  int64_t backward_bytes = 0;  // of one attention_backward call
+  int64_t forward_bytes = 0;    // device scratch of one attention_forward call
+  int64_t backward_bytes = 0;   // of one (deterministic) attention_backward call: one chunk's
+  int64_t backward_chunks = 1;  // the cuDNN calls that backward makes (the chunking rule above)
 };
 
-// The device memory an attention call takes besides its outputs, for (B, T, H, Dqk, Dv) and the
-// softmax scale (0: the default): cuDNN's workspace on CUDA (builds and caches the shape's graphs),
-// 0 on the CPU. For memory estimates and benchmarks.
+// The device memory an attention call takes besides its outputs, for (B, T, H, Dqk, Dv), the
+// softmax scale (0: the default) and the backward's workspace cap (0: the default, as
+// AttentionBackwardArgs::max_workspace_bytes): cuDNN's workspace on CUDA, as the calls really take
+// it (builds and caches the shape's graphs), 0 on the CPU. For memory estimates and benchmarks.
 AttentionWorkspace attention_workspace(Context& ctx, int64_t batch, int64_t seq, int64_t heads,
-                                       int64_t dqk, int64_t dv, float softmax_scale = 0.0f);
+                                       int64_t dqk, int64_t dv, float softmax_scale = 0.0f,
+                                       int64_t max_backward_workspace = 0);
 
 }  // namespace octet

@@ -12,6 +12,9 @@ struct AttentionShape {
   float scale = 0.0f;  // resolved softmax scale
   // Row strides in elements (HeadView::row_stride): dqk / dv for compact operands.
   int64_t ld_q = 0, ld_k = 0, ld_v = 0, ld_dv = 0;
+  // H of the whole tensors, which their strides keep when a call runs a chunk of `heads` of them
+  // (the CUDA backward's head chunks, attention.h); 0: heads.
+  int64_t row_heads = 0;
 };
 
 #define OCTET_ATTENTION_BACKEND_DECLS                                                             \
@@ -27,8 +30,10 @@ namespace cuda {
 OCTET_ATTENTION_BACKEND_DECLS
 // Throws when the loaded cuDNN cannot run these head dims (attention_cudnn.cpp).
 void attention_check_support(int dqk, int dv);
-// The cuDNN workspaces of the shape's graphs (building them if needed).
-AttentionWorkspace attention_workspace(Context& ctx, const AttentionShape& s);
+// The cuDNN workspaces of the shape's graphs (building them if needed); the backward's chunked
+// under max_backward_workspace (0: the default cap).
+AttentionWorkspace attention_workspace(Context& ctx, const AttentionShape& s,
+                                       int64_t max_backward_workspace);
 }  // namespace cuda
 
 #undef OCTET_ATTENTION_BACKEND_DECLS

@@ -2,10 +2,15 @@
 // graph API, on octet's own (B, T, H, D) layout described by strides, so nothing is transposed.
 //
 // One forward and one backward graph per shape (B, T, H, Dqk, Dv, softmax scale, the operands' row
-// strides), built on first
-// use and cached in the context's AttentionState (as ops/gemm caches its cuBLASLt plans). A graph's
-// workspace comes from the stream-ordered pool for the call; execution enqueues on the context's
-// stream and never waits for the host, so it can be captured in a CUDA graph.
+// strides), built on first use and cached in the context's AttentionState (as ops/gemm caches its
+// cuBLASLt plans). A graph's workspace comes from the stream-ordered pool for the call; execution
+// enqueues on the context's stream and never waits for the host, so it can be captured in a CUDA
+// graph.
+//
+// The backward runs in chunks of the batch or of one sequence's heads when the whole call's
+// workspace would pass the cap (attention.h's rule): the chunk's graph describes (B/n or 1, H or
+// H/m, T, D) operands with the whole tensors' strides, and each chunk executes it on the operands'
+// pointers advanced to its first (b, h), with one workspace taken for the call and reused.
 //
 // The forward asks cuDNN for its softmax statistics ("Stats": max + log(sum exp), natural log,
 // FP32, (B, H, T, 1)), which is exactly attention.h's lse; the backward reads them back. The
@@ -14,11 +19,14 @@
 // that accumulates dQ with FP32 atomics (faster, bits vary run to run). Each is its own graph.
 #include <cudnn.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 // octet has no use for the frontend's JSON serialisation, and it would bring a second copy of
 // nlohmann::json next to the one the project uses.
@@ -57,8 +65,12 @@ void check_cudnn(cudnnStatus_t st, const char* what) {
 std::vector<int64_t> bhsd_dims(const AttentionShape& s, int64_t d) {
   return {s.batch, s.heads, s.seq, d};
 }
+// H of the whole tensors: a head chunk's strides step over all of them.
+int64_t row_heads(const AttentionShape& s) {
+  return s.row_heads > 0 ? s.row_heads : s.heads;
+}
 std::vector<int64_t> bhsd_strides(const AttentionShape& s, int64_t ld) {
-  return {s.seq * s.heads * ld, ld, s.heads * ld, 1};
+  return {s.seq * row_heads(s) * ld, ld, row_heads(s) * ld, 1};
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name,
@@ -76,7 +88,9 @@ void set_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t 
   t->set_output(true).set_uid(uid).set_dim(bhsd_dims(s, d)).set_stride(bhsd_strides(s, ld));
 }
 
-// The softmax statistics: (B, H, T, 1) f32, i.e. attention.h's (B, H, T) lse.
+// The softmax statistics: (B, H, T, 1) f32, i.e. attention.h's (B, H, T) lse. Packed (B, H, T, 1),
+// as cuDNN < 9.26 reads it only: for a chunk that is the truth, as a batch chunk has all the heads
+// and a head chunk one sequence (whose batch stride nothing multiplies).
 std::shared_ptr<fe::graph::Tensor_attributes> stats_tensor(fe::graph::Graph& g,
                                                            const AttentionShape& s) {
   return g.tensor(fe::graph::Tensor_attributes()
@@ -142,28 +156,70 @@ AttentionGraph& graph_for(Context& ctx, Pass pass, const AttentionShape& s) {
   AttentionState& st = attention_state(ctx);
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-  const AttentionState::Key key{static_cast<int>(pass),
-                                s.batch,
-                                s.seq,
-                                s.heads,
-                                s.dqk,
-                                s.dv,
-                                scale_bits,
-                                {s.ld_q, s.ld_k, s.ld_v, pass == Pass::kForward ? 0 : s.ld_dv}};
+  const AttentionState::Key key{
+      static_cast<int>(pass),
+      s.batch,
+      s.seq,
+      s.heads,
+      s.dqk,
+      s.dv,
+      scale_bits,
+      {s.ld_q, s.ld_k, s.ld_v, pass == Pass::kForward ? 0 : s.ld_dv, s.row_heads}};
   auto it = st.graphs.find(key);
   if (it == st.graphs.end()) it = st.graphs.emplace(key, build_graph(st.handle, pass, s)).first;
   return *it->second;
 }
 
+// A graph's workspace from the stream-ordered pool: freed after the work that uses it, without a
+// synchronisation.
+Tensor workspace_for(Context& ctx, const AttentionGraph& plan) {
+  return plan.workspace_bytes > 0 ? Tensor::empty(ctx, {plan.workspace_bytes}, DType::kU8)
+                                  : Tensor();
+}
+
 void execute(Context& ctx, AttentionGraph& plan, std::unordered_map<int64_t, void*>& pack,
-             const AttentionShape& s, const char* what) {
+             Tensor& workspace, const AttentionShape& s, const char* what) {
   AttentionState& st = attention_state(ctx);
   check_cudnn(cudnnSetStream(st.handle, static_cast<cudaStream_t>(ctx.stream)), "cudnnSetStream");
-  // From the stream-ordered pool: freed after the work that uses it, without a synchronisation.
-  Tensor workspace;
-  if (plan.workspace_bytes > 0) workspace = Tensor::empty(ctx, {plan.workspace_bytes}, DType::kU8);
   check_fe(plan.graph->execute(st.handle, pack, workspace.numel() ? workspace.data() : nullptr),
            what, s);
+}
+
+// How a backward call runs: `count` chunks of `chunk.batch` sequences and `chunk.heads` heads.
+struct BackwardChunks {
+  AttentionShape chunk;  // the shape one cuDNN call sees (row_heads set when it is a head chunk)
+  AttentionGraph* graph = nullptr;
+  int64_t count = 1;
+};
+
+// attention.h's rule: the fewest equal chunks whose cuDNN workspace is at most the cap; batch
+// chunks (n | B) before head chunks of one sequence (n = B * m, m | H). A candidate whose workspace,
+// scaled from the whole call's per (b, h), passes the cap is not built; the chosen one's own graph
+// confirms it (else the next is tried), and the finest split is taken when none fits.
+BackwardChunks backward_chunks(Context& ctx, Pass pass, const AttentionShape& s,
+                               int64_t max_workspace) {
+  const int64_t cap = max_workspace > 0 ? max_workspace : kAttentionBackwardWorkspaceCap;
+  AttentionGraph& whole = graph_for(ctx, pass, s);
+  if (whole.workspace_bytes <= cap || s.batch * s.heads == 1) return {s, &whole, 1};
+  std::vector<std::pair<int64_t, int64_t>> splits;  // (sequences, heads) per chunk, n increasing
+  for (int64_t n = 2; n <= s.batch; ++n)
+    if (s.batch % n == 0) splits.emplace_back(s.batch / n, s.heads);
+  for (int64_t m = 2; m <= s.heads; ++m)
+    if (s.heads % m == 0) splits.emplace_back(1, s.heads / m);
+  const double per_pair =
+      static_cast<double>(whole.workspace_bytes) / static_cast<double>(s.batch * s.heads);
+  for (size_t i = 0; i < splits.size(); ++i) {
+    const auto [b, h] = splits[i];
+    const bool finest = i + 1 == splits.size();
+    if (!finest && per_pair * static_cast<double>(b * h) > static_cast<double>(cap)) continue;
+    AttentionShape c = s;
+    c.batch = b;
+    c.heads = h;
+    if (h < s.heads) c.row_heads = s.heads;
+    AttentionGraph& g = graph_for(ctx, pass, c);
+    if (g.workspace_bytes <= cap || finest) return {c, &g, (s.batch / b) * (s.heads / h)};
+  }
+  return {s, &whole, 1};  // not reached: the finest split returns
 }
 
 }  // namespace
@@ -184,10 +240,15 @@ AttentionState& attention_state(Context& ctx) {
 
 namespace cuda {
 
-AttentionWorkspace attention_workspace(Context& ctx, const AttentionShape& s) {
+AttentionWorkspace attention_workspace(Context& ctx, const AttentionShape& s,
+                                       int64_t max_backward_workspace) {
   AttentionWorkspace ws;
   ws.forward_bytes = graph_for(ctx, Pass::kForward, s).workspace_bytes;
-  if (s.seq > 1) ws.backward_bytes = graph_for(ctx, Pass::kBackward, s).workspace_bytes;
+  if (s.seq > 1) {
+    const BackwardChunks chunks = backward_chunks(ctx, Pass::kBackward, s, max_backward_workspace);
+    ws.backward_bytes = chunks.graph->workspace_bytes;
+    ws.backward_chunks = chunks.count;
+  }
   return ws;
 }
 
@@ -206,7 +267,8 @@ void attention_forward(Context& ctx, const AttentionForwardArgs& args, const Att
                                           {kV, args.v.data()},
                                           {kO, out.o.data()},
                                           {kStats, out.lse.data()}};
-  execute(ctx, plan, pack, s, "the forward");
+  Tensor workspace = workspace_for(ctx, plan);
+  execute(ctx, plan, pack, workspace, s, "the forward");
 }
 
 void attention_backward(Context& ctx, const AttentionBackwardArgs& args, const AttentionShape& s,
@@ -228,19 +290,45 @@ void attention_backward(Context& ctx, const AttentionBackwardArgs& args, const A
     }
     return;
   }
-  AttentionGraph& plan =
-      graph_for(ctx, args.deterministic ? Pass::kBackward : Pass::kBackwardAtomics, s);
+  const BackwardChunks chunks =
+      backward_chunks(ctx, args.deterministic ? Pass::kBackward : Pass::kBackwardAtomics, s,
+                      args.max_workspace_bytes);
+  const AttentionShape& c = chunks.chunk;
   void* grad_v = args.grad_v_into.given() ? args.grad_v_into.data() : out.grad_v.data();
-  std::unordered_map<int64_t, void*> pack{{kQ, args.q.data()},
-                                          {kK, args.k.data()},
-                                          {kV, args.v.data()},
-                                          {kO, const_cast<void*>(args.o.data())},
-                                          {kDO, const_cast<void*>(args.grad_o.data())},
-                                          {kStats, const_cast<void*>(args.lse.data())},
-                                          {kDQ, out.grad_q.data()},
-                                          {kDK, out.grad_k.data()},
-                                          {kDV, grad_v}};
-  execute(ctx, plan, pack, s, "the backward");
+  // One workspace for every chunk: they run one after the other on the stream.
+  Tensor workspace = workspace_for(ctx, *chunks.graph);
+  const int64_t elem = dtype_size(args.q.base.dtype()), lse_elem = dtype_size(DType::kF32);
+  // cuDNN assumes 16-byte aligned operands (Tensor_attributes' default alignment). The BF16
+  // operands' chunk offsets are multiples of rows of 8 elements; a chunk's lse starts p * T floats
+  // in (p = its (b, h) pairs), which when not a multiple of 4 is first copied to a scratch that
+  // is aligned (p * T * 4 bytes; stream order keeps the chunks' copies apart).
+  const int64_t chunk_lse = c.batch * c.heads * s.seq;
+  Tensor lse_scratch;
+  if (chunks.count > 1 && chunk_lse % 4 != 0)
+    lse_scratch = Tensor::empty(ctx, {chunk_lse}, DType::kF32);
+  for (int64_t b0 = 0; b0 < s.batch; b0 += c.batch) {
+    for (int64_t h0 = 0; h0 < s.heads; h0 += c.heads) {
+      // Element (b0, 0, h0, 0) of a (B, T, H, W) BF16 operand with row stride ld; (b0, h0, 0) of
+      // the (B, H, T) FP32 lse.
+      auto at = [&](const void* p, int64_t ld) -> void* {
+        return const_cast<char*>(static_cast<const char*>(p)) +
+               (b0 * s.seq * s.heads + h0) * ld * elem;
+      };
+      void* lse = const_cast<char*>(static_cast<const char*>(args.lse.data())) +
+                  (b0 * s.heads + h0) * s.seq * lse_elem;
+      if (reinterpret_cast<uintptr_t>(lse) % 16 != 0) {
+        ctx.be().copy(lse_scratch.data(), lse, chunk_lse * lse_elem, CopyKind::kDeviceToDevice);
+        lse = lse_scratch.data();
+      }
+      std::unordered_map<int64_t, void*> pack{
+          {kQ, at(args.q.data(), s.ld_q)},     {kK, at(args.k.data(), s.ld_k)},
+          {kV, at(args.v.data(), s.ld_v)},     {kO, at(args.o.data(), s.dv)},
+          {kDO, at(args.grad_o.data(), s.dv)}, {kStats, lse},
+          {kDQ, at(out.grad_q.data(), s.dqk)}, {kDK, at(out.grad_k.data(), s.dqk)},
+          {kDV, at(grad_v, s.ld_dv)}};
+      execute(ctx, *chunks.graph, pack, workspace, c, "the backward");
+    }
+  }
 }
 
 }  // namespace cuda

@@ -24,9 +24,9 @@ struct AttentionGraph {
 
 struct AttentionState {
   // pass, B, T, H, Dqk, Dv, the bits of the softmax scale, the row strides of q, k, v and dv
-  // (0 in the forward)
+  // (0 in the forward) and the H of the strides (AttentionShape::row_heads, 0 unless a chunk)
   using Key =
-      std::tuple<int, int64_t, int64_t, int64_t, int, int, uint32_t, std::array<int64_t, 4>>;
+      std::tuple<int, int64_t, int64_t, int64_t, int, int, uint32_t, std::array<int64_t, 5>>;
 
   cudnnContext* handle = nullptr;
   std::map<Key, std::unique_ptr<AttentionGraph>> graphs;
