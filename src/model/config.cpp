@@ -166,6 +166,10 @@ void ModelConfig::validate() const {
   positive("max_position_embeddings", max_position_embeddings);
   if (q_lora_rank) positive("q_lora_rank", *q_lora_rank);
   check_sizes(*this);
+  OCTET_CHECK(attention_workspace_mib >= -1 && attention_workspace_mib <= (int64_t{1} << 30),
+              "config: attention_workspace_mib must be -1 (unchunked), 0 (the default) or a size "
+              "in MiB, got ",
+              attention_workspace_mib);
   OCTET_CHECK(qk_rope_head_dim % 2 == 0,
               "config: qk_rope_head_dim must be even (RoPE rotates pairs), got ", qk_rope_head_dim);
   OCTET_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
@@ -266,6 +270,7 @@ ModelConfig model_config_from_json(const Json& j, const std::string& source) {
   r.get("octet_moe_recompute", c.moe_recompute);
   r.get("octet_attention_recompute_k", c.attention_recompute_k);
   r.get("octet_deterministic_attention", c.deterministic_attention);
+  r.get("octet_attention_workspace_mib", c.attention_workspace_mib);
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!r.seen(it.key())) c.extra[it.key()] = it.value();
   c.validate();
@@ -316,6 +321,7 @@ Json model_config_to_json(const ModelConfig& c) {
   j["octet_moe_recompute"] = c.moe_recompute;
   j["octet_attention_recompute_k"] = c.attention_recompute_k;
   j["octet_deterministic_attention"] = c.deterministic_attention;
+  j["octet_attention_workspace_mib"] = c.attention_workspace_mib;
   return j;
 }
 

@@ -91,8 +91,9 @@ Tensor MlaLayer::backward(Context& ctx, const Precision& p, const RopeTable& rop
        .lse = s.lse,
        .grad_o = d_out,
        .deterministic = deterministic,
-       .grad_v_into = v_in_place() ? HeadView(dkv.reshape({B, T, H, nope + v_dim}), nope, v_dim)
-                                   : HeadView()});
+       .grad_v_into =
+           v_in_place() ? HeadView(dkv.reshape({B, T, H, nope + v_dim}), nope, v_dim) : HeadView(),
+       .max_workspace_bytes = backward_workspace_cap});
   if (!v_in_place())
     copy_columns(ctx, {.src = g.grad_v, .dst = dkv, .dst_col = nope, .width = v_dim});
   // dk's nope columns into dkv; its rope columns summed over heads and rotated back into the rope

@@ -37,6 +37,9 @@ struct MlaLayer {
   int64_t heads = 0, nope = 0, rope = 0, v_dim = 0, kv_lora = 0;
   bool has_q_lora = false;
   bool deterministic = true;  // attention backward: ops/attention/attention.h
+  // The attention backward's cuDNN workspace cap (AttentionBackwardArgs::max_workspace_bytes):
+  // 0 the op's default, INT64_MAX one unchunked call.
+  int64_t backward_workspace_cap = 0;
   // Rebuild k in backward (one rope_key_forward pass) rather than keep it: N H (dn + dr) BF16 less
   // per layer for N (kv_lora + dr) more (kv_a's output). Only with v_in_place() (kv is kept then).
   bool recompute_k = true;

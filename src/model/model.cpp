@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "backend/backend.h"
@@ -167,6 +168,9 @@ void Model::build_layer(DecoderLayer& l, int64_t index) {
   a.has_q_lora = c.q_lora_rank.has_value();
   a.deterministic = c.deterministic_attention;
   a.recompute_k = c.attention_recompute_k;
+  a.backward_workspace_cap = c.attention_workspace_mib < 0
+                                 ? std::numeric_limits<int64_t>::max()
+                                 : c.attention_workspace_mib * (int64_t{1} << 20);
   a.pairing = c.rope_interleave ? RopePairing::kInterleave : RopePairing::kHalf;
   if (a.has_q_lora) {
     linear(a.q_a, GemmSite::kAttnQDown, ParamRole::kQAProj);

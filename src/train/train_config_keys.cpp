@@ -123,6 +123,9 @@ void add_model_keys(std::vector<Key>& k) {
       &M::attention_recompute_k);
   add("deterministic_attention", "cuDNN's deterministic attention backward; false: atomics",
       &M::deterministic_attention);
+  add("attention_workspace_mib",
+      "cap of the attention backward's cuDNN workspace in MiB; 0: default, -1: unchunked",
+      &M::attention_workspace_mib);
   // Keys of a config.json that octet keeps but does not use (architectures, bos_token_id, ...),
   // carried so that the checkpoint's config.json keeps them; written only when there are any.
   k.push_back(custom(
