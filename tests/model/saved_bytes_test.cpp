@@ -86,12 +86,17 @@ TEST(SavedBytes, RecomputedDownKeepsOnlyGu) {
     const SavedBytes a = saved_bytes(kept), b = saved_bytes(again);
     EXPECT_EQ(a.attention, b.attention);
     EXPECT_EQ(a.norms, b.norms);
-    // What recompute_down drops: the experts' outputs (R, D) and down's saved input.
+    // What recompute_down drops: the experts' outputs (R, D) and down's saved input; and in
+    // deepseek (moe_swiglu_input fp8 by default) gu's BF16 bytes for its FP8 copy.
     int64_t dropped = kept.moe.expert_out.nbytes();
     for (const Tensor* t : {&kept.moe.down.x, &kept.moe.down.qx.columnwise_data,
                             &kept.moe.down.qx.columnwise_scale_inv, &kept.moe.down.qx.amax})
       if (t->data() != nullptr) dropped += t->nbytes();
     EXPECT_GT(dropped, kept.moe.expert_out.nbytes()) << recipe;
+    EXPECT_EQ(again.moe.gu_fp8.data.defined(), std::string(recipe) == "deepseek") << recipe;
+    if (again.moe.gu_fp8.data.defined())
+      dropped += kept.moe.gu.nbytes() - again.moe.gu_fp8.data.nbytes() -
+                 again.moe.gu_fp8.scale_inv.nbytes() - again.moe.gu_fp8.amax.nbytes();
     EXPECT_EQ(a.mlp - b.mlp, dropped) << recipe;
     std::printf(
         "%s MoE layer, 64 tokens: saved %lld bytes (attention %lld, norms %lld, mlp %lld); "

@@ -28,7 +28,8 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
                 SwigluBackwardQuantizeResult& out, const ScaleRule& rule) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
   if (f % swiglu_kernels::kChunk != 0) return false;
-  for (const void* p : {a.dh.data(), gu_ptr, out.d_gate_up.data.data()})
+  for (const void* p :
+       std::initializer_list<const void*>{a.dh.data(), gu_ptr, out.d_gate_up.data.data()})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   const bool aligned = f % kGroup == 0;
   const int64_t smem = int64_t{kVecThreads / 32} * (256 + (aligned ? 0 : 2 * f)) * 4;
