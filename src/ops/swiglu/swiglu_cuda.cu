@@ -1,6 +1,7 @@
 // CUDA launchers of the swiglu family (device code in swiglu_vec_kernels.cuh when F % 8 == 0 and
 // the buffers are 16-byte aligned, else swiglu_kernels.cuh's scalar kernels; both give the same
-// bits). Arguments were validated by swiglu.cpp; everything is enqueued on the context's stream,
+// bits; swiglu_cache_kernels.cuh for swiglu_quantize_caching_input; gate_up read through
+// swiglu_gate_up.cuh's sources, the tensor or its FP8 copy). Arguments were validated by swiglu.cpp; everything is enqueued on the context's stream,
 // nothing synchronises with the host.
 #include <algorithm>
 #include <cstdint>
