@@ -1,6 +1,8 @@
 // MoE feed-forward: forward, then backward in reverse order (moe.h has the dataflow).
 #include "model/moe.h"
 
+#include <utility>
+
 #include "core/cast_counter.h"
 #include "model/linear.h"
 #include "ops/cast/cast.h"
@@ -97,42 +99,58 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }
-  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);     // (R, 2F)
-  s.expert_out = expert_down(ctx, p, s.gu, s.layout, s.down);  // (R, D)
+  s.gu = gate_up.forward(ctx, p, xp, s.layout, s.gate_up);  // (R, 2F)
+  // Recomputed in backward from gu (moe.h): only gu stays across the step, in FP8 with
+  // moe_swiglu_input fp8 (its copy written by the SwiGLU pass).
+  s.recomputed_down = recompute_down && !down_r.is_delayed();
+  const bool cache_fp8 = s.recomputed_down && r.moe_swiglu_input == Storage::kFp8;
+  s.expert_out = expert_down(ctx, p, s.gu, QuantTensor{}, s.gu.dtype(), s.layout, s.down,
+                             cache_fp8 ? &s.gu_fp8 : nullptr);  // (R, D)
+  if (cache_fp8) s.gu = Tensor();
   Tensor y = moe_combine(
       ctx, s.map,
       {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
-  // Recomputed in backward from gu (moe.h): only gu stays across the step.
-  s.recomputed_down = recompute_down && !down_r.is_delayed();
   if (s.recomputed_down) {
     s.expert_out = Tensor();
     s.down = GroupedLinearLayer::Saved{};
-    if (r.moe_swiglu_input == Storage::kFp8) {
-      QuantizeArgs qa;
-      qa.input = s.gu;
-      qa.format = Fp8Format::kE4M3;
-      qa.granularity = Granularity::k1x128;
-      qa.output = QuantizeOutput::kRowwise;
-      s.gu_fp8 = quantize(ctx, qa);
-      s.gu = Tensor();
-    }
   }
   if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
   return y.reshape(x.shape());
 }
 
 Tensor MoeLayer::expert_down(Context& ctx, const Precision& p, const Tensor& gu,
-                             const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved) {
+                             const QuantTensor& gu_fp8, DType as, const GroupLayoutRef& layout,
+                             GroupedLinearLayer::Saved& saved, QuantTensor* gu_cache) {
   const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   GroupedInput h;
   const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
   if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
     // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
     // copy, so only with power-of-2 scales (else down quantizes the BF16 output itself).
-    h.qx = swiglu_quantize(ctx, {.gate_up = gu, .format = hq.format, .rounding = hq.rounding});
+    const SwigluQuantizeArgs qa{.gate_up = gu,
+                                .format = hq.format,
+                                .rounding = hq.rounding,
+                                .gate_up_fp8 = gu_fp8,
+                                .gate_up_dtype = as};
+    if (gu_cache != nullptr) {
+      SwigluQuantizeCachedResult both = swiglu_quantize_caching_input(ctx, qa);
+      h.qx = std::move(both.h);
+      *gu_cache = std::move(both.gate_up);
+    } else {
+      h.qx = swiglu_quantize(ctx, qa);
+    }
   } else {
-    h.x = Tensor::empty(ctx, {gu.rows(), gu.cols() / 2}, gu.dtype());
-    swiglu_forward(ctx, {.gate_up = gu, .h = h.x});
+    // Down takes BF16 input: the plain SwiGLU, from gu dequantized once when it is FP8, and gu's
+    // FP8 copy by quantize() (the same bits as the fused kernel's).
+    const Tensor x = gu.defined() ? gu : dequantize(ctx, gu_fp8, as);
+    h.x = Tensor::empty(ctx, {x.rows(), x.cols() / 2}, x.dtype());
+    swiglu_forward(ctx, {.gate_up = x, .h = h.x});
+    if (gu_cache != nullptr)
+      *gu_cache = quantize(ctx, {.input = x,
+                                 .format = Fp8Format::kE4M3,
+                                 .granularity = Granularity::k1x128,
+                                 .rounding = ScaleRounding::kPow2,
+                                 .output = QuantizeOutput::kRowwise});
   }
   return down.forward(ctx, p, h, layout, saved);
 }
@@ -151,16 +169,16 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
     // ops on the same gu: the same bits), unprobed (the forward recorded them). Each (R, *)
     // temporary is released as soon as its last reader is done, so that gate_up's backward runs
     // with dgu alone beside the saved tensors.
+    // With moe_swiglu_input fp8 both read gu's FP8 copy as dy's dtype (ops/swiglu: bitwise the
+    // dequantized tensor's results, without making it).
     Tensor dgu;
     {
-      const Tensor gu =
-          s.gu.data() != nullptr ? s.gu : dequantize(ctx, s.gu_fp8, dy.dtype());  // (R, 2F)
       GroupedLinearLayer::Saved down_saved;
       Tensor expert_out = s.expert_out;
       if (s.recomputed_down) {
         Precision again = p;
         again.probe = nullptr;
-        expert_out = expert_down(ctx, again, gu, s.layout, down_saved);
+        expert_out = expert_down(ctx, again, s.gu, s.gu_fp8, dy.dtype(), s.layout, down_saved);
       }
       CombineGrads cg = moe_combine_backward(ctx, s.map,
                                              {.d_out = dy2,
@@ -173,8 +191,8 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
       cg.d_expert_out = Tensor();
       down_saved = GroupedLinearLayer::Saved{};
       d_topk_weight = cg.d_topk_weight;
-      dgu = Tensor::empty(ctx, gu.shape(), dh.dtype());
-      swiglu_backward(ctx, {.dh = dh, .gate_up = gu, .d_gate_up = dgu});
+      dgu = Tensor::empty(ctx, {dh.rows(), 2 * dh.cols()}, dh.dtype());
+      swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu, .gate_up_fp8 = s.gu_fp8});
     }
     Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
     dgu = Tensor();

@@ -19,9 +19,13 @@
 // same bits) just before the combine's backward, which needs the outputs for the routing weights'
 // gradient. That costs one more down-projection Fprop per layer and saves (R, F) FP8 + (R, D)
 // BF16 per layer. Delayed scaling would record a second amax, so it keeps them. With the recipe's
-// moe_swiglu_input = fp8 (DeepSeek-V3's caching of the SwiGLU input in FP8), gu itself is kept as
-// 1x128 E4M3 (half the bytes) and dequantized in backward: then h, down(h) and dgu come from the
-// FP8 gu, no longer bitwise the forward's.
+// moe_swiglu_input = fp8 (the default of deepseek and fp8-flow: DeepSeek-V3 caches the SwiGLU
+// input in FP8), gu itself is kept as 1x128 E4M3 with power-of-2 scales (half the bytes), written
+// by the fused SwiGLU + quantize kernel in the pass that reads gu (ops/swiglu
+// swiglu_quantize_caching_input); the backward's SwiGLU recomputation and dSwiGLU read the FP8 copy
+// directly, dequantized in registers (no BF16 gu is made again): h, down(h) and dgu then come from
+// the FP8 gu, no longer bitwise the forward's, and bitwise what dequantizing gu to the activation
+// dtype first would give.
 //
 // fp8-flow (Recipe::fp8_flow, FP8-Flow-MoE, reference/fp8-facts.md section 5; moe_flow.cpp): the
 // same layer with every tensor between the dispatch and the combine in FP8, in both directions:
@@ -38,7 +42,8 @@
 // FP8 tensors. Casts are counted under the scopes "moe.routed" and "moe.shared"
 // (core/cast_counter.h).
 //
-// fp8-flow's saved state (one rank): gu (BF16, what dSwiGLU reads), the routing weight per row, and
+// fp8-flow's saved state (one rank): gu (FP8 as above with moe_swiglu_input = fp8, else BF16: what
+// the recomputation and dSwiGLU read), the routing weight per row, and
 // the quantized x before the dispatch (T x D FP8, a quarter of the dispatched rows at k = 4), not
 // the dispatched column-wise copy: the backward makes gate_up's Wgrad copy from it with one
 // scaling-aware transpose that reads each dispatched row from its token's row
@@ -85,7 +90,7 @@ struct MoeLayer {
     GroupedLinearLayer::Saved gate_up, down;
     Tensor gu, expert_out;  // (R, 2F), (R, D); expert_out and down undefined when recomputed
     bool recomputed_down = false;
-    QuantTensor gu_fp8;  // Recipe::moe_swiglu_input fp8: gu (1x128 E4M3), and gu undefined
+    QuantTensor gu_fp8;  // Recipe::moe_swiglu_input fp8: gu (1x128 E4M3 pow2), gu undefined
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
     Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)
@@ -121,9 +126,13 @@ struct MoeLayer {
   std::pair<Tensor, Tensor> ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,
                                         const Saved& s);
   // h = SwiGLU(gu) in down's input form, then down(h) (R, D); fills `saved` (forward and the
-  // backward's recomputation).
-  Tensor expert_down(Context& ctx, const Precision& p, const Tensor& gu,
-                     const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved);
+  // backward's recomputation). gu is a tensor or (the backward with moe_swiglu_input fp8, gu
+  // undefined) its FP8 copy gu_fp8, read as the dtype `as`; gu_cache (the forward with
+  // moe_swiglu_input fp8) receives gu's 1x128 E4M3 power-of-2 copy, from the fused pass when down
+  // takes FP8 input.
+  Tensor expert_down(Context& ctx, const Precision& p, const Tensor& gu, const QuantTensor& gu_fp8,
+                     DType as, const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved,
+                     QuantTensor* gu_cache = nullptr);
   Tensor gate_w_;  // the router weight in the activation dtype
 };
 

@@ -14,16 +14,25 @@ namespace octet {
 namespace {
 
 // h = w_row * SwiGLU(gu), quantized in the same kernel for the down projection (the forward, and
-// the backward's recomputation: the same op on the same inputs, the same bits).
+// the backward's recomputation: the same op on the same inputs, the same bits). gu is a tensor, or
+// (the recomputation with moe_swiglu_input fp8) its FP8 copy read as the activation dtype;
+// gu_cache (the forward with moe_swiglu_input fp8) receives gu's copy from the same pass.
 QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
-                            const Tensor& w_rows) {
+                            const QuantTensor& gu_fp8, const Tensor& w_rows,
+                            QuantTensor* gu_cache = nullptr) {
   const GemmRecipe::Quantization hq =
       p.recipe.at(GemmSite::kExpertDown).quantization(GemmOperand::kActivation);
-  return swiglu_quantize(ctx, {.gate_up = gu,
-                               .format = hq.format,
-                               .rounding = hq.rounding,
-                               .epsilon = 0.0f,
-                               .row_weight = w_rows});
+  const SwigluQuantizeArgs qa{.gate_up = gu,
+                              .format = hq.format,
+                              .rounding = hq.rounding,
+                              .epsilon = 0.0f,
+                              .row_weight = w_rows,
+                              .gate_up_fp8 = gu_fp8,
+                              .gate_up_dtype = p.act};
+  if (gu_cache == nullptr) return swiglu_quantize(ctx, qa);
+  SwigluQuantizeCachedResult both = swiglu_quantize_caching_input(ctx, qa);
+  *gu_cache = std::move(both.gate_up);
+  return std::move(both.h);
 }
 
 }  // namespace
@@ -44,12 +53,16 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
   // With recompute_down the backward makes h again from gu (moe.h): only its row-wise form exists
   // here, for the down projection.
   s.recomputed_down = recompute_down && !p.recipe.at(GemmSite::kExpertDown).is_delayed();
+  // moe_swiglu_input fp8: gu's FP8 copy written by the SwiGLU pass, the only gu kept.
+  const bool cache_fp8 = s.recomputed_down && p.recipe.moe_swiglu_input == Storage::kFp8;
   const Tensor expert_out = [&] {
     const GroupedInput h{.x = Tensor(),
-                         .qx = weighted_swiglu(ctx, p, s.gu, s.w_rows),
+                         .qx = weighted_swiglu(ctx, p, s.gu, QuantTensor{}, s.w_rows,
+                                               cache_fp8 ? &s.gu_fp8 : nullptr),
                          .keep_for_wgrad = !s.recomputed_down};
     return down.forward(ctx, p, h, s.layout, s.down);  // (R, D) bf16
   }();
+  if (cache_fp8) s.gu = Tensor();
   // The combine: the routing weights are already in, so an unweighted sum of each token's k rows
   // (FP32, slot order, one rounding): the permutation's backward.
   return moe_permute_backward(ctx, s.map, expert_out, x2.dtype());
@@ -78,8 +91,9 @@ std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Pr
     // h again when the forward did not keep it (recompute_down): its column-wise copy alone lives
     // through down's backward.
     const GroupedLinearLayer::Saved down_saved =
-        s.recomputed_down ? down.wgrad_saved(ctx, p, weighted_swiglu(ctx, p, s.gu, s.w_rows))
-                          : s.down;
+        s.recomputed_down
+            ? down.wgrad_saved(ctx, p, weighted_swiglu(ctx, p, s.gu, s.gu_fp8, s.w_rows))
+            : s.down;
     dh = down.backward(ctx, p, dyp, s.layout, down_saved);  // (R, F) bf16; grad +=
     dyp = GroupedInput{};  // released before the gate/up backward allocates
   }
@@ -90,7 +104,8 @@ std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Pr
                                                                    .row_weight = s.w_rows,
                                                                    .format = gq.format,
                                                                    .rounding = gq.rounding,
-                                                                   .epsilon = 0.0f});
+                                                                   .epsilon = 0.0f,
+                                                                   .gate_up_fp8 = s.gu_fp8});
   dh = Tensor();
   // gate_up's Wgrad copy of x: from the T quantized rows (one rank), or kept by the forward (expert
   // parallelism). The scaling-aware transpose reads the dispatched rows from their tokens' rows

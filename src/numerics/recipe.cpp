@@ -169,6 +169,7 @@ Recipe recipe_preset(std::string_view name) {
     for (GemmSite s : kHeavySites) r.at(s) = block_scaled(s);
     r.attn_out_input = Storage::kE5M6;
     r.moe_dispatch = Storage::kFp8;
+    r.moe_swiglu_input = Storage::kFp8;  // DeepSeek-V3: SwiGLU input cached in FP8 (fp8-facts 4)
     if (name == "fp8-flow") {
       // The scaling-aware transpose builds every Wgrad operand between dispatch and combine from
       // the row-wise copy, which needs power-of-2 scales in both directions.
@@ -301,7 +302,7 @@ void apply_recipe_override(Recipe& r, std::string_view assignment) {
                   " or *");
     }
     if (site == "*" && p == GemmPrecision::kBf16)
-      r.moe_dispatch = Storage::kBf16, r.fp8_flow = false;
+      r.moe_dispatch = Storage::kBf16, r.fp8_flow = false, r.moe_swiglu_input = Storage::kBf16;
   } else if (key == "attn_out_input") {
     r.attn_out_input = parse_choice<Storage>(
         key, value, {{"bf16", Storage::kBf16}, {"fp8", Storage::kFp8}, {"e5m6", Storage::kE5M6}});

@@ -131,9 +131,11 @@ struct Recipe {
   Storage moe_dispatch = Storage::kBf16;  // MoE permute payload (and what the experts' Wgrad keeps)
   bool fp8_flow = false;                  // casting-free MoE dataflow between dispatch and combine
   // The routed experts' SwiGLU input gu as kept from forward to backward (model/moe.h): BF16, or
-  // FP8 (E4M3, 1x128 tiles) as DeepSeek-V3 caches it; the backward dequantizes it and recomputes
-  // the SwiGLU output from it. fp8 needs the recomputed down projection (no delayed scaling there;
-  // with the model key moe_recompute off it has no effect).
+  // FP8 (E4M3, 1x128 tiles, power-of-2 scales) as DeepSeek-V3 caches it, written by the fused
+  // SwiGLU pass and read by the backward's recomputation and dSwiGLU. fp8 (the default of deepseek
+  // and fp8-flow; gemm.*=bf16 resets it to bf16) needs the recomputed down projection (no delayed
+  // scaling there; with the model key moe_recompute off it has no effect; the expert-parallel path
+  // keeps BF16).
   Storage moe_swiglu_input = Storage::kBf16;
   Fp8Transpose fp8_transpose = Fp8Transpose::kScalingAware;  // column-wise copies of FP8 tensors
   // Delayed scaling (TransformerEngine's defaults).
@@ -165,8 +167,8 @@ Recipe resolve_recipe(const RecipeSpec& spec);
 
 // One override, `key=value`:
 //   gemm.<site>=bf16|fp8-tensor|fp8-block   e.g. gemm.attn.out=bf16, or gemm.*=bf16 for every site
-//   attn_out_input=bf16|fp8|e5m6   moe_dispatch=bf16|fp8   fp8_flow=true|false
-//   fp8_transpose=scaling-aware|requantize|requantize-exact
+//   attn_out_input=bf16|fp8|e5m6   moe_dispatch=bf16|fp8   moe_swiglu_input=bf16|fp8
+//   fp8_flow=true|false   fp8_transpose=scaling-aware|requantize|requantize-exact
 //   amax_history_len=N   amax_reduction=max|most_recent   margin=N
 // A site switched to fp8-block takes DeepSeek-V3's block settings (E4M3, exact scales); one
 // switched to fp8-tensor takes E4M3/E5M2 with the recipe's tensor_scaling. The router site stays

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/init.h"
@@ -23,6 +24,7 @@ struct StepOptions {
   int64_t head_chunk_tokens = 0;  // ModelConfig::head_chunk_tokens
   bool recompute_down = true;     // MoeLayer::recompute_down
   Pass pass = Pass::kForwardBackward;
+  std::vector<std::string> overrides = {};  // recipe overrides
 };
 
 // Dimensions multiples of 16 (the FP8 GEMMs' rule on CUDA), as model_gpu_test's config.
@@ -36,7 +38,7 @@ inline ModelConfig memory_test_config() {
 inline StepResult run_step(Context& ctx, const StepOptions& o, int64_t B = 2, int64_t T = 48) {
   ModelConfig c = memory_test_config();
   c.head_chunk_tokens = o.head_chunk_tokens;
-  Model m(ctx, c, {recipe_preset(o.recipe), DType::kBF16});
+  Model m(ctx, c, {resolve_recipe({.preset = o.recipe, .overrides = o.overrides}), DType::kBF16});
   m.load(ctx, init_parameters(c, 7));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     if (m.layer(l).moe) m.layer(l).moe->recompute_down = o.recompute_down;

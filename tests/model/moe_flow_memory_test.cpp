@@ -87,13 +87,19 @@ TEST(MoeFlowMemory, KeepsLessThanDeepseekPerMoeLayer) {
     EXPECT_FALSE(has(m.x_fp8.columnwise_data));
     EXPECT_FALSE(has(m.gate_up.qx.columnwise_data)) << k.name;
     EXPECT_FALSE(has(m.gate_up.qx.data)) << k.name;
-    // recompute_down: no copy of h either; without it, h's column-wise copy is what it adds.
+    // recompute_down: no copy of h either, and gu in FP8 (moe_swiglu_input fp8, the default);
+    // without it, h's column-wise copy and gu in BF16 instead of FP8 are what it adds.
     EXPECT_TRUE(m.recomputed_down);
     EXPECT_FALSE(has(m.down.qx.columnwise_data)) << k.name;
+    EXPECT_FALSE(has(m.gu)) << k.name;
+    ASSERT_TRUE(has(m.gu_fp8.data)) << k.name;
     ASSERT_TRUE(has(sk.moe.down.qx.columnwise_data)) << k.name;
+    ASSERT_TRUE(has(sk.moe.gu)) << k.name;
     EXPECT_EQ(bk.mlp - bf.mlp, sk.moe.down.qx.columnwise_data.nbytes() +
                                    sk.moe.down.qx.columnwise_scale_inv.nbytes() +
-                                   sk.moe.down.qx.amax.nbytes())
+                                   sk.moe.down.qx.amax.nbytes() + sk.moe.gu.nbytes() -
+                                   m.gu_fp8.data.nbytes() - m.gu_fp8.scale_inv.nbytes() -
+                                   m.gu_fp8.amax.nbytes())
         << k.name;
     // Against what the forward kept before (the dispatched column-wise x and h's): the saving.
     const int64_t before = bk.mlp - m.x_fp8.data.nbytes() - m.x_fp8.scale_inv.nbytes() +

@@ -86,12 +86,17 @@ TEST(SavedBytes, RecomputedDownKeepsOnlyGu) {
     const SavedBytes a = saved_bytes(kept), b = saved_bytes(again);
     EXPECT_EQ(a.attention, b.attention);
     EXPECT_EQ(a.norms, b.norms);
-    // What recompute_down drops: the experts' outputs (R, D) and down's saved input.
+    // What recompute_down drops: the experts' outputs (R, D) and down's saved input; and in
+    // deepseek (moe_swiglu_input fp8 by default) gu's BF16 bytes for its FP8 copy.
     int64_t dropped = kept.moe.expert_out.nbytes();
     for (const Tensor* t : {&kept.moe.down.x, &kept.moe.down.qx.columnwise_data,
                             &kept.moe.down.qx.columnwise_scale_inv, &kept.moe.down.qx.amax})
       if (t->data() != nullptr) dropped += t->nbytes();
     EXPECT_GT(dropped, kept.moe.expert_out.nbytes()) << recipe;
+    EXPECT_EQ(again.moe.gu_fp8.data.defined(), std::string(recipe) == "deepseek") << recipe;
+    if (again.moe.gu_fp8.data.defined())
+      dropped += kept.moe.gu.nbytes() - again.moe.gu_fp8.data.nbytes() -
+                 again.moe.gu_fp8.scale_inv.nbytes() - again.moe.gu_fp8.amax.nbytes();
     EXPECT_EQ(a.mlp - b.mlp, dropped) << recipe;
     std::printf(
         "%s MoE layer, 64 tokens: saved %lld bytes (attention %lld, norms %lld, mlp %lld); "
@@ -108,13 +113,18 @@ TEST(SavedBytes, RecomputedDownKeepsOnlyGu) {
 namespace octet {
 namespace {
 
-// moe_swiglu_input=fp8: gu kept as 1x128 E4M3 (one byte per element plus the scales); the forward
-// is unchanged (the same loss, bit for bit) and the gradients move by FP8 noise only.
-TEST(SavedBytes, Fp8SwigluInputHalvesGu) {
+// moe_swiglu_input=fp8 (the default of deepseek and fp8-flow): gu kept as 1x128 E4M3 (one byte per
+// element plus the scales); the forward is unchanged (the same loss, bit for bit) and the gradients
+// move by FP8 noise only. moe_swiglu_input=bf16 restores the BF16 gu.
+class SavedBytesFp8SwigluInput : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SavedBytesFp8SwigluInput, HalvesGu) {
   Context cpu = make_context(Device::kCpu);
   const ModelConfig c = test::memory_test_config();
+  const std::string preset = GetParam();
+  EXPECT_EQ(resolve_recipe({.preset = preset}).moe_swiglu_input, Storage::kFp8);
   auto run = [&](const std::vector<std::string>& overrides) {
-    Model m(cpu, c, {resolve_recipe({.preset = "deepseek", .overrides = overrides}), DType::kBF16});
+    Model m(cpu, c, {resolve_recipe({.preset = preset, .overrides = overrides}), DType::kBF16});
     m.load(cpu, init_parameters(c, 3));
     m.prepare(cpu);
     m.zero_grad(cpu);
@@ -133,8 +143,8 @@ TEST(SavedBytes, Fp8SwigluInputHalvesGu) {
     return std::tuple{l, saved_bytes(s), s.moe.gu_fp8.data.defined() && s.moe.gu_fp8.data.data(),
                       s.moe.gu.data() != nullptr ? s.moe.gu.nbytes() : 0, g};
   };
-  const auto [l16, b16, q16, gu16, g16] = run({});
-  const auto [l8, b8, q8, gu8, g8] = run({"moe_swiglu_input=fp8"});
+  const auto [l16, b16, q16, gu16, g16] = run({"moe_swiglu_input=bf16"});
+  const auto [l8, b8, q8, gu8, g8] = run({});
   EXPECT_FALSE(q16);
   EXPECT_TRUE(q8);
   EXPECT_EQ(gu8, 0);
@@ -148,11 +158,16 @@ TEST(SavedBytes, Fp8SwigluInputHalvesGu) {
       den += b * b;
     }
   const double rel = std::sqrt(num / den);
-  std::printf("moe_swiglu_input=fp8: all gradients against BF16 gu, relative Frobenius %.4f\n",
-              rel);
+  std::printf("%s moe_swiglu_input=fp8: all gradients against BF16 gu, relative Frobenius %.4f\n",
+              preset.c_str(), rel);
   EXPECT_GT(rel, 0.0);
   EXPECT_LT(rel, 0.05);
 }
+
+INSTANTIATE_TEST_SUITE_P(Recipes, SavedBytesFp8SwigluInput,
+                         ::testing::Values("deepseek", "fp8-flow"), [](const auto& info) {
+                           return std::string(info.param) == "deepseek" ? "deepseek" : "fp8_flow";
+                         });
 
 TEST(SavedBytes, Fp8SwigluInputNeedsARecomputableDown) {
   EXPECT_THROW(
@@ -160,6 +175,15 @@ TEST(SavedBytes, Fp8SwigluInputNeedsARecomputableDown) {
       Error);
   EXPECT_THROW(resolve_recipe({.preset = "deepseek", .overrides = {"moe_swiglu_input=e5m6"}}),
                Error);
+  // The default of the block recipes; gemm.*=bf16 turns it off with the other FP8 storage.
+  EXPECT_EQ(resolve_recipe({.preset = "fp8-flow"}).moe_swiglu_input, Storage::kFp8);
+  EXPECT_EQ(resolve_recipe({.preset = "bf16"}).moe_swiglu_input, Storage::kBf16);
+  EXPECT_EQ(resolve_recipe({.preset = "fp8-tensor-current"}).moe_swiglu_input, Storage::kBf16);
+  EXPECT_EQ(resolve_recipe({.preset = "deepseek", .overrides = {"gemm.*=bf16"}}).moe_swiglu_input,
+            Storage::kBf16);
+  EXPECT_EQ(resolve_recipe({.preset = "deepseek", .overrides = {"moe_swiglu_input=bf16"}})
+                .moe_swiglu_input,
+            Storage::kBf16);
 }
 
 }  // namespace

@@ -173,6 +173,16 @@ TEST(Recipe, TableListsEverySite) {
   for (int i = 0; i < kGemmSiteCount; ++i)
     EXPECT_NE(t.find(gemm_site_name(static_cast<GemmSite>(i))), std::string::npos);
   EXPECT_NE(t.find("e5m6"), std::string::npos);
+  // The routed experts' SwiGLU input: FP8 by default in the block recipes, BF16 on request.
+  EXPECT_NE(t.find("MoE SwiGLU input cached as fp8"), std::string::npos);
+  EXPECT_NE(recipe_table(recipe_preset("fp8-flow")).find("MoE SwiGLU input cached as fp8"),
+            std::string::npos);
+  EXPECT_NE(
+      recipe_table(resolve_recipe({.preset = "deepseek", .overrides = {"moe_swiglu_input=bf16"}}))
+          .find("MoE SwiGLU input cached as bf16"),
+      std::string::npos);
+  EXPECT_NE(recipe_table(recipe_preset("bf16")).find("MoE SwiGLU input cached as bf16"),
+            std::string::npos);
 }
 
 }  // namespace

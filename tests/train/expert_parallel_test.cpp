@@ -157,7 +157,10 @@ void check_against_one_rank(const ModelConfig& mc, const io::NamedTensors& init,
                             const std::vector<int>& worlds) {
   for (const std::string& recipe : recipes) {
     for (const int world : worlds) {
-      const Precision p{recipe_preset(recipe), DType::kBF16};
+      // gu in BF16 on both sides: the expert-parallel path keeps it so, where one rank keeps it
+      // in FP8 by default in deepseek and fp8-flow (model/moe.h) and its backward reads that.
+      const Precision p{resolve_recipe({.preset = recipe, .overrides = {"moe_swiglu_input=bf16"}}),
+                        DType::kBF16};
       std::vector<ModelBatch> batches;
       uint32_t seed = 12345;
       for (int w = 0; w < world; ++w) {

@@ -7,6 +7,8 @@
 #include "backend/backend.h"
 #include "backend/dispatch.h"
 #include "core/cast_counter.h"
+#include "core/scale_layout.h"
+#include "numerics/scale.h"
 #include "ops/swiglu/swiglu_backends.h"
 
 namespace octet {
@@ -24,13 +26,45 @@ void check_tensor(Context& ctx, const Tensor& t, const char* name, const Shape& 
 struct Dims {
   int64_t rows, f;
 };
-Dims check_gate_up(Context& ctx, const Tensor& gu) {
-  OCTET_CHECK(gu.rank() == 2, "swiglu gate_up: expected shape (rows, 2F), got ",
-              shape_str(gu.shape()));
-  OCTET_CHECK(gu.cols() >= 2 && gu.cols() % 2 == 0,
-              "swiglu gate_up: the last dimension must be 2F >= 2, got ", shape_str(gu.shape()));
-  check_tensor(ctx, gu, "swiglu gate_up", gu.shape());
+Dims check_shape(const Tensor& gu, const char* name) {
+  OCTET_CHECK(gu.rank() == 2, name, ": expected shape (rows, 2F), got ", shape_str(gu.shape()));
+  OCTET_CHECK(gu.cols() >= 2 && gu.cols() % 2 == 0, name,
+              ": the last dimension must be 2F >= 2, got ", shape_str(gu.shape()));
   return {gu.rows(), gu.cols() / 2};
+}
+Dims check_gate_up(Context& ctx, const Tensor& gu) {
+  const Dims d = check_shape(gu, "swiglu gate_up");
+  check_tensor(ctx, gu, "swiglu gate_up", gu.shape());
+  return d;
+}
+
+// gate_up given either as a tensor or as its 1x128 row-wise FP8 copy (K-major scales), not both.
+Dims check_gate_up(Context& ctx, const Tensor& gu, const QuantTensor& q) {
+  const bool fp8 = q.data.defined();
+  OCTET_CHECK(fp8 != gu.defined(),
+              "swiglu: give gate_up either as a tensor or as its FP8 copy (gate_up_fp8), ",
+              fp8 ? "not both" : "got neither");
+  if (!fp8) return check_gate_up(ctx, gu);
+  const Dims d = check_shape(q.data, "swiglu gate_up_fp8 data");
+  OCTET_CHECK(q.data.data() != nullptr || q.data.numel() == 0,
+              "swiglu gate_up_fp8 data: tensor has no storage");
+  check_dtype(q.data, "swiglu gate_up_fp8 data", {fp8_dtype(q.format)});
+  check_device(q.data, "swiglu gate_up_fp8 data", ctx.device);
+  OCTET_CHECK(q.granularity == Granularity::k1x128,
+              "swiglu gate_up_fp8: expected 1x128 row-wise scales, got granularity ",
+              granularity_name(q.granularity));
+  check_k_major_scales(q.granularity, q.scale_inv, "swiglu gate_up_fp8");
+  check_dtype(q.scale_inv, "swiglu gate_up_fp8 scale_inv", {DType::kF32});
+  check_device(q.scale_inv, "swiglu gate_up_fp8 scale_inv", ctx.device);
+  const Shape want = scale_shape(Granularity::k1x128, d.rows, 2 * d.f);
+  OCTET_CHECK(q.scale_inv.shape() == want, "swiglu gate_up_fp8 scale_inv: expected shape ",
+              shape_str(want), ", got ", shape_str(q.scale_inv.shape()));
+  return d;
+}
+
+void check_read_dtype(DType t) {
+  OCTET_CHECK(t == DType::kBF16 || t == DType::kF32,
+              "swiglu_quantize gate_up_dtype: expected bf16 or f32, got ", dtype_name(t));
 }
 
 void check_row_weight(Context& ctx, const Tensor& w, int64_t rows, const char* name) {
@@ -65,34 +99,58 @@ void swiglu_forward(Context& ctx, const SwigluForwardArgs& args) {
 }
 
 void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args) {
-  const auto [rows, f] = check_gate_up(ctx, args.gate_up);
+  const auto [rows, f] = check_gate_up(ctx, args.gate_up, args.gate_up_fp8);
   check_tensor(ctx, args.dh, "swiglu dh", {rows, f});
   check_tensor(ctx, args.d_gate_up, "swiglu d_gate_up", {rows, 2 * f});
   check_dtype(args.d_gate_up, "swiglu d_gate_up", {args.dh.dtype()});
-  OCTET_CHECK(args.d_gate_up.data() != args.gate_up.data() || rows == 0,
+  OCTET_CHECK(args.d_gate_up.data() != args.gate_up.data() || rows == 0 || !args.gate_up.defined(),
               "swiglu backward: d_gate_up must not alias gate_up");
   if (rows == 0) return;
   OCTET_DISPATCH(ctx, swiglu_backward, ctx, args);
 }
 
-QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args) {
-  const auto [rows, f] = check_gate_up(ctx, args.gate_up);
+namespace {
+
+// swiglu_quantize with or without gate_up's own copy (cache: null when none).
+SwigluQuantizeCachedResult quantize_checked(Context& ctx, const SwigluQuantizeArgs& args,
+                                            const SwigluInputCache* cache) {
+  const auto [rows, f] = check_gate_up(ctx, args.gate_up, args.gate_up_fp8);
+  if (args.gate_up_fp8.data.defined()) check_read_dtype(args.gate_up_dtype);
+  OCTET_CHECK(cache == nullptr || args.gate_up.defined(),
+              "swiglu_quantize_caching_input: gate_up must be a BF16 or FP32 tensor (it is "
+              "already FP8)");
   OCTET_CHECK(std::isfinite(args.epsilon) && args.epsilon >= 0.0f,
               "swiglu_quantize: epsilon must be finite and >= 0, got ", args.epsilon);
   check_row_weight(ctx, args.row_weight, rows, "swiglu_quantize row_weight");
-  QuantTensor q = make_1x128(ctx, args.format, args.rounding, rows, f);
+  SwigluQuantizeCachedResult out;
+  out.h = make_1x128(ctx, args.format, args.rounding, rows, f);
+  if (cache != nullptr) out.gate_up = make_1x128(ctx, cache->format, cache->rounding, rows, 2 * f);
   count_casts(ctx, CastKind::kFusedQuantize, 1);
-  if (rows == 0) {
-    ctx.be().memset(q.amax.data(), 0, sizeof(float));  // max over nothing: 0, as quantize() gives
-    return q;
+  if (rows == 0) {  // max over nothing: 0, as quantize() gives
+    ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
+    if (cache != nullptr) ctx.be().memset(out.gate_up.amax.data(), 0, sizeof(float));
+    return out;
   }
-  OCTET_DISPATCH(ctx, swiglu_quantize, ctx, args, q);
-  return q;
+  QuantTensor* gu_out = cache != nullptr ? &out.gate_up : nullptr;
+  OCTET_DISPATCH(ctx, swiglu_quantize, ctx, args, out.h, gu_out);
+  return out;
+}
+
+}  // namespace
+
+QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args) {
+  return quantize_checked(ctx, args, nullptr).h;
+}
+
+SwigluQuantizeCachedResult swiglu_quantize_caching_input(Context& ctx,
+                                                         const SwigluQuantizeArgs& args,
+                                                         const SwigluInputCache& cache) {
+  return quantize_checked(ctx, args, &cache);
 }
 
 SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
                                                       const SwigluBackwardQuantizeArgs& args) {
-  const auto [rows, f] = check_gate_up(ctx, args.gate_up);
+  const auto [rows, f] = check_gate_up(ctx, args.gate_up, args.gate_up_fp8);
   check_tensor(ctx, args.dh, "swiglu_backward_quantize dh", {rows, f});
   OCTET_CHECK(std::isfinite(args.epsilon) && args.epsilon >= 0.0f,
               "swiglu_backward_quantize: epsilon must be finite and >= 0, got ", args.epsilon);

@@ -16,6 +16,15 @@
 //
 // Every op writes every element of its outputs (`=`, never `+=`); rows may be 0 (an expert that
 // received no tokens).
+//
+// gate_up kept in FP8 (Recipe::moe_swiglu_input fp8, DeepSeek-V3's "SwiGLU input cached in FP8"):
+// swiglu_quantize_caching_input writes gate_up's own 1x128 row-wise copy in the pass that reads it,
+// and swiglu_backward, swiglu_quantize and swiglu_backward_quantize read such a copy in place of the
+// BF16 tensor (args.gate_up_fp8, args.gate_up left undefined). The copy is dequantized in registers
+// to dh's dtype (swiglu_quantize: gate_up_dtype), exactly as dequantize(gate_up_fp8, dtype) would
+// (code * scale_inv as one FP32 product, then rounded to BF16 for bf16): every output is bit for
+// bit the op's output on the dequantized tensor. The copy's groups run along the whole 2F row (a
+// group straddles the gate/up halves when F % 128 != 0); its scales are K-major (core/scale_layout.h).
 #pragma once
 
 #include "core/context.h"
@@ -31,9 +40,10 @@ struct SwigluForwardArgs {
 void swiglu_forward(Context& ctx, const SwigluForwardArgs& args);
 
 struct SwigluBackwardArgs {
-  Tensor dh;         // (rows, F) bf16 or f32
-  Tensor gate_up;    // (rows, 2F) bf16 or f32: the forward's input
-  Tensor d_gate_up;  // (rows, 2F), dh's dtype: written (=), same column halves as gate_up
+  Tensor dh;                  // (rows, F) bf16 or f32
+  Tensor gate_up;             // (rows, 2F) bf16 or f32: the forward's input, or undefined when
+  Tensor d_gate_up;           // (rows, 2F), dh's dtype: written (=), same column halves as gate_up
+  QuantTensor gate_up_fp8{};  // ... gate_up is given as its 1x128 FP8 copy (read as dh's dtype)
 };
 
 void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);
@@ -49,14 +59,32 @@ void swiglu_backward(Context& ctx, const SwigluBackwardArgs& args);
 // expert, so the combine and its backward carry no per-row factor and the backward dispatch can move
 // FP8 rows unchanged), the quantized value is h[r, j] * row_weight[r], one more FP32 rounding.
 struct SwigluQuantizeArgs {
-  Tensor gate_up;  // (rows, 2F) bf16 or f32
+  Tensor gate_up;  // (rows, 2F) bf16 or f32, or undefined when gate_up_fp8 is given
   Fp8Format format = Fp8Format::kE4M3;
   ScaleRounding rounding = ScaleRounding::kPow2;  // DESIGN.md: SwiGLU output with power-of-2 scales
   float epsilon = 0.0f;                           // amax floor, >= 0 (numerics/scale.h)
   Tensor row_weight{};                            // (rows) f32, or undefined (weight 1)
+  QuantTensor gate_up_fp8{};                      // gate_up's 1x128 FP8 copy, read as ...
+  DType gate_up_dtype = DType::kBF16;             // ... this dtype (bf16 or f32)
 };
 
 QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args);
+
+// swiglu_quantize (args.gate_up a BF16 or FP32 tensor) and, in the same pass over gate_up, its own
+// 1x128 row-wise FP8 copy: bit for bit
+//   quantize(QuantizeArgs{gate_up, format, Granularity::k1x128, rounding, 0, kRowwise, {}, kKMajor})
+// data (rows, 2F) fp8, scale_inv (rows, ceil(2F / 128)) f32, amax (1) f32 (max |gate_up|).
+struct SwigluInputCache {
+  Fp8Format format = Fp8Format::kE4M3;
+  ScaleRounding rounding = ScaleRounding::kPow2;
+};
+struct SwigluQuantizeCachedResult {
+  QuantTensor h;        // swiglu_quantize's result
+  QuantTensor gate_up;  // gate_up's copy
+};
+SwigluQuantizeCachedResult swiglu_quantize_caching_input(Context& ctx,
+                                                         const SwigluQuantizeArgs& args,
+                                                         const SwigluInputCache& cache = {});
 
 // Backward of swiglu_quantize fused with the 1x128 row-wise quantization of its output (FP8-Flow:
 // the gate/up Dgrad and Wgrad read d_gate_up in FP8, so it is never stored in BF16). With
@@ -72,12 +100,13 @@ QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args);
 // CPU and CUDA agree bit for bit (data, scale_inv, amax, d_row_weight).
 struct SwigluBackwardQuantizeArgs {
   Tensor dh;            // (rows, F) bf16 or f32: gradient of the forward's (weighted) output
-  Tensor gate_up;       // (rows, 2F) bf16 or f32: the forward's input (saved)
+  Tensor gate_up;       // (rows, 2F) bf16 or f32: the forward's input (saved), or undefined when
   Tensor row_weight{};  // (rows) f32, or undefined: as given to swiglu_quantize
   Fp8Format format = Fp8Format::kE4M3;
   ScaleRounding rounding =
-      ScaleRounding::kPow2;  // pow2: the Wgrad copy is a scaling-aware transpose
-  float epsilon = 0.0f;      // amax floor, >= 0
+      ScaleRounding::kPow2;   // pow2: the Wgrad copy is a scaling-aware transpose
+  float epsilon = 0.0f;       // amax floor, >= 0
+  QuantTensor gate_up_fp8{};  // ... gate_up is given as its 1x128 FP8 copy (read as dh's dtype)
 };
 
 struct SwigluBackwardQuantizeResult {

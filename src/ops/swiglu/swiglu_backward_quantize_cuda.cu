@@ -23,20 +23,21 @@ int device_attr(const Context& ctx, cudaDeviceAttr attr) {
 }
 
 // Launches the vectorised kernel and returns true, or returns false when it does not apply.
-template <typename InT, typename GradT>
-bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a,
+template <typename Src, typename GradT>
+bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, const void* gu_ptr,
                 SwigluBackwardQuantizeResult& out, const ScaleRule& rule) {
-  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
+  const int64_t rows = a.dh.rows(), f = a.dh.cols();
   if (f % swiglu_kernels::kChunk != 0) return false;
-  for (const void* p : {a.dh.data(), a.gate_up.data(), out.d_gate_up.data.data()})
+  for (const void* p :
+       std::initializer_list<const void*>{a.dh.data(), gu_ptr, out.d_gate_up.data.data()})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   const bool aligned = f % kGroup == 0;
   const int64_t smem = int64_t{kVecThreads / 32} * (256 + (aligned ? 0 : 2 * f)) * 4;
   if (smem > device_attr(ctx, cudaDevAttrMaxSharedMemoryPerBlockOptin)) return false;
   auto kernel =
       aligned
-          ? swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<InT, GradT, kVecThreads, true>
-          : swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<InT, GradT, kVecThreads,
+          ? swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads, true>
+          : swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads,
                                                                       false>;
   if (smem > 48 * 1024)
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -49,7 +50,7 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a,
       int64_t{device_attr(ctx, cudaDevAttrMultiProcessorCount)} * std::max(per_sm, 1));
   kernel<<<static_cast<unsigned>(blocks), kVecThreads, static_cast<size_t>(smem),
            static_cast<cudaStream_t>(ctx.stream)>>>(
-      a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(),
+      a.dh.data_as<const GradT>(), src,
       a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rows, f, rule,
       out.d_gate_up.data.data_as<uint8_t>(), out.d_gate_up.scale_inv.data_as<float>(),
       out.d_gate_up.amax.data_as<uint32_t>(),
@@ -58,23 +59,23 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a,
   return true;
 }
 
-template <typename InT, typename GradT>
-void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a,
-                             SwigluBackwardQuantizeResult& out) {
-  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
+template <typename Src, typename GradT>
+void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src,
+                             const void* gu_ptr, SwigluBackwardQuantizeResult& out) {
+  const int64_t rows = a.dh.rows(), f = a.dh.cols();
   const auto st = static_cast<cudaStream_t>(ctx.stream);
   auto* amax_bits = out.d_gate_up.amax.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
   const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
-  if (launch_vec<InT, GradT>(ctx, a, out, rule)) return;
-  auto kernel = swiglu_kernels::swiglu_backward_quantize_1x128_kernel<InT, GradT, kThreads>;
+  if (launch_vec<Src, GradT>(ctx, a, src, gu_ptr, out, rule)) return;
+  auto kernel = swiglu_kernels::swiglu_backward_quantize_1x128_kernel<Src, GradT, kThreads>;
   int per_sm = 0, sms = 0;
   OCTET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
   OCTET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device_index));
   const int64_t blocks =
       std::clamp<int64_t>(ceil_div(rows, kThreads / 32), 1, int64_t{sms} * std::max(per_sm, 1));
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(
-      a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(),
+      a.dh.data_as<const GradT>(), src,
       a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rows, f, rule,
       out.d_gate_up.data.data_as<uint8_t>(), out.d_gate_up.scale_inv.data_as<float>(), amax_bits,
       out.d_row_weight.defined() ? out.d_row_weight.data_as<float>() : nullptr);
@@ -85,15 +86,32 @@ void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a,
 
 void swiglu_backward_quantize(Context& ctx, const SwigluBackwardQuantizeArgs& a,
                               SwigluBackwardQuantizeResult& out) {
-  const bool in_f = a.gate_up.dtype() == DType::kF32, grad_f = a.dh.dtype() == DType::kF32;
-  if (in_f && grad_f)
-    backward_quantize_typed<float, float>(ctx, a, out);
-  else if (in_f)
-    backward_quantize_typed<float, uint16_t>(ctx, a, out);
-  else if (grad_f)
-    backward_quantize_typed<uint16_t, float>(ctx, a, out);
+  namespace k = swiglu_kernels;
+  auto run = [&](auto grad_tag) {
+    using GradT = decltype(grad_tag);
+    if (a.gate_up.defined()) {
+      const int64_t n = a.gate_up.cols();
+      if (a.gate_up.dtype() == DType::kF32)
+        backward_quantize_typed<k::DenseGateUp<float>, GradT>(
+            ctx, a, {a.gate_up.data_as<const float>(), n}, a.gate_up.data(), out);
+      else
+        backward_quantize_typed<k::DenseGateUp<uint16_t>, GradT>(
+            ctx, a, {a.gate_up.data_as<const uint16_t>(), n}, a.gate_up.data(), out);
+      return;
+    }
+    // The FP8 copy, read as dh's dtype (swiglu.h).
+    const QuantTensor& q = a.gate_up_fp8;
+    const int64_t n = q.data.cols();
+    backward_quantize_typed<k::Fp8GateUp<GradT>, GradT>(
+        ctx, a,
+        {q.data.data_as<const uint8_t>(), q.scale_inv.data_as<const float>(), n,
+         ceil_div(n, kGroup), q.format},
+        q.data.data(), out);
+  };
+  if (a.dh.dtype() == DType::kF32)
+    run(float{});
   else
-    backward_quantize_typed<uint16_t, uint16_t>(ctx, a, out);
+    run(uint16_t{});
 }
 
 }  // namespace octet::cuda

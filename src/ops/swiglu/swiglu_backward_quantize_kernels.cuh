@@ -15,10 +15,9 @@ namespace octet::cuda::swiglu_kernels {
 // A warp per row of d_gate_up (grid-stride over rows): first the routing weight's gradient (lane l
 // sums columns l, l + 32, ...; then a fixed tree), then the 2F columns in 1x128 groups, 4
 // consecutive columns a lane. Column c < F is dg of column c, c >= F is du of column c - F.
-template <typename InT, typename GradT, int kThreads>
+template <typename Src, typename GradT, int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_quantize_1x128_kernel(const GradT* __restrict__ dh,
-                                          const InT* __restrict__ gate_up,
+    swiglu_backward_quantize_1x128_kernel(const GradT* __restrict__ dh, Src gate_up,
                                           const float* __restrict__ row_weight, int64_t rows,
                                           int64_t f, ScaleRule rule, uint8_t* __restrict__ data,
                                           float* __restrict__ scale_inv,
@@ -35,15 +34,15 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t running = 0;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const InT* g = gate_up + r * n;
     const GradT* d = dh + r * f;
     float w = 1.0f;
     if (row_weight != nullptr) {
       w = row_weight[r];
       float partial = 0.0f;
       for (int64_t j = lane; j < f; j += 32)
-        partial =
-            rn::add(partial, rn::mul(load(d, j), swiglu_math::swiglu(load(g, j), load(g, f + j))));
+        partial = rn::add(
+            partial,
+            rn::mul(load(d, j), swiglu_math::swiglu(gate_up.load(r, j), gate_up.load(r, f + j))));
       for (int s = 16; s >= 1; s /= 2) {
         const float other = __shfl_down_sync(0xFFFFFFFFu, partial, s);
         if (lane < s) partial = rn::add(partial, other);
@@ -60,7 +59,7 @@ __global__ void __launch_bounds__(kThreads)
         if (c + i < n) {
           const int64_t j = c + i < f ? c + i : c + i - f;
           const float dj = row_weight != nullptr ? rn::mul(load(d, j), w) : load(d, j);
-          const auto gr = swiglu_math::swiglu_grad(load(g, j), load(g, f + j), dj);
+          const auto gr = swiglu_math::swiglu_grad(gate_up.load(r, j), gate_up.load(r, f + j), dj);
           v[i] = c + i < f ? gr.dg : gr.du;
         }
         a = max(a, abs_bits(v[i]));
@@ -101,10 +100,9 @@ __global__ void __launch_bounds__(kThreads)
 //   otherwise a group may straddle windows and the dg/du boundary: the row's 2F FP32 values are
 //     staged in shared memory and quantized from there (a half-warp per group) once the row is done.
 // Dynamic shared memory: per warp 256 floats of scratch, plus 2F floats of staging unless kAligned.
-template <typename InT, typename GradT, int kThreads, bool kAligned>
+template <typename Src, typename GradT, int kThreads, bool kAligned>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_quantize_1x128_vec_kernel(const GradT* __restrict__ dh,
-                                              const InT* __restrict__ gate_up,
+    swiglu_backward_quantize_1x128_vec_kernel(const GradT* __restrict__ dh, Src gate_up,
                                               const float* __restrict__ row_weight, int64_t rows,
                                               int64_t f, ScaleRule rule, uint8_t* __restrict__ data,
                                               float* __restrict__ scale_inv,
@@ -123,14 +121,14 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t running = 0;
   // The warp's (row, window) steps in order, the next step's loads issued before this step's math.
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * kWarps;
-  Raw8<InT> next_g{}, next_u{};
+  typename Src::Raw next_g{}, next_u{};
   Raw8<GradT> next_d{};
   float next_w = 1.0f;
   auto fetch = [&](int64_t row, int64_t k0) {
     const int64_t k = k0 + lane;
     if (k < cpr) {
-      next_g = load_raw8(gate_up + row * n + k * kChunk);
-      next_u = load_raw8(gate_up + row * n + f + k * kChunk);
+      next_g = gate_up.fetch(row, k * kChunk);
+      next_u = gate_up.fetch(row, f + k * kChunk);
       next_d = load_raw8(dh + row * f + k * kChunk);
     } else {  // zeros: dg = du = h = 0 past F, computed without a branch
       next_g = {}, next_u = {}, next_d = {};
@@ -141,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
   if (r < rows) fetch(r, 0);
   float w = 1.0f, partial = 0.0f;
   while (r < rows) {
-    const Raw8<InT> cur_g = next_g, cur_u = next_u;
+    const typename Src::Raw cur_g = next_g, cur_u = next_u;
     const Raw8<GradT> cur_d = next_d;
     if (k0 == 0) w = next_w, partial = 0.0f;
     int64_t next_r = r, next_k0 = k0 + 32;
@@ -151,8 +149,8 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t k = k0 + lane, c = k * kChunk;
       const bool on = k < cpr;
       float gv[kChunk], uv[kChunk], dv[kChunk], dg[kChunk], du[kChunk], p[kChunk];
-      unpack8(cur_g, gv);
-      unpack8(cur_u, uv);
+      gate_up.unpack(cur_g, gv);
+      gate_up.unpack(cur_u, uv);
       unpack8(cur_d, dv);
       float sv[kChunk];
       sigmoid8(gv, sv);

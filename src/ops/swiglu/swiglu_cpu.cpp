@@ -25,6 +25,21 @@ void quantize_row(const std::vector<float>& vals, int64_t n, const ScaleRule& ru
   }
 }
 
+// gate_up's values as the op reads them: the tensor itself, or its FP8 copy dequantized to `as`
+// exactly as dequantize() gives (code * scale_inv, one FP32 product, then stored as `as`).
+Tensor gate_up_values(const Tensor& gate_up, const QuantTensor& q, DType as) {
+  if (gate_up.defined()) return gate_up;
+  const int64_t rows = q.data.rows(), n = q.data.cols(), groups = ceil_div(n, kGroup);
+  Tensor out = Tensor::empty({rows, n}, as);
+  const uint8_t* codes = q.data.data_as<const uint8_t>();
+  const float* s = q.scale_inv.data_as<const float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      store(out, r * n + j,
+            rn::mul(fp8_to_float(codes[r * n + j], q.format), s[r * groups + j / kGroup]));
+  return out;
+}
+
 }  // namespace
 
 void swiglu_forward(Context&, const SwigluForwardArgs& a) {
@@ -38,19 +53,21 @@ void swiglu_forward(Context&, const SwigluForwardArgs& a) {
 
 void swiglu_backward(Context&, const SwigluBackwardArgs& a) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
+  const Tensor gu = gate_up_values(a.gate_up, a.gate_up_fp8, a.dh.dtype());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < f; ++j) {
       const int64_t gi = r * 2 * f + j, ui = gi + f;
-      const auto d =
-          swiglu_math::swiglu_grad(load(a.gate_up, gi), load(a.gate_up, ui), load(a.dh, r * f + j));
+      const auto d = swiglu_math::swiglu_grad(load(gu, gi), load(gu, ui), load(a.dh, r * f + j));
       store(a.d_gate_up, gi, d.dg);
       store(a.d_gate_up, ui, d.du);
     }
   }
 }
 
-void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
-  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2, groups = ceil_div(f, kGroup);
+void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out,
+                     QuantTensor* gate_up_out) {
+  const Tensor gu = gate_up_values(a.gate_up, a.gate_up_fp8, a.gate_up_dtype);
+  const int64_t rows = gu.rows(), f = gu.cols() / 2, groups = ceil_div(f, kGroup);
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   uint8_t* data = out.data.data_as<uint8_t>();
@@ -60,18 +77,31 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out) {
   const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < f; ++j) {
-      h[j] =
-          swiglu_math::swiglu(load(a.gate_up, r * 2 * f + j), load(a.gate_up, r * 2 * f + f + j));
+      h[j] = swiglu_math::swiglu(load(gu, r * 2 * f + j), load(gu, r * 2 * f + f + j));
       if (w != nullptr) h[j] = swiglu_math::canonical_nan(rn::mul(h[j], w[r]));
     }
     quantize_row(h, f, rule, a.format, data + r * f, scale_inv + r * groups, amax_all);
   }
   out.amax.data_as<float>()[0] = bits_float(amax_all);
+  if (gate_up_out == nullptr) return;
+  // gate_up's own copy: quantize() of the 2F-wide rows, groups straddling the halves.
+  QuantTensor& q = *gate_up_out;
+  const ScaleRule gu_rule{.format = q.format, .rounding = q.rounding, .epsilon = 0.0f, .margin = 0};
+  const int64_t n = 2 * f, gu_groups = ceil_div(n, kGroup);
+  std::vector<float> row(static_cast<size_t>(n));
+  uint32_t gu_amax = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) row[j] = load(gu, r * n + j);
+    quantize_row(row, n, gu_rule, q.format, q.data.data_as<uint8_t>() + r * n,
+                 q.scale_inv.data_as<float>() + r * gu_groups, gu_amax);
+  }
+  q.amax.data_as<float>()[0] = bits_float(gu_amax);
 }
 
 void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
                               SwigluBackwardQuantizeResult& out) {
-  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2, n = 2 * f;
+  const Tensor gu = gate_up_values(a.gate_up, a.gate_up_fp8, a.dh.dtype());
+  const int64_t rows = gu.rows(), f = gu.cols() / 2, n = 2 * f;
   const int64_t groups = ceil_div(n, kGroup);
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
@@ -83,7 +113,7 @@ void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
   for (int64_t r = 0; r < rows; ++r) {
     float partial[32] = {};
     for (int64_t j = 0; j < f; ++j) {
-      const float g = load(a.gate_up, r * n + j), u = load(a.gate_up, r * n + f + j);
+      const float g = load(gu, r * n + j), u = load(gu, r * n + f + j);
       const float dh = load(a.dh, r * f + j);
       if (w != nullptr) {
         // The warp's order: lane j % 32 adds its columns in increasing j.

@@ -1,6 +1,7 @@
 // CUDA launchers of the swiglu family (device code in swiglu_vec_kernels.cuh when F % 8 == 0 and
 // the buffers are 16-byte aligned, else swiglu_kernels.cuh's scalar kernels; both give the same
-// bits). Arguments were validated by swiglu.cpp; everything is enqueued on the context's stream,
+// bits; swiglu_cache_kernels.cuh for swiglu_quantize_caching_input; gate_up read through
+// swiglu_gate_up.cuh's sources, the tensor or its FP8 copy). Arguments were validated by swiglu.cpp; everything is enqueued on the context's stream,
 // nothing synchronises with the host.
 #include <algorithm>
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 #include "backend/cuda_check.h"
 #include "ops/swiglu/swiglu_backends.h"
-#include "ops/swiglu/swiglu_vec_kernels.cuh"
+#include "ops/swiglu/swiglu_cache_kernels.cuh"
 
 namespace octet::cuda {
 namespace {
@@ -65,29 +66,51 @@ void forward_typed(Context& ctx, const SwigluForwardArgs& a) {
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
-template <typename InT, typename GradT>
-void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
-  const int64_t rows = a.dh.rows(), f = a.dh.cols();
-  if (vectorizable(f, {a.dh.data(), a.gate_up.data(), a.d_gate_up.data()})) {
-    auto kernel = k::swiglu_backward_vec_kernel<InT, GradT, kThreads>;
-    const unsigned blocks =
-        persistent_blocks(ctx, kernel, kThreads, ceil_div(rows * (f / k::kChunk), 2 * kThreads));
-    kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(a.dh.data_as<const GradT>(),
-                                                    a.gate_up.data_as<const InT>(), rows, f,
-                                                    a.d_gate_up.data_as<GradT>());
-    OCTET_CUDA_CHECK_LAUNCH();
+// gate_up's source for the kernels (swiglu_gate_up.cuh): the tensor, or its FP8 copy read as
+// `as`. Calls fn(src, data pointer) with the source typed for its element type.
+template <typename Fn>
+void with_gate_up(const Tensor& gu, const QuantTensor& q, DType as, Fn&& fn) {
+  if (gu.defined()) {
+    const int64_t n = gu.cols();
+    if (gu.dtype() == DType::kF32)
+      fn(k::DenseGateUp<float>{gu.data_as<const float>(), n}, gu.data());
+    else
+      fn(k::DenseGateUp<uint16_t>{gu.data_as<const uint16_t>(), n}, gu.data());
     return;
   }
-  k::swiglu_backward_kernel<InT, GradT, kThreads, kPerThread>
-      <<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(
-          a.dh.data_as<const GradT>(), a.gate_up.data_as<const InT>(), rows, f,
-          a.d_gate_up.data_as<GradT>());
-  OCTET_CUDA_CHECK_LAUNCH();
+  const int64_t n = q.data.cols();
+  const auto* codes = q.data.data_as<const uint8_t>();
+  const auto* scales = q.scale_inv.data_as<const float>();
+  const int64_t groups = ceil_div(n, kGroup);
+  if (as == DType::kF32)
+    fn(k::Fp8GateUp<float>{codes, scales, n, groups, q.format}, q.data.data());
+  else
+    fn(k::Fp8GateUp<uint16_t>{codes, scales, n, groups, q.format}, q.data.data());
 }
 
-template <typename InT>
-void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
-  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
+template <typename GradT>
+void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
+  const int64_t rows = a.dh.rows(), f = a.dh.cols();
+  with_gate_up(a.gate_up, a.gate_up_fp8, a.dh.dtype(), [&](auto src, const void* gu_ptr) {
+    using Src = decltype(src);
+    if (vectorizable(f, {a.dh.data(), gu_ptr, a.d_gate_up.data()})) {
+      auto kernel = k::swiglu_backward_vec_kernel<Src, GradT, kThreads>;
+      const unsigned blocks =
+          persistent_blocks(ctx, kernel, kThreads, ceil_div(rows * (f / k::kChunk), 2 * kThreads));
+      kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(a.dh.data_as<const GradT>(), src, rows, f,
+                                                      a.d_gate_up.data_as<GradT>());
+      OCTET_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    k::swiglu_backward_kernel<Src, GradT, kThreads, kPerThread>
+        <<<elementwise_grid(rows, f), kThreads, 0, stream_of(ctx)>>>(
+            a.dh.data_as<const GradT>(), src, rows, f, a.d_gate_up.data_as<GradT>());
+    OCTET_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
+  const int64_t rows = out.data.rows(), f = out.data.cols();
   const cudaStream_t st = stream_of(ctx);
   auto* amax_bits = out.amax.data_as<uint32_t>();
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
@@ -95,18 +118,50 @@ void quantize_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out)
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   const int64_t groups = rows * ceil_div(f, kGroup);
   const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
-  auto launch = [&](auto kernel, int64_t want) {
+  with_gate_up(a.gate_up, a.gate_up_fp8, a.gate_up_dtype, [&](auto src, const void* gu_ptr) {
+    using Src = decltype(src);
+    auto launch = [&](auto kernel, int64_t want) {
+      kernel<<<persistent_blocks(ctx, kernel, kQuantThreads, want), kQuantThreads, 0, st>>>(
+          src, rows, f, w, rule, out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(),
+          amax_bits);
+      OCTET_CUDA_CHECK_LAUNCH();
+    };
+    if (vectorizable(f, {gu_ptr, out.data.data()}))  // a warp per 2 groups, 2 in flight
+      launch(k::swiglu_quantize_1x128_vec_kernel<Src, kQuantThreads>,
+             ceil_div(groups, 4 * (kQuantThreads / 32)));
+    else  // a warp per group
+      launch(k::swiglu_quantize_1x128_kernel<Src, kQuantThreads>,
+             ceil_div(groups, kQuantThreads / 32));
+  });
+}
+
+// swiglu_quantize_caching_input: a warp per row writes both copies (swiglu_cache_kernels.cuh).
+template <typename InT>
+void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out,
+                            QuantTensor& gu_out) {
+  const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
+  const cudaStream_t st = stream_of(ctx);
+  for (const QuantTensor* q : {&out, &gu_out})
+    OCTET_CUDA_CHECK(cudaMemsetAsync(q->amax.data(), 0, sizeof(uint32_t), st));
+  const k::QuantOut h{
+      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), out.amax.data_as<uint32_t>(),
+      ScaleRule{.format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0}};
+  const k::QuantOut g{
+      gu_out.data.data_as<uint8_t>(), gu_out.scale_inv.data_as<float>(),
+      gu_out.amax.data_as<uint32_t>(),
+      ScaleRule{
+          .format = gu_out.format, .rounding = gu_out.rounding, .epsilon = 0.0f, .margin = 0}};
+  const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
+  auto launch = [&](auto kernel) {
+    const int64_t want = ceil_div(rows, kQuantThreads / 32);
     kernel<<<persistent_blocks(ctx, kernel, kQuantThreads, want), kQuantThreads, 0, st>>>(
-        a.gate_up.data_as<const InT>(), rows, f, w, rule, out.data.data_as<uint8_t>(),
-        out.scale_inv.data_as<float>(), amax_bits);
+        a.gate_up.data_as<const InT>(), rows, f, w, h, g);
     OCTET_CUDA_CHECK_LAUNCH();
   };
-  if (vectorizable(f, {a.gate_up.data(), out.data.data()}))  // a warp per 2 groups, 2 in flight
-    launch(k::swiglu_quantize_1x128_vec_kernel<InT, kQuantThreads>,
-           ceil_div(groups, 4 * (kQuantThreads / 32)));
-  else  // a warp per group
-    launch(k::swiglu_quantize_1x128_kernel<InT, kQuantThreads>,
-           ceil_div(groups, kQuantThreads / 32));
+  if (vectorizable(f, {a.gate_up.data(), out.data.data(), gu_out.data.data()}))
+    launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads>);
+  else
+    launch(k::swiglu_quantize_cache_1x128_kernel<InT, kQuantThreads>);
 }
 
 }  // namespace
@@ -124,22 +179,20 @@ void swiglu_forward(Context& ctx, const SwigluForwardArgs& a) {
 }
 
 void swiglu_backward(Context& ctx, const SwigluBackwardArgs& a) {
-  const bool in_f = a.gate_up.dtype() == DType::kF32, grad_f = a.dh.dtype() == DType::kF32;
-  if (in_f && grad_f)
-    backward_typed<float, float>(ctx, a);
-  else if (in_f)
-    backward_typed<float, uint16_t>(ctx, a);
-  else if (grad_f)
-    backward_typed<uint16_t, float>(ctx, a);
+  if (a.dh.dtype() == DType::kF32)
+    backward_typed<float>(ctx, a);
   else
-    backward_typed<uint16_t, uint16_t>(ctx, a);
+    backward_typed<uint16_t>(ctx, a);
 }
 
-void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
-  if (a.gate_up.dtype() == DType::kF32)
-    quantize_typed<float>(ctx, a, out);
+void swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out,
+                     QuantTensor* gate_up_out) {
+  if (gate_up_out == nullptr)
+    quantize_any(ctx, a, out);
+  else if (a.gate_up.dtype() == DType::kF32)
+    quantize_caching_typed<float>(ctx, a, out, *gate_up_out);
   else
-    quantize_typed<uint16_t>(ctx, a, out);
+    quantize_caching_typed<uint16_t>(ctx, a, out, *gate_up_out);
 }
 
 }  // namespace octet::cuda

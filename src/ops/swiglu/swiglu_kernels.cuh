@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "ops/swiglu/swiglu_math.h"
+#include "ops/swiglu/swiglu_gate_up.cuh"
 
 namespace octet::cuda::swiglu_kernels {
 
@@ -46,20 +46,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename InT, typename GradT, int kThreads, int kPerThread>
+template <typename Src, typename GradT, int kThreads, int kPerThread>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_kernel(const GradT* __restrict__ dh, const InT* __restrict__ gate_up,
-                           int64_t rows, int64_t f, GradT* __restrict__ d_gate_up) {
+    swiglu_backward_kernel(const GradT* __restrict__ dh, Src gate_up, int64_t rows, int64_t f,
+                           GradT* __restrict__ d_gate_up) {
   static_assert(kThreads % 32 == 0 && kPerThread >= 1, "whole warps");
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const InT* g = gate_up + r * 2 * f;
     GradT* dg = d_gate_up + r * 2 * f;
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t j =
           (static_cast<int64_t>(blockIdx.x) * kPerThread + k) * kThreads + threadIdx.x;
       if (j >= f) continue;
-      const auto d = swiglu_math::swiglu_grad(load(g, j), load(g, f + j), load(dh + r * f, j));
+      const auto d =
+          swiglu_math::swiglu_grad(gate_up.load(r, j), gate_up.load(r, f + j), load(dh + r * f, j));
       store(dg, j, d.dg);
       store(dg, f + j, d.du);
     }
@@ -74,9 +74,9 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 // A warp per 1x128 group of h (4 consecutive elements a lane), grid-stride over the rows * groups
 // groups. The global amax is a max of |h| bit patterns (numerics/scale.h abs_bits): atomicMax of
 // unsigned words gives the same result in any order.
-template <typename InT, int kThreads>
+template <typename Src, int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_quantize_1x128_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+    swiglu_quantize_1x128_kernel(Src gate_up, int64_t rows, int64_t f,
                                  const float* __restrict__ row_weight, ScaleRule rule,
                                  uint8_t* __restrict__ data, float* __restrict__ scale_inv,
                                  uint32_t* __restrict__ amax_out) {
@@ -92,12 +92,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t grp = static_cast<int64_t>(blockIdx.x) * kWarps + warp; grp < groups;
        grp += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t r = grp / groups_per_row, c = (grp % groups_per_row) * kGroup + lane * 4;
-    const InT* g = gate_up + r * 2 * f;
     float h[4];
     uint32_t a = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      h[i] = c + i < f ? swiglu_math::swiglu(load(g, c + i), load(g, f + c + i)) : 0.0f;
+      h[i] = c + i < f ? swiglu_math::swiglu(gate_up.load(r, c + i), gate_up.load(r, f + c + i))
+                       : 0.0f;
       if (row_weight != nullptr) h[i] = swiglu_math::canonical_nan(rn::mul(h[i], row_weight[r]));
       a = max(a, abs_bits(h[i]));
     }

@@ -25,47 +25,6 @@
 
 namespace octet::cuda::swiglu_kernels {
 
-constexpr int kChunk = 8;
-
-// Eight consecutive elements of a BF16 (one 16-byte word) or FP32 (two) buffer as loaded, read
-// once and not kept in L1; unpack8 widens them to FP32 (exactly).
-template <typename T>
-struct Raw8 {
-  uint4 w[sizeof(T) / 2];
-};
-
-template <typename T>
-__device__ __forceinline__ Raw8<T> load_raw8(const T* __restrict__ p) {
-  Raw8<T> r;
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i)
-    r.w[i] = __ldcs(reinterpret_cast<const uint4*>(p) + i);
-  return r;
-}
-
-template <typename T>
-__device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&v)[kChunk]) {
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      v[4 * i] = bits_float(r.w[i].x), v[4 * i + 1] = bits_float(r.w[i].y);
-      v[4 * i + 2] = bits_float(r.w[i].z), v[4 * i + 3] = bits_float(r.w[i].w);
-    }
-  } else {
-    const uint32_t x[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = bits_float(x[i] << 16);  // little-endian: the even element is the low half
-      v[2 * i + 1] = bits_float(x[i] & 0xFFFF0000u);
-    }
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void load8(const T* __restrict__ p, float (&v)[kChunk]) {
-  unpack8(load_raw8(p), v);
-}
-
 // Eight FP32 values stored as T. BF16 by the hardware's cvt.rn.bf16x2.f32, which rounds as
 // float_to_bf16 does (nearest even, no flush, overflow to inf) and gives its 0x7FFF for the
 // canonical NaN 0x7FC00000, the only NaN these kernels store (swiglu_math::canonical_nan).
@@ -282,10 +241,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Its load loop repeats the forward's on purpose: the same loop behind a shared __device__ helper
 // measured 10% slower here on the H100 (174 -> 192 us at the baseline's 65536 x 2*704, same call).
-template <typename InT, typename GradT, int kThreads>
+template <typename Src, typename GradT, int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_vec_kernel(const GradT* __restrict__ dh, const InT* __restrict__ gate_up,
-                               int64_t rows, int64_t f, GradT* __restrict__ d_gate_up) {
+    swiglu_backward_vec_kernel(const GradT* __restrict__ dh, Src gate_up, int64_t rows, int64_t f,
+                               GradT* __restrict__ d_gate_up) {
   const int64_t cpr = f / kChunk, chunks = rows * cpr;
   const bool small = chunks <= int64_t{0xFFFFFFFF};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -300,9 +259,8 @@ __global__ void __launch_bounds__(kThreads)
       at[k] = -1;
       if (i >= chunks) continue;
       const QR rc = divmod(i, cpr, small);
-      const InT* p = gate_up + rc.q * 2 * f + rc.r * kChunk;
-      load8(p, g[k]);
-      load8(p + f, u[k]);
+      gate_up.load8(rc.q, rc.r * kChunk, g[k]);
+      gate_up.load8(rc.q, f + rc.r * kChunk, u[k]);
       load8(dh + rc.q * f + rc.r * kChunk, d[k]);
       at[k] = rc.q * 2 * f + rc.r * kChunk;
     }
@@ -327,9 +285,9 @@ __global__ void __launch_bounds__(kThreads)
 // amax by shuffles within the half-warp), a warp per pair of consecutive groups in row-major order,
 // two pairs in flight, grid-stride. Lanes past F (the last group of a row when F % 128 != 0) hold
 // 0, which leaves the amax as it is.
-template <typename InT, int kThreads>
+template <typename Src, int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_quantize_1x128_vec_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+    swiglu_quantize_1x128_vec_kernel(Src gate_up, int64_t rows, int64_t f,
                                      const float* __restrict__ row_weight, ScaleRule rule,
                                      uint8_t* __restrict__ data, float* __restrict__ scale_inv,
                                      uint32_t* __restrict__ amax_out) {
@@ -354,9 +312,8 @@ __global__ void __launch_bounds__(kThreads)
       on[k] = grp[k] < groups && c[k] < f;
       w[k] = 1.0f;
       if (on[k]) {
-        const InT* p = gate_up + r[k] * 2 * f + c[k];
-        load8(p, g[k]);
-        load8(p + f, u[k]);
+        gate_up.load8(r[k], c[k], g[k]);
+        gate_up.load8(r[k], f + c[k], u[k]);
         if (row_weight != nullptr) w[k] = row_weight[r[k]];
       }
     }

@@ -1,0 +1,116 @@
+// Where the swiglu kernels read gate_up from (swiglu.h): a BF16 or FP32 buffer, or its 1x128 FP8
+// copy (Recipe::moe_swiglu_input fp8) dequantized in registers. Both give the kernels FP32 values by
+// row r and column j of the (rows, 2F) matrix, one element (load) or 8 consecutive ones starting on
+// a multiple of 8 (fetch, then unpack: the raw words first, so that a kernel can issue the next
+// loads before it computes).
+//
+//   source          | load / unpack gives                      | 8 elements are
+//   ----------------|------------------------------------------|---------------------------------
+//   DenseGateUp<T>  | the element widened exactly               | one 16-byte word (two for FP32)
+//   Fp8GateUp<T>    | code * scale_inv (one FP32 product), then | an 8-byte word of codes and the
+//                   | rounded to T: dequantize(q, T) bit for    | scale of their group (8 columns
+//                   | bit (ops/quantize)                        | from a multiple of 8 never
+//                   |                                          | straddle a 128-column group)
+#pragma once
+
+#include <cstdint>
+
+#include "ops/swiglu/swiglu_math.h"
+
+namespace octet::cuda::swiglu_kernels {
+
+constexpr int kChunk = 8;
+
+// Eight consecutive elements of a BF16 (one 16-byte word) or FP32 (two) buffer as loaded, read
+// once and not kept in L1; unpack8 widens them to FP32 (exactly).
+template <typename T>
+struct Raw8 {
+  uint4 w[sizeof(T) / 2];
+};
+
+template <typename T>
+__device__ __forceinline__ Raw8<T> load_raw8(const T* __restrict__ p) {
+  Raw8<T> r;
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i)
+    r.w[i] = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&v)[kChunk]) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      v[4 * i] = bits_float(r.w[i].x), v[4 * i + 1] = bits_float(r.w[i].y);
+      v[4 * i + 2] = bits_float(r.w[i].z), v[4 * i + 3] = bits_float(r.w[i].w);
+    }
+  } else {
+    const uint32_t x[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = bits_float(x[i] << 16);  // little-endian: the even element is the low half
+      v[2 * i + 1] = bits_float(x[i] & 0xFFFF0000u);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, float (&v)[kChunk]) {
+  unpack8(load_raw8(p), v);
+}
+
+// gate_up as a (rows, n) BF16 (T = uint16_t) or FP32 (T = float) buffer, n = 2F.
+template <typename T>
+struct DenseGateUp {
+  using Raw = Raw8<T>;
+  const T* p;
+  int64_t n;
+  __device__ __forceinline__ float load(int64_t r, int64_t j) const {
+    return load_float(p, r * n + j);
+  }
+  __device__ __forceinline__ Raw fetch(int64_t r, int64_t c) const {
+    return load_raw8(p + r * n + c);
+  }
+  __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const { unpack8(w, v); }
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[kChunk]) const {
+    unpack(fetch(r, c), v);
+  }
+};
+
+// gate_up's 1x128 FP8 copy: codes (rows, n), K-major scale_inv (rows, groups), read as T.
+template <typename T>
+struct Fp8GateUp {
+  struct Raw {
+    uint2 codes;
+    float scale;
+  };
+  const uint8_t* data;
+  const float* scale_inv;
+  int64_t n, groups;
+  Fp8Format format;
+  __device__ __forceinline__ float value(uint32_t code, float s) const {
+    const float v = rn::mul(fp8_to_float(static_cast<uint8_t>(code), format), s);
+    if constexpr (sizeof(T) == 4)
+      return v;
+    else
+      return bf16_to_float(float_to_bf16(v));
+  }
+  __device__ __forceinline__ float load(int64_t r, int64_t j) const {
+    return value(data[r * n + j], scale_inv[r * groups + j / kGroup]);
+  }
+  __device__ __forceinline__ Raw fetch(int64_t r, int64_t c) const {
+    return {__ldcs(reinterpret_cast<const uint2*>(data + r * n + c)),
+            scale_inv[r * groups + c / kGroup]};
+  }
+  __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+      v[i] = value(((i < 4 ? w.codes.x : w.codes.y) >> (8 * (i % 4))) & 0xFFu, w.scale);
+  }
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[kChunk]) const {
+    unpack(fetch(r, c), v);
+  }
+};
+
+}  // namespace octet::cuda::swiglu_kernels
