@@ -9,10 +9,14 @@
 //   quantize + row weight (fp8-flow)    | gate_up, weights       | h (fp8), 1x128 scales
 //   backward (deepseek, bf16 d_gate_up) | gate_up, dh            | d_gate_up (bf16)
 //   backward quantize (fp8-flow)        | gate_up, dh, weights   | d_gate_up (fp8), scales, d_weight
+//   quantize + cache gu (deepseek)      | gate_up                | h and gate_up (fp8), their scales
+//   ... from fp8 gu (the rows below)    | gate_up's fp8 copy and its scales in place of gate_up
 // "of copy" = copy time / op time for a copy that reads and writes the op's byte count in total;
 // "scalar us" = the same op on a gate_up that is not 16-byte aligned, which takes the scalar kernels
-// (the code before the vectorised ones), and "speedup" = scalar us / us.
+// (the code before the vectorised ones), and "speedup" = scalar us / us ("-" for the rows of the
+// FP8 gate_up cache, Recipe::moe_swiglu_input fp8, which always take the vectorised kernels here).
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,10 +76,14 @@ int run(const std::vector<std::string>& argv) {
                   CopyKind::kDeviceToDevice);
     const Tensor gu_scalar =
         Tensor::wrap(gu_buf.data_as<uint16_t>() + 1, {rows, 2 * f}, DType::kBF16, Device::kCuda);
+    // gate_up's 1x128 FP8 copy (what Recipe::moe_swiglu_input fp8 keeps for the backward).
+    const QuantTensor gu8 = swiglu_quantize_caching_input(ctx, {.gate_up = gu}).gate_up;
+    const double n8 = 2 * n + scale_bytes(rows, 2 * f);  // the copy's bytes
     struct Op {
       const char* name;
       double bytes;
       std::function<void(const Tensor&)> fn;
+      bool scalar = true;  // also timed on the unaligned gate_up
     };
     const std::vector<Op> ops = {
         {"forward (bf16 h)", 4 * n + 2 * n,
@@ -92,14 +100,30 @@ int run(const std::vector<std::string>& argv) {
          [&](const Tensor& x) {
            swiglu_backward_quantize(ctx, {.dh = dh, .gate_up = x, .row_weight = w});
          }},
+        {"quantize + cache gu (deepseek)", 4 * n + n + scale_bytes(rows, f) + n8,
+         [&](const Tensor&) { swiglu_quantize_caching_input(ctx, {.gate_up = gu}); }, false},
+        {"quantize from fp8 gu (recompute)", n8 + n + scale_bytes(rows, f),
+         [&](const Tensor&) { swiglu_quantize(ctx, {.gate_up_fp8 = gu8}); }, false},
+        {"backward from fp8 gu (deepseek)", n8 + 2 * n + 4 * n,
+         [&](const Tensor&) {
+           swiglu_backward(ctx, {.dh = dh, .d_gate_up = dgu, .gate_up_fp8 = gu8});
+         },
+         false},
+        {"backward quantize from fp8 gu (fp8-flow)",
+         n8 + 2 * n + r4 + 2 * n + scale_bytes(rows, 2 * f) + r4,
+         [&](const Tensor&) {
+           swiglu_backward_quantize(ctx, {.dh = dh, .row_weight = w, .gate_up_fp8 = gu8});
+         },
+         false},
     };
     for (const Op& op : ops) {
       const double ms = time_op(
                             ctx, [&] { op.fn(gu); }, warmup, runs, flush)
                             .median_ms;
-      const double scalar_ms = time_op(
-                                   ctx, [&] { op.fn(gu_scalar); }, warmup, runs, flush)
-                                   .median_ms;
+      const double scalar_ms = op.scalar ? time_op(
+                                               ctx, [&] { op.fn(gu_scalar); }, warmup, runs, flush)
+                                               .median_ms
+                                         : 0.0;
       // A copy that reads and writes the op's byte count in total.
       const auto half = static_cast<int64_t>(op.bytes / 2);
       Tensor a = Tensor::empty(ctx, {half}, DType::kU8), b = Tensor::empty(ctx, {half}, DType::kU8);
@@ -112,8 +136,9 @@ int run(const std::vector<std::string>& argv) {
       const double gbs = op.bytes / (ms * 1e-3) / 1e9;
       table.push_back({s.name, std::to_string(rows) + " x 2*" + std::to_string(f), op.name,
                        fmt(op.bytes / 1e6, 0), fmt(ms * 1e3, 1), fmt(gbs, 0), fmt(copy_ms * 1e3, 1),
-                       fmt(100.0 * copy_ms / ms, 1) + "%", fmt(scalar_ms * 1e3, 1),
-                       fmt(scalar_ms / ms, 2) + "x"});
+                       fmt(100.0 * copy_ms / ms, 1) + "%",
+                       op.scalar ? fmt(scalar_ms * 1e3, 1) : "-",
+                       op.scalar ? fmt(scalar_ms / ms, 2) + "x" : "-"});
     }
   }
   print_table(
@@ -139,7 +164,11 @@ Suite swiglu_suite() {
       "each must move, GB/s, and the time of a device-to-device copy moving the same bytes in "
       "the same run;\n"
       "then the scalar kernels' time on the same data (gate_up not 16-byte aligned) and the "
-      "speedup.",
+      "speedup.\n"
+      "Then the same ops with gate_up cached in FP8 (Recipe::moe_swiglu_input fp8): the forward "
+      "that also\n"
+      "writes the copy, and the recompute quantize, backward and fp8-flow backward quantize "
+      "reading it.",
       run};
 }
 

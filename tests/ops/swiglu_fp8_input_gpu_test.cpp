@@ -2,7 +2,9 @@
 // fused outputs (caching forward, and every reader of the copy) bit for bit against the separate
 // quantize / dequantize path on the GPU, and against the CPU's fused outputs. Widths: the
 // baseline's F = 704 (groups straddle the gate/up halves), DeepSeek-V3's 2048, F % 128 != 0
-// (1000, 64), the scalar kernels' F % 8 != 0 (7, 100); odd row counts and zero rows.
+// (1000, 64), the scalar kernels' F % 8 != 0 (7, 100); the caching forward's row kernel at every
+// step count (64: 1, 384: 2, 704: 3, 1000 and 1024: 4; 384 and 1024 with no straddling group) and
+// its fallback past F = 1024 (2048); odd row counts and zero rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,7 +56,7 @@ TEST_P(SwigluFp8InputGpu, FusedEqualsSeparateAndCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, SwigluFp8InputGpu,
                          ::testing::Combine(::testing::Values(0, 1, 3, 129, 517),
-                                            ::testing::Values(7, 64, 100, 704, 1000, 2048),
+                                            ::testing::Values(7, 64, 100, 384, 704, 1000, 1024, 2048),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
 // The copy in other formats and roundings, special values (NaN and infinities in gate_up: the

@@ -8,6 +8,8 @@
 //
 //   kernel         | when                          | a lane holds
 //   ---------------|-------------------------------|---------------------------------------------
+//   _row_kernel    | F % 8 == 0, 16-byte aligned,  | 8 columns of gate and the same 8 of up per
+//                  | F <= 1024                     | step, the whole row in registers, read once
 //   _vec_kernel    | F % 8 == 0, 16-byte aligned   | 8 columns; a half-warp per group, two groups
 //                  |                               | a half-warp per step (two_scales)
 //   _kernel        | otherwise                     | 4 columns; a warp per group
@@ -120,6 +122,136 @@ __global__ void __launch_bounds__(kThreads)
       }
       h_running =
           max(h_running, quantize_two_groups(h, on, c, q0, h_groups, r * f, r * h_groups, h_out));
+    }
+  }
+  block_amax<kThreads>(h_running, h_out.amax);
+  __syncthreads();  // block_amax's shared words are reused
+  block_amax<kThreads>(gu_running, gu_out.amax);
+}
+
+// Max of v over the lanes whose chunk lies in the lane's 1x128 group, for chunks base + lane (16
+// chunks a group): a segmented max by shuffles toward each group's first lane in the warp, then
+// from it to the others. Every lane of the warp calls it.
+__device__ __forceinline__ uint32_t group_max(uint32_t v, int64_t base) {
+  const int lane = threadIdx.x % 32;
+  const int pos = static_cast<int>((base + lane) % 16);  // the chunk's place in its group
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) {
+    const uint32_t t = __shfl_down_sync(0xFFFFFFFFu, v, o);
+    if (lane + o < 32 && pos + o < 16) v = max(v, t);
+  }
+  return __shfl_sync(0xFFFFFFFFu, v, lane - min(pos, lane));
+}
+
+// two_scales for groups of two outputs with their own rules: a0 (rule r0) on lanes 0-7 of each
+// half-warp, a1 (r1) on lanes 8-15; scale[0] and scale[1] as there.
+__device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0, uint32_t a1,
+                                                const ScaleRule& r1, int sub) {
+  const float s = compute_scale(bits_float(sub < 8 ? a0 : a1), sub < 8 ? r0 : r1);
+  const int base = static_cast<int>(threadIdx.x % 32) & 16;
+  TwoScales t;
+  t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
+  t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
+  t.own_inverse = sub % 8 == 0 ? scale_inverse(s) : 0.0f;
+  return t;
+}
+
+// The fast form of swiglu_quantize_cache_1x128_vec_kernel for rows of at most 32 * kIt chunks of 8
+// columns (F <= 256 * kIt): a warp per row holds the whole row in registers, read once with every
+// load in flight at once. Lane l, step i owns chunk k = 32 i + l of the gate (columns 8k..8k+7) and
+// the same chunk of the up half (F + 8k..), so it computes h's chunk k from what it holds; then
+// both quantizations come from those registers:
+//   h chunk k          | group k / 16: the lane's half-warp at step i (half_warp_max)
+//   gate chunk k       | gate_up group k / 16: the same half-warp
+//   up chunk k         | gate_up group (F/8 + k) / 16: a segment of up to 16 lanes that may start
+//                      | anywhere in the warp (group_max), and continue at the next step
+//   gate/up boundary   | when F % 128 != 0, group F / 128 holds the gate's last chunks and the
+//                      | up's first (lanes of step 0): their maxima are exchanged
+// Lanes past the row hold zeros, which leave every amax as it is, and store nothing.
+template <typename InT, int kThreads, int kIt>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_quantize_cache_1x128_row_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
+                                           const float* __restrict__ row_weight, QuantOut h_out,
+                                           QuantOut gu_out) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x % 32, half = lane / 16, sub = lane % 16;
+  const int64_t n = 2 * f, cpr = f / kChunk, gu_groups = ceil_div(n, kGroup);
+  const int64_t h_groups = ceil_div(f, kGroup), gb = cpr / 16;
+  const bool straddle = cpr % 16 != 0;  // group gb holds gate and up chunks
+  const __nv_fp8_interpretation_t h_kind = fp8_kind(h_out.rule.format);
+  const __nv_fp8_interpretation_t gu_kind = fp8_kind(gu_out.rule.format);
+  uint32_t gu_running = 0, h_running = 0;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const InT* row = gate_up + r * n;
+    Raw8<InT> rg[kIt] = {}, ru[kIt] = {};
+    bool on[kIt];
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int64_t k = 32 * i + lane;
+      on[i] = k < cpr;
+      if (on[i]) {
+        rg[i] = load_raw8(row + k * kChunk);
+        ru[i] = load_raw8(row + f + k * kChunk);
+      }
+    }
+    const float w = row_weight != nullptr ? row_weight[r] : 1.0f;
+    float g[kIt][kChunk], u[kIt][kChunk], h[kIt][kChunk];
+    uint32_t ah[kIt], ag[kIt], au[kIt];
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      unpack8(rg[i], g[i]);
+      unpack8(ru[i], u[i]);
+      swiglu8(g[i], u[i], h[i]);
+      uint32_t a = 0, b = 0, c = 0;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        if (row_weight != nullptr) h[i][e] = swiglu_math::canonical_nan(rn::mul(h[i][e], w));
+        a = max(a, abs_bits(h[i][e]));
+        b = max(b, abs_bits(g[i][e]));
+        c = max(c, abs_bits(u[i][e]));
+      }
+      ah[i] = half_warp_max(a);
+      ag[i] = half_warp_max(b);
+      au[i] = group_max(c, cpr + 32 * i);
+    }
+    if (straddle) {
+      // Up groups continue from one step to the next; group gb joins the gate's tail (step gb / 2,
+      // half-warp gb % 2) and the up's head (lane 0 of step 0). Maxima before any exchange.
+      uint32_t first[kIt], last[kIt], gate_tail = 0;
+#pragma unroll
+      for (int i = 0; i < kIt; ++i) {
+        first[i] = __shfl_sync(0xFFFFFFFFu, au[i], 0);
+        last[i] = __shfl_sync(0xFFFFFFFFu, au[i], 31);
+        if (i == gb / 2) gate_tail = __shfl_sync(0xFFFFFFFFu, ag[i], 16 * static_cast<int>(gb % 2));
+      }
+#pragma unroll
+      for (int i = 0; i < kIt; ++i) {
+        const int64_t gid = (cpr + 32 * i + lane) / 16;
+        if (i + 1 < kIt && gid == (cpr + 32 * (i + 1)) / 16) au[i] = max(au[i], first[i + 1]);
+        if (i > 0 && gid == (cpr + 32 * i - 1) / 16) au[i] = max(au[i], last[i - 1]);
+        if (2 * i + half == gb) ag[i] = max(ag[i], first[0]);
+      }
+      if ((cpr + lane) / 16 == gb) au[0] = max(au[0], gate_tail);
+    }
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int64_t k = 32 * i + lane, q = 2 * i + half;  // q: the h and gate group
+      const TwoScales sc = two_scales(ah[i], h_out.rule, ag[i], gu_out.rule, sub);
+      const float su = compute_scale(bits_float(au[i]), gu_out.rule);
+      if (sub == 0 && q < h_groups) h_out.scale_inv[r * h_groups + q] = sc.own_inverse;
+      if (sub == 8 && q < h_groups) gu_out.scale_inv[r * gu_groups + q] = sc.own_inverse;
+      if (on[i] && (cpr + k) % 16 == 0)
+        gu_out.scale_inv[r * gu_groups + (cpr + k) / 16] = scale_inverse(su);
+      if (on[i]) {
+        *reinterpret_cast<uint2*>(h_out.data + r * f + k * kChunk) =
+            fp8x8(h[i], sc.scale[0], h_kind);
+        *reinterpret_cast<uint2*>(gu_out.data + r * n + k * kChunk) =
+            fp8x8(g[i], sc.scale[1], gu_kind);
+        *reinterpret_cast<uint2*>(gu_out.data + r * n + f + k * kChunk) = fp8x8(u[i], su, gu_kind);
+      }
+      h_running = max(h_running, ah[i]);
+      gu_running = max(gu_running, max(ag[i], au[i]));
     }
   }
   block_amax<kThreads>(h_running, h_out.amax);

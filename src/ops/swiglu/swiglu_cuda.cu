@@ -158,9 +158,24 @@ void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTens
         a.gate_up.data_as<const InT>(), rows, f, w, h, g);
     OCTET_CUDA_CHECK_LAUNCH();
   };
-  if (vectorizable(f, {a.gate_up.data(), out.data.data(), gu_out.data.data()}))
-    launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads>);
-  else
+  if (vectorizable(f, {a.gate_up.data(), out.data.data(), gu_out.data.data()})) {
+    switch (ceil_div(f / k::kChunk, 32)) {  // steps of 32 chunks in a row (F <= 1024: in registers)
+      case 1:
+        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 1>);
+        break;
+      case 2:
+        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 2>);
+        break;
+      case 3:
+        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 3>);
+        break;
+      case 4:
+        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 4>);
+        break;
+      default:
+        launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads>);
+    }
+  } else
     launch(k::swiglu_quantize_cache_1x128_kernel<InT, kQuantThreads>);
 }
 

@@ -9,9 +9,11 @@
 //   DenseGateUp<T>  | the element widened exactly               | one 16-byte word (two for FP32)
 //   Fp8GateUp<T>    | code * scale_inv (one FP32 product), then | an 8-byte word of codes and the
 //                   | rounded to T: dequantize(q, T) bit for    | scale of their group (8 columns
-//                   | bit (ops/quantize)                        | from a multiple of 8 never
-//                   |                                          | straddle a 128-column group)
+//                   | bit (ops/quantize); unpack decodes by the | from a multiple of 8 never
+//                   | hardware, a pair of codes at a time       | straddle a 128-column group)
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -103,10 +105,28 @@ struct Fp8GateUp {
     return {__ldcs(reinterpret_cast<const uint2*>(data + r * n + c)),
             scale_inv[r * groups + c / kGroup]};
   }
+  // The vectorised path: each pair of codes decoded by the hardware (cvt.rn.f16x2.e4m3x2 or
+  // .e5m2x2, exact for every code: FP16 holds every E4M3 and E5M2 value, NaN and inf included),
+  // widened to FP32 (exact), times the scale as value() does; for BF16 the pair is rounded by
+  // cvt.rn.bf16x2.f32, float_to_bf16's rounding (the product of a NaN is the GPU's canonical
+  // 0x7FFFFFFF, which both turn into 0x7FFF). So value()'s bits, in a few instructions a pair
+  // instead of a software decode per element.
   __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const {
+    const __nv_fp8_interpretation_t kind = format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+    const uint32_t x[2] = {w.codes.x, w.codes.y};
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i)
-      v[i] = value(((i < 4 ? w.codes.x : w.codes.y) >> (8 * (i % 4))) & 0xFFu, w.scale);
+    for (int i = 0; i < kChunk / 2; ++i) {
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((x[i / 2] >> (16 * (i % 2))) & 0xFFFFu), kind)));
+      const float a = rn::mul(f.x, w.scale), b = rn::mul(f.y, w.scale);
+      if constexpr (sizeof(T) == 4) {
+        v[2 * i] = a, v[2 * i + 1] = b;
+      } else {
+        uint32_t p;  // b goes to the upper half
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(b), "f"(a));
+        v[2 * i] = bits_float(p << 16), v[2 * i + 1] = bits_float(p & 0xFFFF0000u);
+      }
+    }
   }
   __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[kChunk]) const {
     unpack(fetch(r, c), v);
