@@ -165,9 +165,11 @@ __device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0
 //   gate chunk k       | gate_up group k / 16: the same half-warp
 //   up chunk k         | gate_up group (F/8 + k) / 16: a segment of up to 16 lanes that may start
 //                      | anywhere in the warp (group_max), and continue at the next step
-//   gate/up boundary   | when F % 128 != 0, group F / 128 holds the gate's last chunks and the
-//                      | up's first (lanes of step 0): their maxima are exchanged
-// Lanes past the row hold zeros, which leave every amax as it is, and store nothing.
+//   gate/up boundary   | when F % 128 != 0, group gb = F / 128 holds the gate's last chunks (step
+//                      | gb / 2, half-warp gb % 2) and the up's first (lanes of step 0)
+// h and the gate are stored at their step (the up's share of group gb is known from step 0 on);
+// the up half once every step has its maxima. Lanes past the row hold zeros, which leave every
+// amax as it is, and store nothing.
 template <typename InT, int kThreads, int kIt>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quantize_cache_1x128_row_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
@@ -196,62 +198,68 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     const float w = row_weight != nullptr ? row_weight[r] : 1.0f;
-    float g[kIt][kChunk], u[kIt][kChunk], h[kIt][kChunk];
-    uint32_t ah[kIt], ag[kIt], au[kIt];
+    float u[kIt][kChunk];
+    uint32_t au[kIt], up_head = 0, gate_tail = 0;  // group gb's up and gate shares
 #pragma unroll
     for (int i = 0; i < kIt; ++i) {
-      unpack8(rg[i], g[i]);
+      const int64_t k = 32 * i + lane, q = 2 * i + half;  // q: the h and gate group
+      float g[kChunk], h[kChunk];
+      unpack8(rg[i], g);
       unpack8(ru[i], u[i]);
-      swiglu8(g[i], u[i], h[i]);
+      swiglu8(g, u[i], h);
       uint32_t a = 0, b = 0, c = 0;
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        if (row_weight != nullptr) h[i][e] = swiglu_math::canonical_nan(rn::mul(h[i][e], w));
-        a = max(a, abs_bits(h[i][e]));
-        b = max(b, abs_bits(g[i][e]));
+        if (row_weight != nullptr) h[e] = swiglu_math::canonical_nan(rn::mul(h[e], w));
+        a = max(a, abs_bits(h[e]));
+        b = max(b, abs_bits(g[e]));
         c = max(c, abs_bits(u[i][e]));
       }
-      ah[i] = half_warp_max(a);
-      ag[i] = half_warp_max(b);
+      a = half_warp_max(a);
+      b = half_warp_max(b);
       au[i] = group_max(c, cpr + 32 * i);
+      if (i == 0) up_head = __shfl_sync(0xFFFFFFFFu, au[0], 0);  // group (F/8) / 16 = gb
+      if (straddle && i == gb / 2) {
+        gate_tail = __shfl_sync(0xFFFFFFFFu, b, 16 * static_cast<int>(gb % 2));
+        if (q == gb) b = max(b, up_head);
+      }
+      const TwoScales sc = two_scales(a, h_out.rule, b, gu_out.rule, sub);
+      if (sub == 0 && q < h_groups) h_out.scale_inv[r * h_groups + q] = sc.own_inverse;
+      if (sub == 8 && q < h_groups) gu_out.scale_inv[r * gu_groups + q] = sc.own_inverse;
+      if (on[i]) {
+        *reinterpret_cast<uint2*>(h_out.data + r * f + k * kChunk) = fp8x8(h, sc.scale[0], h_kind);
+        *reinterpret_cast<uint2*>(gu_out.data + r * n + k * kChunk) =
+            fp8x8(g, sc.scale[1], gu_kind);
+      }
+      h_running = max(h_running, a);
+      gu_running = max(gu_running, b);
     }
     if (straddle) {
-      // Up groups continue from one step to the next; group gb joins the gate's tail (step gb / 2,
-      // half-warp gb % 2) and the up's head (lane 0 of step 0). Maxima before any exchange.
-      uint32_t first[kIt], last[kIt], gate_tail = 0;
+      // An up group that starts at step i ends at step i + 1: each side takes the other's maximum
+      // (both read before either changes); group gb takes the gate's share.
+      uint32_t first[kIt], last[kIt];
 #pragma unroll
       for (int i = 0; i < kIt; ++i) {
         first[i] = __shfl_sync(0xFFFFFFFFu, au[i], 0);
         last[i] = __shfl_sync(0xFFFFFFFFu, au[i], 31);
-        if (i == gb / 2) gate_tail = __shfl_sync(0xFFFFFFFFu, ag[i], 16 * static_cast<int>(gb % 2));
       }
 #pragma unroll
       for (int i = 0; i < kIt; ++i) {
         const int64_t gid = (cpr + 32 * i + lane) / 16;
         if (i + 1 < kIt && gid == (cpr + 32 * (i + 1)) / 16) au[i] = max(au[i], first[i + 1]);
         if (i > 0 && gid == (cpr + 32 * i - 1) / 16) au[i] = max(au[i], last[i - 1]);
-        if (2 * i + half == gb) ag[i] = max(ag[i], first[0]);
       }
       if ((cpr + lane) / 16 == gb) au[0] = max(au[0], gate_tail);
     }
 #pragma unroll
     for (int i = 0; i < kIt; ++i) {
-      const int64_t k = 32 * i + lane, q = 2 * i + half;  // q: the h and gate group
-      const TwoScales sc = two_scales(ah[i], h_out.rule, ag[i], gu_out.rule, sub);
+      const int64_t k = 32 * i + lane;
       const float su = compute_scale(bits_float(au[i]), gu_out.rule);
-      if (sub == 0 && q < h_groups) h_out.scale_inv[r * h_groups + q] = sc.own_inverse;
-      if (sub == 8 && q < h_groups) gu_out.scale_inv[r * gu_groups + q] = sc.own_inverse;
-      if (on[i] && (cpr + k) % 16 == 0)
+      if (on[i] && (cpr + k) % 16 == 0)  // the group's first chunk (gb's is the gate's)
         gu_out.scale_inv[r * gu_groups + (cpr + k) / 16] = scale_inverse(su);
-      if (on[i]) {
-        *reinterpret_cast<uint2*>(h_out.data + r * f + k * kChunk) =
-            fp8x8(h[i], sc.scale[0], h_kind);
-        *reinterpret_cast<uint2*>(gu_out.data + r * n + k * kChunk) =
-            fp8x8(g[i], sc.scale[1], gu_kind);
+      if (on[i])
         *reinterpret_cast<uint2*>(gu_out.data + r * n + f + k * kChunk) = fp8x8(u[i], su, gu_kind);
-      }
-      h_running = max(h_running, ah[i]);
-      gu_running = max(gu_running, max(ag[i], au[i]));
+      gu_running = max(gu_running, au[i]);
     }
   }
   block_amax<kThreads>(h_running, h_out.amax);
