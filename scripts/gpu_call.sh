@@ -2,17 +2,45 @@
 # One device call: GPU tests, the step breakdown, a per-kernel profile, the trainer's throughput, the
 # DeepSeek-V3 slice and the peer. The commands docs/benchmarks.md quotes.
 # Here: copy build/octet, build/tests/octet_tests_gpu, ../shared/bench/peer_step.py and a prepared
-# fortunes corpus (data/fortunes-*) into gpu-carry/ (git-ignored), then on the GPU machine, carrying
+# fortunes corpus (data/fortunes-*) into gpu-carry/ (git-ignored), and the libraries of `ldd build/octet`
+# that live in /lib/x86_64-linux-gnu and are not glibc's or libstdc++'s into gpu-carry/lib/ (libmpi,
+# libopen-rte, libopen-pal, libhwloc, libevent_core, libevent_pthreads, libudev); then on the GPU machine, carrying
 # gpu-carry:  bash scripts/gpu_call.sh [attn] [tests] [bench] [ncu] [train] [peer] [slice]
-# (env: TEST_TIMEOUT, GTEST_FILTER, RECIPES, NCU_RECIPES, TRAIN_SET, SLICE_RUNS, SLICE_SET, PEER_SLICE_MODES)
+# (env: TEST_TIMEOUT, TEST_SHARDS, GTEST_FILTER, RECIPES, NCU_RECIPES, TRAIN_SET, SLICE_RUNS, SLICE_SET, PEER_SLICE_MODES)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 ncclib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}${ncclib:+:$ncclib}
 G=${CARRY:-gpu-carry}; OUT=${OUT:-gpu-out}; mkdir -p $OUT
+# Libraries the build links that the GPU machine may lack (the CUDA build links OpenMPI's libmpi and
+# its dependencies when setup installed it): copied into $G/lib here, looked up after the machine's own.
+[ -d $G/lib ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$PWD/$G/lib
 DATA=$(ls -d $G/data/fortunes-*)
+# The GPU suite, TEST_SHARDS processes at once on the one GPU (gtest's own sharding; default 1), each
+# line-buffered, so a run stopped by TEST_TIMEOUT still shows which tests passed, failed or were cut off.
+run_gpu_tests() {
+  local shards=${TEST_SHARDS:-1} i pids=() rcs=() buf=""
+  command -v stdbuf >/dev/null && buf="stdbuf -oL -eL"
+  local total
+  total=$($G/octet_tests_gpu --gtest_list_tests ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} | grep -c '^  ')
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-300} $buf $G/octet_tests_gpu \
+      ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > /tmp/gpu_tests.$i.log 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < shards; ++i)); do wait ${pids[$i]}; rcs+=($?); done
+  cat $(for ((i = 0; i < shards; ++i)); do echo /tmp/gpu_tests.$i.log; done) > $OUT/gpu_tests.log
+  local ok failed skipped cut
+  ok=$(grep -c '^\[       OK \]' $OUT/gpu_tests.log)
+  failed=$(grep -E '^\[  FAILED  \] .*\(' $OUT/gpu_tests.log | sort -u | wc -l)
+  skipped=$(grep -E '^\[  SKIPPED \] .*\(' $OUT/gpu_tests.log | sort -u | wc -l)
+  cut=$(for ((i = 0; i < shards; ++i)); do awk '/^\[ RUN      \]/{t=$4} /^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]/{t=""} END{if(t!="")print t}' /tmp/gpu_tests.$i.log; done)
+  echo "gpu tests: $total selected, $ok passed, $failed failed, $skipped skipped, rc per shard: ${rcs[*]}"
+  [ -n "$cut" ] && echo "cut off by TEST_TIMEOUT while running: $cut (the tests after it did not run)"
+  grep -E '^\[  FAILED  \] .*\(' $OUT/gpu_tests.log | sort -u | head -20
+}
 for what in "$@"; do case $what in
-  tests) timeout ${TEST_TIMEOUT:-300} $G/octet_tests_gpu --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; tail -n 6 $OUT/gpu_tests.log; grep -E "^\[  FAILED|Failure" $OUT/gpu_tests.log | head -20;;
+  tests) run_gpu_tests;;
   bench) for r in ${RECIPES:-bf16 deepseek}; do $G/octet bench train-step configs/baseline-h100.toml --runs 5 --recipe $r 2>&1 | grep -E "^\| [a-z]" | tee -a $OUT/train_step.log; done;;
   ncu) for nr in ${NCU_RECIPES:-deepseek}; do timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base --launch-count 9000 $G/octet bench train-step configs/baseline-h100.toml --recipe $nr --runs 1 > /tmp/ncu-$nr.csv 2>/dev/null; python3 scripts/ncu_phases.py /tmp/ncu-$nr.csv --top 60 > $OUT/phases-$nr.txt; gzip -c /tmp/ncu-$nr.csv > $OUT/ncu-$nr.csv.gz; head -4 $OUT/phases-$nr.txt; done;;
   train) for r in ${RECIPES:-bf16 deepseek}; do $G/octet train configs/baseline-h100.toml --set recipe=$r --set run_dir=/tmp/runs/b-$r --set data.shards=$DATA --set steps=30 --set checkpoint_every=-1 ${TRAIN_SET:-} > $OUT/train-$r.log 2>&1; echo "== train $r rc=$?"; grep -E "tokens/s|peak|step time" $OUT/train-$r.log | tail -4; done;;
