@@ -19,25 +19,26 @@ DATA=$(ls -d $G/data/fortunes-*)
 # The GPU suite, TEST_SHARDS processes at once on the one GPU (gtest's own sharding; default 1), each
 # line-buffered, so a run stopped by TEST_TIMEOUT still shows which tests passed, failed or were cut off.
 run_gpu_tests() {
-  local shards=${TEST_SHARDS:-1} i pids=() rcs=() buf=""
+  local shards=${TEST_SHARDS:-1} i pids=() rcs=() logs=() buf="" total failed cut
   command -v stdbuf >/dev/null && buf="stdbuf -oL -eL"
-  local total
   total=$($G/octet_tests_gpu --gtest_list_tests ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} | grep -c '^  ')
   for ((i = 0; i < shards; ++i)); do
+    logs+=(/tmp/gpu_tests.$i.log)
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout ${TEST_TIMEOUT:-300} $buf $G/octet_tests_gpu \
-      ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > /tmp/gpu_tests.$i.log 2>&1 &
+      ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > ${logs[$i]} 2>&1 &
     pids+=($!)
   done
-  for ((i = 0; i < shards; ++i)); do wait ${pids[$i]}; rcs+=($?); done
-  cat $(for ((i = 0; i < shards; ++i)); do echo /tmp/gpu_tests.$i.log; done) > $OUT/gpu_tests.log
-  local ok failed skipped cut
-  ok=$(grep -c '^\[       OK \]' $OUT/gpu_tests.log)
-  failed=$(grep -E '^\[  FAILED  \] .*\(' $OUT/gpu_tests.log | sort -u | wc -l)
-  skipped=$(grep -E '^\[  SKIPPED \] .*\(' $OUT/gpu_tests.log | sort -u | wc -l)
-  cut=$(for ((i = 0; i < shards; ++i)); do awk '/^\[ RUN      \]/{t=$4} /^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]/{t=""} END{if(t!="")print t}' /tmp/gpu_tests.$i.log; done)
-  echo "gpu tests: $total selected, $ok passed, $failed failed, $skipped skipped, rc per shard: ${rcs[*]}"
+  for pid in "${pids[@]}"; do wait $pid; rcs+=($?); done
+  cat "${logs[@]}" > $OUT/gpu_tests.log
+  failed=$(grep -E '^\[  FAILED  \] .*\(' $OUT/gpu_tests.log | sort -u)
+  # per shard: the test that had started and not ended when the shard stopped
+  cut=$(for l in "${logs[@]}"; do awk '/^\[ RUN      \]/{t=$4} /^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]/{t=""} END{if(t!="")print t}' $l; done)
+  echo "gpu tests: $total selected, $(grep -c '^\[       OK \]' $OUT/gpu_tests.log) passed," \
+    "$(grep -c . <<< "$failed") failed, $(grep -E '^\[  SKIPPED \] .*\(' $OUT/gpu_tests.log | sort -u | wc -l) skipped," \
+    "rc per shard: ${rcs[*]}"
   [ -n "$cut" ] && echo "cut off by TEST_TIMEOUT while running: $cut (the tests after it did not run)"
-  grep -E '^\[  FAILED  \] .*\(' $OUT/gpu_tests.log | sort -u | head -20
+  [ -n "$failed" ] && head -20 <<< "$failed"
+  return 0
 }
 for what in "$@"; do case $what in
   tests) run_gpu_tests;;
