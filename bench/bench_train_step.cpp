@@ -222,6 +222,39 @@ int run(const std::vector<std::string>& argv) {
         },
         2, runs);
     ms = MoeLayer::Saved{};
+    // The MoE layer and its feed-forward as the trainer runs them (cuda_graphs): captured once and
+    // replayed, so that no launch gap of the host is in the time. The eager columns above include
+    // the host's enqueueing wherever it is slower than the kernels it queues (the many small ones
+    // of the router and the dispatch); these are the layers' device time. Without graphs (the CPU)
+    // they run eagerly.
+    const bool graphs = cuda_graphs_supported(ctx);
+    train::GraphedSection layer_graph("the MoE layer"), ffn_graph("the MoE feed-forward");
+    const Timing moe_graphed = time_op(
+        ctx,
+        [&] {
+          layer_graph.run(ctx, graphs, "layer", [&] {
+            const Tensor y = m.layer(moe_i).forward(ctx, m.precision(), m.rope(), x, B, T, s);
+            m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
+          });
+        },
+        2, runs);
+    s = DecoderLayer::Saved{};
+    const Timing ffn_graphed = time_op(
+        ctx,
+        [&] {
+          ffn_graph.run(ctx, graphs, "ffn", [&] {
+            ffn.forward(ctx, m.precision(), ffn_x, B, ms);
+            ffn.backward(ctx, m.precision(), ffn_dy, ms);
+          });
+        },
+        2, runs);
+    ms = MoeLayer::Saved{};
+    for (const train::GraphedSection* g : {&layer_graph, &ffn_graph})
+      if (graphs && g->replays() == 0)
+        std::printf("%s: not replayed (%s), so its graphed column ran eagerly\n", r.c_str(),
+                    g->failure().empty() ? "no capture" : g->failure().c_str());
+    layer_graph.invalidate();
+    ffn_graph.invalidate();
     ctx.synchronize();
     ctx.be().reset_peak();  // the high-water mark restarts from the memory in use now
     const int64_t base = ctx.be().peak_bytes();
@@ -244,24 +277,25 @@ int run(const std::vector<std::string>& argv) {
     const double total = step.median_ms + std::min(fused.median_ms, fused8.median_ms);
     rows.push_back({r, fmt(step.median_ms), fmt(host), fmt(prep.median_ms), fmt(adam.median_ms),
                     fmt(fused.median_ms), fmt(fused8.median_ms), fmt(dense.median_ms),
-                    fmt(moe.median_ms), fmt(moe_ffn.median_ms), fmt(moe_mib, 0),
-                    fmt(dense_saved, 0), fmt(moe_saved, 0),
-                    fmt(static_cast<double>(moe_kept.mlp) / (1 << 20), 1), fmt(head.median_ms),
-                    fmt(blocks), fmt(static_cast<double>(N) / total, 0)});
+                    fmt(moe.median_ms), fmt(moe_graphed.median_ms), fmt(moe_ffn.median_ms),
+                    fmt(ffn_graphed.median_ms), fmt(moe_mib, 0), fmt(dense_saved, 0),
+                    fmt(moe_saved, 0), fmt(static_cast<double>(moe_kept.mlp) / (1 << 20), 1),
+                    fmt(head.median_ms), fmt(blocks), fmt(static_cast<double>(N) / total, 0)});
   }
-  print_table(
-      {"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "adamw+prepare fused",
-       "fused with fp8", "dense layer", "moe layer", "moe ffn", "moe ffn peak MiB",
-       "dense saved MiB", "moe saved MiB", "moe ffn saved MiB", "head", "blocks sum", "tokens/ms"},
-      rows);
+  print_table({"recipe", "fwd+bwd", "host in fwd+bwd", "prepare", "adamw", "adamw+prepare fused",
+               "fused with fp8", "dense layer", "moe layer", "moe layer graphed", "moe ffn",
+               "moe ffn graphed", "moe ffn peak MiB", "dense saved MiB", "moe saved MiB",
+               "moe ffn saved MiB", "head", "blocks sum", "tokens/ms"},
+              rows);
   std::printf(
       "tokens/ms = B T / (fwd+bwd + the faster fused column); fused: optim.fused_prepare (BF16 "
       "copies), with fp8: also fused_prepare_fp8 (the FP8 blocks); blocks sum = dense x %lld + moe "
       "x "
       "%lld + head (fwd+bwd each); moe ffn: the MoE feed-forward alone (fwd+bwd), its peak memory "
       "above what was in use before it (CUDA; 0 on the CPU), on the layer's MoE input and output "
-      "gradient; saved MiB: what one layer keeps from its forward for its backward, all of it and "
-      "its MoE feed-forward's (model/saved_bytes.h)\n",
+      "gradient; graphed: the same work captured in a CUDA graph and replayed, as the trainer runs "
+      "it (the device time, without the host's launch gaps); saved MiB: what one layer keeps from "
+      "its forward for its backward, all of it and its MoE feed-forward's (model/saved_bytes.h)\n",
       static_cast<long long>(mc.first_k_dense_replace),
       static_cast<long long>(mc.num_hidden_layers - mc.first_k_dense_replace));
   print_table({"recipe", "cuda graphs", "whole step", "host per step", "host %", "replays",

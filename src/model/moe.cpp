@@ -105,7 +105,7 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   s.recomputed_down = recompute_down && !down_r.is_delayed();
   const bool cache_fp8 = s.recomputed_down && r.moe_swiglu_input == Storage::kFp8;
   s.expert_out = expert_down(ctx, p, s.gu, QuantTensor{}, s.gu.dtype(), s.layout, s.down,
-                             cache_fp8 ? &s.gu_fp8 : nullptr);  // (R, D)
+                             !s.recomputed_down, cache_fp8 ? &s.gu_fp8 : nullptr);  // (R, D)
   if (cache_fp8) s.gu = Tensor();
   Tensor y = moe_combine(
       ctx, s.map,
@@ -120,9 +120,11 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
 
 Tensor MoeLayer::expert_down(Context& ctx, const Precision& p, const Tensor& gu,
                              const QuantTensor& gu_fp8, DType as, const GroupLayoutRef& layout,
-                             GroupedLinearLayer::Saved& saved, QuantTensor* gu_cache) {
+                             GroupedLinearLayer::Saved& saved, bool keep_for_wgrad,
+                             QuantTensor* gu_cache) {
   const GemmRecipe& down_r = p.recipe.at(GemmSite::kExpertDown);
   GroupedInput h;
+  h.keep_for_wgrad = keep_for_wgrad;
   const GemmRecipe::Quantization hq = down_r.quantization(GemmOperand::kActivation);
   if (down_r.precision == GemmPrecision::kFp8Block && hq.rounding == ScaleRounding::kPow2) {
     // SwiGLU fused with down's input quantization; the scaling-aware transpose makes its Wgrad
@@ -178,7 +180,8 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
       if (s.recomputed_down) {
         Precision again = p;
         again.probe = nullptr;
-        expert_out = expert_down(ctx, again, s.gu, s.gu_fp8, dy.dtype(), s.layout, down_saved);
+        expert_out =
+            expert_down(ctx, again, s.gu, s.gu_fp8, dy.dtype(), s.layout, down_saved, true);
       }
       CombineGrads cg = moe_combine_backward(ctx, s.map,
                                              {.d_out = dy2,

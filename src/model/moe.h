@@ -129,10 +129,12 @@ struct MoeLayer {
   // backward's recomputation). gu is a tensor or (the backward with moe_swiglu_input fp8, gu
   // undefined) its FP8 copy gu_fp8, read as the dtype `as`; gu_cache (the forward with
   // moe_swiglu_input fp8) receives gu's 1x128 E4M3 power-of-2 copy, from the fused pass when down
-  // takes FP8 input.
+  // takes FP8 input. keep_for_wgrad false (the forward when the backward recomputes h): h's FP8
+  // rows make no column-wise copy for down's Wgrad (a BF16 h's quantization makes both in one
+  // pass either way).
   Tensor expert_down(Context& ctx, const Precision& p, const Tensor& gu, const QuantTensor& gu_fp8,
                      DType as, const GroupLayoutRef& layout, GroupedLinearLayer::Saved& saved,
-                     QuantTensor* gu_cache = nullptr);
+                     bool keep_for_wgrad, QuantTensor* gu_cache = nullptr);
   Tensor gate_w_;  // the router weight in the activation dtype
 };
 

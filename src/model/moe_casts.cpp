@@ -11,7 +11,7 @@
 
 namespace octet {
 
-MoeCastCounts count_moe_casts(const Recipe& recipe) {
+MoeCastCounts count_moe_casts(const Recipe& recipe, bool recompute_down) {
   Context ctx = make_context(Device::kCpu);
   // Layer 1 is the MoE layer: hidden and expert widths of one 128-block, 4 experts, top-2.
   const ModelConfig c =
@@ -20,6 +20,7 @@ MoeCastCounts count_moe_casts(const Recipe& recipe) {
   model.load(ctx, init_parameters(c, 1));
   model.prepare(ctx);
   MoeLayer& moe = *model.layer(1).moe;
+  moe.recompute_down = recompute_down;
   constexpr int64_t kTokens = 64;
   const Tensor x = random_bf16({kTokens, c.hidden_size}, 2);
   const Tensor dy = random_bf16({kTokens, c.hidden_size}, 3);

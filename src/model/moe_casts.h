@@ -14,7 +14,8 @@ struct MoeCastCounts {
   CastCounts shared;  // the shared experts (scope "moe.shared")
 };
 
-MoeCastCounts count_moe_casts(const Recipe& recipe);
+// recompute_down false: the layer keeps h and the experts' outputs (model.moe_recompute = false).
+MoeCastCounts count_moe_casts(const Recipe& recipe, bool recompute_down = true);
 
 // One line per recipe: "quantize Q, fused F, dequantize D, FP8 transposes X; explicit casts Q + D".
 std::string format_cast_counts(const CastCounts& c);

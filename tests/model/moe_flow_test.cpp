@@ -35,13 +35,17 @@ TEST(MoeFlowCasts, CountedPerLayerAndStep) {
   // deepseek: x once before the dispatch, SwiGLU fused; both backward GEMMs' dY quantized from
   // BF16 in both directions (row-wise for Dgrad, column-wise for Wgrad). The backward recomputes
   // the SwiGLU output and down(h) instead of keeping them (model/moe.h recompute_down): one more
-  // fused SwiGLU quantization and the transpose that makes down's Wgrad copy.
+  // fused SwiGLU quantization, and the transpose that makes down's Wgrad copy runs there only (the
+  // forward makes none), beside the one of the dispatched x.
   const MoeCastCounts ds = count_moe_casts(recipe_preset("deepseek"));
-  expect_counts("deepseek routed", ds.routed, {5, 2, 0, 3});
+  expect_counts("deepseek routed", ds.routed, {5, 2, 0, 2});
   // The BF16-centred flow: the dispatch carries BF16 and gate/up quantizes its input both ways.
   const MoeCastCounts bf16_dispatch =
       count_moe_casts(resolve_recipe({"deepseek", {"moe_dispatch=bf16"}}));
-  expect_counts("deepseek BF16 dispatch routed", bf16_dispatch.routed, {6, 2, 0, 2});
+  expect_counts("deepseek BF16 dispatch routed", bf16_dispatch.routed, {6, 2, 0, 1});
+  // Without the recomputation the forward's h keeps its column-wise copy across the step.
+  const MoeCastCounts kept = count_moe_casts(recipe_preset("deepseek"), /*recompute_down=*/false);
+  expect_counts("deepseek, h kept, routed", kept.routed, {5, 1, 0, 2});
   // The requantize path: each of the four transposes becomes a dequantize and a quantize.
   const MoeCastCounts rq =
       count_moe_casts(resolve_recipe({"fp8-flow", {"fp8_transpose=requantize"}}));

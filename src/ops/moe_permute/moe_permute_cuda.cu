@@ -30,6 +30,12 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 1 << 20));
 }
 
+// gather_rows_kernel: a thread per element, at most 2^16 blocks (the kernel strides beyond).
+constexpr int kGatherThreads = 256;
+unsigned gather_blocks(int64_t elems) {
+  return static_cast<unsigned>(std::clamp<int64_t>(ceil_div(elems, kGatherThreads), 1, 1 << 16));
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -162,13 +168,15 @@ void moe_gather_rows(Context& ctx, const PermuteMap& m, const Tensor& src, int64
   if (m.num_rows == 0 || row_bytes == 0) return;
   const cudaStream_t st = stream_of(ctx);
   if (row_bytes % 16 == 0 && aligned16(src.data()) && aligned16(out.data())) {
-    kernels::gather_rows_kernel<uint4><<<row_blocks(m.num_rows), kernels::kRowThreads, 0, st>>>(
-        static_cast<const uint4*>(src.data()), m.token_of.data_as<const int32_t>(), m.num_rows,
-        row_bytes / 16, fill_word, static_cast<uint4*>(out.data()));
+    kernels::gather_rows_kernel<uint4>
+        <<<gather_blocks(m.num_rows * (row_bytes / 16)), kGatherThreads, 0, st>>>(
+            static_cast<const uint4*>(src.data()), m.token_of.data_as<const int32_t>(), m.num_rows,
+            row_bytes / 16, fill_word, static_cast<uint4*>(out.data()));
   } else {
-    kernels::gather_rows_kernel<uint8_t><<<row_blocks(m.num_rows), kernels::kRowThreads, 0, st>>>(
-        static_cast<const uint8_t*>(src.data()), m.token_of.data_as<const int32_t>(), m.num_rows,
-        row_bytes, fill_word, static_cast<uint8_t*>(out.data()));
+    kernels::gather_rows_kernel<uint8_t>
+        <<<gather_blocks(m.num_rows * row_bytes), kGatherThreads, 0, st>>>(
+            static_cast<const uint8_t*>(src.data()), m.token_of.data_as<const int32_t>(),
+            m.num_rows, row_bytes, fill_word, static_cast<uint8_t*>(out.data()));
   }
   OCTET_CUDA_CHECK_LAUNCH();
 }
