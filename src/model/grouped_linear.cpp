@@ -338,34 +338,49 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
 Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const GroupedInput& dy,
                                     const GroupLayoutRef& layout, const Saved& s) {
   if (dy.x.defined()) return backward(ctx, p, dy.x, layout, s);
-  OCTET_CHECK(p.recipe.at(site).precision == GemmPrecision::kFp8Block, "grouped linear ",
-              gemm_site_name(site), ": a pre-quantized dY needs fp8-block, the site is ",
+  return fp8_block_backward(ctx, backward_operand(ctx, p, dy), layout, s);
+}
+
+QuantTensor GroupedLinearLayer::backward_operand(Context& ctx, const Precision& p,
+                                                 const GroupedInput& dy) const {
+  OCTET_CHECK(p.recipe.at(site).precision == GemmPrecision::kFp8Block && !dy.x.defined(),
+              "grouped linear ", gemm_site_name(site),
+              ": a pre-quantized dY needs fp8-block and dy.qx, the site is ",
               gemm_precision_name(p.recipe.at(site).precision));
   QuantTensor qdy = dy.qx;
   check_prequantized(qdy, site, "dY");
   add_columnwise(ctx, qdy, p.recipe.fp8_transpose);
   columnwise_scales_per_row(ctx, qdy);
-  return fp8_block_backward(ctx, qdy, layout, s);
+  return qdy;
 }
 
 Tensor GroupedLinearLayer::fp8_block_backward(Context& ctx, const QuantTensor& qdy,
                                               const GroupLayoutRef& layout, const Saved& s) {
-  const int64_t R = qdy.rows();
-  const Tensor grad3 = param->grad;  // (E, Out, In) f32
-  Tensor dx = Tensor::empty(ctx, {R, in()}, DType::kBF16);
+  Tensor dx = backward_data(ctx, qdy, layout);
+  backward_weight(ctx, qdy, layout, s);
+  return dx;
+}
+
+Tensor GroupedLinearLayer::backward_data(Context& ctx, const QuantTensor& qdy,
+                                         const GroupLayoutRef& layout) {
+  Tensor dx = Tensor::empty(ctx, {qdy.rows(), in()}, DType::kBF16);
   // dX = dY W
   grouped_gemm_fp8(ctx, {.a = rowwise_operand(qdy),
                          .b = fp8_t_,
                          .group_sizes = layout.sizes,
                          .d = dx,
                          .accumulate = Accumulate::kOverwrite});
+  return dx;
+}
+
+void GroupedLinearLayer::backward_weight(Context& ctx, const QuantTensor& qdy,
+                                         const GroupLayoutRef& layout, const Saved& s) {
   // dW += dY^T X
   grouped_wgrad_fp8(ctx, {.a = columnwise_operand(qdy),
                           .b = columnwise_operand(s.qx),
                           .group_sizes = layout.sizes,
-                          .d = grad3,
+                          .d = param->grad,  // (E, Out, In) f32
                           .accumulate = Accumulate::kAdd});
-  return dx;
 }
 
 // fp8-tensor on CUDA. The per-expert preparations (their W histories) made each expert's FP8 copies

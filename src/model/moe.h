@@ -47,9 +47,11 @@
 // the quantized x before the dispatch (T x D FP8, a quarter of the dispatched rows at k = 4), not
 // the dispatched column-wise copy: the backward makes gate_up's Wgrad copy from it with one
 // scaling-aware transpose that reads each dispatched row from its token's row
-// (moe_permute_transposed: the dispatch is not stored), the same bytes. With recompute_down, h is not kept either: the backward runs the
-// forward's SwiGLU + quantize on gu again (the same bits) and transposes it for down's Wgrad. Per
-// MoE layer this keeps less than deepseek (saved_bytes.h; tests/model/moe_flow_memory_test.cpp).
+// (moe_permute_transposed: the dispatch is not stored), the same bytes. With recompute_down, h is
+// not kept either: the backward's dSwiGLU pass makes it again from gu (swiglu_backward_quantize
+// want_h: the forward's SwiGLU + quantize, the same bits on the same gu) and transposes it for
+// down's Wgrad, which therefore runs after dSwiGLU, not beside down's Dgrad. Per MoE layer this
+// keeps less than deepseek (saved_bytes.h; tests/model/moe_flow_memory_test.cpp).
 //
 // Auxiliary-loss-free balancing: the bias is not differentiated; the trainer moves it after each
 // step from the per-expert counts of the step (ops/moe_router bias update). The optional

@@ -6,6 +6,7 @@
 
 #include "model/linear.h"
 #include "model/moe.h"
+#include "ops/moe_permute/moe_permute.h"
 #include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize.h"
 #include "ops/swiglu/swiglu.h"
@@ -13,13 +14,11 @@
 namespace octet {
 namespace {
 
-// h = w_row * SwiGLU(gu), quantized in the same kernel for the down projection (the forward, and
-// the backward's recomputation: the same op on the same inputs, the same bits). gu is a tensor, or
-// (the recomputation with moe_swiglu_input fp8) its FP8 copy read as the activation dtype;
-// gu_cache (the forward with moe_swiglu_input fp8) receives gu's copy from the same pass.
+// h = w_row * SwiGLU(gu), quantized in the same kernel for the down projection (the forward; the
+// backward makes it again in dSwiGLU's pass, flow_experts_backward). gu_cache (moe_swiglu_input
+// fp8) receives gu's copy from the same pass.
 QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
-                            const QuantTensor& gu_fp8, const Tensor& w_rows,
-                            QuantTensor* gu_cache = nullptr) {
+                            const Tensor& w_rows, QuantTensor* gu_cache) {
   const GemmRecipe::Quantization hq =
       p.recipe.at(GemmSite::kExpertDown).quantization(GemmOperand::kActivation);
   const SwigluQuantizeArgs qa{.gate_up = gu,
@@ -27,7 +26,6 @@ QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
                               .rounding = hq.rounding,
                               .epsilon = 0.0f,
                               .row_weight = w_rows,
-                              .gate_up_fp8 = gu_fp8,
                               .gate_up_dtype = p.act};
   if (gu_cache == nullptr) return swiglu_quantize(ctx, qa);
   SwigluQuantizeCachedResult both = swiglu_quantize_caching_input(ctx, qa);
@@ -40,14 +38,14 @@ QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
 Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate) and dispatched in
-  // FP8 (the rows and their scales copied, bit for bit moe_permute_quantize). The T quantized rows
-  // are what gate_up's Wgrad keeps, not a copy of the R dispatched rows: the backward makes its
-  // column-wise copy from them (moe_permute_transposed).
-  s.x_fp8 =
-      quantize(ctx, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise));
+  // FP8, in one pass that also writes the T quantized rows themselves: those are what gate_up's
+  // Wgrad keeps, not a copy of the R dispatched rows; the backward makes its column-wise copy from
+  // them (moe_permute_transposed).
+  PermuteQuantizeResult xq = moe_permute_quantize_keeping_rows(
+      ctx, s.map, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise));
+  s.x_fp8 = std::move(xq.rows);
   s.gu = gate_up.forward(
-      ctx, p,
-      GroupedInput{.x = Tensor(), .qx = moe_permute(ctx, s.map, s.x_fp8), .keep_for_wgrad = false},
+      ctx, p, GroupedInput{.x = Tensor(), .qx = std::move(xq.permuted), .keep_for_wgrad = false},
       s.layout, s.gate_up);  // (R, 2F) bf16
   s.w_rows = moe_permute_weights(ctx, s.map, s.route.topk_weight);
   // With recompute_down the backward makes h again from gu (moe.h): only its row-wise form exists
@@ -56,10 +54,10 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
   // moe_swiglu_input fp8: gu's FP8 copy written by the SwiGLU pass, the only gu kept.
   const bool cache_fp8 = s.recomputed_down && p.recipe.moe_swiglu_input == Storage::kFp8;
   const Tensor expert_out = [&] {
-    const GroupedInput h{.x = Tensor(),
-                         .qx = weighted_swiglu(ctx, p, s.gu, QuantTensor{}, s.w_rows,
-                                               cache_fp8 ? &s.gu_fp8 : nullptr),
-                         .keep_for_wgrad = !s.recomputed_down};
+    const GroupedInput h{
+        .x = Tensor(),
+        .qx = weighted_swiglu(ctx, p, s.gu, s.w_rows, cache_fp8 ? &s.gu_fp8 : nullptr),
+        .keep_for_wgrad = !s.recomputed_down};
     return down.forward(ctx, p, h, s.layout, s.down);  // (R, D) bf16
   }();
   if (cache_fp8) s.gu = Tensor();
@@ -86,27 +84,32 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
 std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Precision& p,
                                                           GroupedInput dyp, const Saved& s) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
-  Tensor dh;
-  {
-    // h again when the forward did not keep it (recompute_down): its column-wise copy alone lives
-    // through down's backward.
-    const GroupedLinearLayer::Saved down_saved =
-        s.recomputed_down
-            ? down.wgrad_saved(ctx, p, weighted_swiglu(ctx, p, s.gu, s.gu_fp8, s.w_rows))
-            : s.down;
-    dh = down.backward(ctx, p, dyp, s.layout, down_saved);  // (R, F) bf16; grad +=
-    dyp = GroupedInput{};  // released before the gate/up backward allocates
-  }
-  // dSwiGLU through the weighted output, fused with the quantization of d_gate_up.
+  // down's data gradient first, its weight gradient once h exists: with recompute_down the forward
+  // kept no h, and dSwiGLU's pass makes it again (want_h: the bits of weighted_swiglu on the same
+  // gu, swiglu.h) instead of a SwiGLU pass of its own. dY's row-wise copy goes once dh is made.
+  QuantTensor qdy = down.backward_operand(ctx, p, dyp);
+  dyp = GroupedInput{};
+  Tensor dh = down.backward_data(ctx, qdy, s.layout);  // (R, F) bf16
+  qdy.data = Tensor::wrap(nullptr, qdy.data.shape(), qdy.data.dtype(), ctx.device);
+  qdy.scale_inv = Tensor();
+  // dSwiGLU through the weighted output, fused with the quantization of d_gate_up (and of h).
   const GemmRecipe::Quantization gq = up_r.quantization(GemmOperand::kGradient);
+  const GemmRecipe::Quantization hq =
+      p.recipe.at(GemmSite::kExpertDown).quantization(GemmOperand::kActivation);
   SwigluBackwardQuantizeResult dg = swiglu_backward_quantize(ctx, {.dh = dh,
                                                                    .gate_up = s.gu,
                                                                    .row_weight = s.w_rows,
                                                                    .format = gq.format,
                                                                    .rounding = gq.rounding,
                                                                    .epsilon = 0.0f,
-                                                                   .gate_up_fp8 = s.gu_fp8});
+                                                                   .gate_up_fp8 = s.gu_fp8,
+                                                                   .want_h = s.recomputed_down,
+                                                                   .h_format = hq.format,
+                                                                   .h_rounding = hq.rounding});
   dh = Tensor();
+  down.backward_weight(ctx, qdy, s.layout,
+                       s.recomputed_down ? down.wgrad_saved(ctx, p, std::move(dg.h)) : s.down);
+  qdy = QuantTensor{};
   // gate_up's Wgrad copy of x: from the T quantized rows (one rank), or kept by the forward (expert
   // parallelism). The scaling-aware transpose reads the dispatched rows from their tokens' rows
   // (moe_permute_transposed: the dispatch is never stored); the requantize paths dispatch first.

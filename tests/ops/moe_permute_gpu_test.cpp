@@ -173,6 +173,16 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
       ASSERT_TRUE(bitwise_equal(fw.scale_inv, to_cpu(fg.scale_inv)))
           << "fused scale_inv, f32=" << f32;
       ASSERT_TRUE(bitwise_equal(fw.amax, to_cpu(fg.amax))) << "fused amax, f32=" << f32;
+      // Keeping the token rows too (fp8-flow): the same dispatch, and the rows are quantize()'s.
+      const QuantTensor qw = quantize(cpu, qa);
+      const PermuteQuantizeResult kg = moe_permute_quantize_keeping_rows(gpu, got, ga);
+      ASSERT_TRUE(bitwise_equal(fw.data, to_cpu(kg.permuted.data))) << "kept: data, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(fw.scale_inv, to_cpu(kg.permuted.scale_inv)))
+          << "kept: scale_inv, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(qw.data, to_cpu(kg.rows.data))) << "kept rows, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(qw.scale_inv, to_cpu(kg.rows.scale_inv)))
+          << "kept rows' scale_inv, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(qw.amax, to_cpu(kg.rows.amax))) << "kept amax, f32=" << f32;
     }
   }
 }

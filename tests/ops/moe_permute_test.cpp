@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/cast_counter.h"
 #include "ops/moe_permute/moe_permute.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
@@ -323,6 +324,18 @@ TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
   EXPECT_TRUE(test::bitwise_equal(ref.scale_inv, fused.scale_inv));
   EXPECT_TRUE(test::bitwise_equal(ref.amax, fused.amax));
   EXPECT_EQ(fused.rows(), m.num_rows);
+  // Keeping the token rows: the same dispatch, and the rows quantize()'s, with one cast counted.
+  const QuantTensor q = quantize(cpu(), qa);
+  Context counted = make_context(Device::kCpu);
+  counted.casts = std::make_shared<CastCounter>();
+  const PermuteQuantizeResult kept = moe_permute_quantize_keeping_rows(counted, m, qa);
+  EXPECT_EQ(counted.casts->at("other")[CastKind::kQuantize], 1);
+  EXPECT_TRUE(test::bitwise_equal(fused.data, kept.permuted.data));
+  EXPECT_TRUE(test::bitwise_equal(fused.scale_inv, kept.permuted.scale_inv));
+  EXPECT_TRUE(test::bitwise_equal(q.data, kept.rows.data));
+  EXPECT_TRUE(test::bitwise_equal(q.scale_inv, kept.rows.scale_inv));
+  EXPECT_TRUE(test::bitwise_equal(q.amax, kept.rows.amax));
+  EXPECT_EQ(kept.rows.rounding, ScaleRounding::kPow2);
   qa.output = QuantizeOutput::kBoth;
   EXPECT_THROW(moe_permute_quantize(cpu(), m, qa), Error);
   qa.output = QuantizeOutput::kRowwise;

@@ -71,12 +71,16 @@ TEST_P(SwigluFlowGpu, MatchesCpuBitwise) {
     ASSERT_TRUE(same_quant(hq, swiglu_quantize(gpu, {.gate_up = gu_d, .row_weight = w_d}), gpu))
         << where << " weighted swiglu_quantize";
     for (bool weighted : {false, true}) {
+      // want_h: h again from the same pass, swiglu_quantize's bits (the CPU computes it by that op).
       const SwigluBackwardQuantizeResult want = swiglu_backward_quantize(
-          cpu, {.dh = dh, .gate_up = gu, .row_weight = weighted ? w : Tensor()});
+          cpu, {.dh = dh, .gate_up = gu, .row_weight = weighted ? w : Tensor(), .want_h = true});
       const SwigluBackwardQuantizeResult got = swiglu_backward_quantize(
-          gpu, {.dh = dh_d, .gate_up = gu_d, .row_weight = weighted ? w_d : Tensor()});
+          gpu,
+          {.dh = dh_d, .gate_up = gu_d, .row_weight = weighted ? w_d : Tensor(), .want_h = true});
       ASSERT_TRUE(same_quant(want.d_gate_up, got.d_gate_up, gpu))
           << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize";
+      ASSERT_TRUE(same_quant(want.h, got.h, gpu))
+          << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize h";
       if (weighted)
         ASSERT_TRUE(bitwise_equal(want.d_row_weight, got.d_row_weight.to_host(gpu)))
             << where << " d_row_weight";
@@ -128,13 +132,20 @@ TEST(SwigluFlowGpuVec, FormatsRoundingsAndPaddingRows) {
               gpu))
               << where << " weighted swiglu_quantize";
           for (bool weighted : {false, true}) {
+            // h in the format and rounding the gradient does not use, so that the two rules
+            // are not mixed up.
             auto args = [&](const Tensor& d, const Tensor& g, const Tensor& rw) {
-              return SwigluBackwardQuantizeArgs{.dh = d,
-                                                .gate_up = g,
-                                                .row_weight = weighted ? rw : Tensor(),
-                                                .format = fmt,
-                                                .rounding = rnd,
-                                                .epsilon = eps};
+              return SwigluBackwardQuantizeArgs{
+                  .dh = d,
+                  .gate_up = g,
+                  .row_weight = weighted ? rw : Tensor(),
+                  .format = fmt,
+                  .rounding = rnd,
+                  .epsilon = eps,
+                  .want_h = true,
+                  .h_format = fmt == Fp8Format::kE4M3 ? Fp8Format::kE5M2 : Fp8Format::kE4M3,
+                  .h_rounding =
+                      rnd == ScaleRounding::kPow2 ? ScaleRounding::kExact : ScaleRounding::kPow2};
             };
             const SwigluBackwardQuantizeResult want =
                 swiglu_backward_quantize(cpu, args(dh, gu, w));
@@ -142,6 +153,8 @@ TEST(SwigluFlowGpuVec, FormatsRoundingsAndPaddingRows) {
                 swiglu_backward_quantize(gpu, args(dh_d, gu_d, w_d));
             ASSERT_TRUE(same_quant(want.d_gate_up, got.d_gate_up, gpu))
                 << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize";
+            ASSERT_TRUE(same_quant(want.h, got.h, gpu))
+                << where << (weighted ? " weighted" : "") << " swiglu_backward_quantize h";
             if (weighted)
               ASSERT_TRUE(bitwise_equal(want.d_row_weight, got.d_row_weight.to_host(gpu)))
                   << where << " d_row_weight";

@@ -143,9 +143,12 @@ TEST(SwigluFlow, BackwardQuantizeZeroRowsAndBadArguments) {
   const SwigluBackwardQuantizeResult z =
       swiglu_backward_quantize(cpu(), {.dh = Tensor::empty({0, 64}, DType::kBF16),
                                        .gate_up = Tensor::empty({0, 128}, DType::kBF16),
-                                       .row_weight = Tensor::empty({0}, DType::kF32)});
+                                       .row_weight = Tensor::empty({0}, DType::kF32),
+                                       .want_h = true});
   EXPECT_EQ(z.d_gate_up.amax.data_as<float>()[0], 0.0f);
   EXPECT_EQ(z.d_row_weight.numel(), 0);
+  EXPECT_EQ(z.h.data.shape(), (Shape{0, 64}));
+  EXPECT_EQ(z.h.amax.data_as<float>()[0], 0.0f);
   const Tensor gu = random_tensor({4, 256}, DType::kBF16, 60);
   const Tensor dh = random_tensor({4, 128}, DType::kBF16, 61);
   EXPECT_THROW(swiglu_backward_quantize(

@@ -87,10 +87,14 @@ inline Fp8InputOutputs run_fp8_input_ops(Context& ctx, const Tensor& gu_h, const
   if (dgu.nbytes()) ctx.be().memset(dgu.data(), 0xFF, dgu.nbytes());
   swiglu_backward(ctx, {.dh = dh, .gate_up = deq, .d_gate_up = dgu, .gate_up_fp8 = in_fp8});
   o.named.emplace_back("backward", back(ctx, dgu));
+  // fused: h from dSwiGLU's pass as well (want_h); else the weighted recompute, its definition.
   const SwigluBackwardQuantizeResult bq = swiglu_backward_quantize(
-      ctx, {.dh = dh, .gate_up = deq, .row_weight = w, .gate_up_fp8 = in_fp8});
+      ctx, {.dh = dh, .gate_up = deq, .row_weight = w, .gate_up_fp8 = in_fp8, .want_h = fused});
   add_quant(o, ctx, "backward_quantize", bq.d_gate_up);
   o.named.emplace_back("backward_quantize d_row_weight", back(ctx, bq.d_row_weight));
+  add_quant(
+      o, ctx, "backward_quantize h",
+      fused ? bq.h : swiglu_quantize(ctx, {.gate_up = deq, .row_weight = w, .gate_up_dtype = dt}));
   return o;
 }
 

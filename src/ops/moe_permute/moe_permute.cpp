@@ -134,7 +134,10 @@ QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const Qu
   return q;
 }
 
-QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args) {
+namespace {
+
+PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
+                                       const QuantizeArgs& args, bool keep_rows) {
   check_map(ctx, map);
   const Tensor& x = args.input;
   check_dtype(x, "permute quantize input", {DType::kBF16, DType::kF32});
@@ -158,11 +161,29 @@ QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const Quan
   q.data = Tensor::empty(ctx, {map.num_rows, cols}, fp8_dtype(args.format));
   q.scale_inv = Tensor::empty(ctx, {map.num_rows, groups}, DType::kF32);
   q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  PermuteQuantizeResult out;
+  if (keep_rows) {
+    out.rows = q;
+    out.rows.data = Tensor::empty(ctx, {map.num_tokens, cols}, fp8_dtype(args.format));
+    out.rows.scale_inv = Tensor::empty(ctx, {map.num_tokens, groups}, DType::kF32);
+  }
   QuantizeArgs a = args;
   a.input = x.reshape({map.num_tokens, cols});
   count_casts(ctx, CastKind::kQuantize, 1);  // the BF16 -> FP8 cast before the dispatch
-  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q);
-  return q;
+  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q, keep_rows ? &out.rows : nullptr);
+  out.permuted = std::move(q);
+  return out;
+}
+
+}  // namespace
+
+QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args) {
+  return permute_quantize(ctx, map, args, false).permuted;
+}
+
+PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const PermuteMap& map,
+                                                        const QuantizeArgs& args) {
+  return permute_quantize(ctx, map, args, true);
 }
 
 Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,

@@ -76,6 +76,17 @@ QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const Qu
 // (R, ceil(D/128)), padding rows as above, amax (1) over the whole of x.
 QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args);
 
+// The same dispatch, also returning x's quantized rows themselves, from the same pass: `rows` is
+// (T, D) fp8 with 1x128 scale_inv (T, ceil(D/128)), bit for bit quantize(args) (fp8-flow keeps them
+// for gate_up's Wgrad copy, moe_permute_transposed). Both share one amax tensor. Counts one
+// quantization, as moe_permute_quantize.
+struct PermuteQuantizeResult {
+  QuantTensor permuted;  // moe_permute_quantize's result
+  QuantTensor rows;      // quantize(args)
+};
+PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const PermuteMap& map,
+                                                        const QuantizeArgs& args);
+
 // Backward of moe_permute (gather back): d_x[t] = sum_{j = 0..k-1} d_permuted[row_of[t, j]],
 // accumulated in FP32 in slot order j (from 0.0), rounded once to out_dtype (nearest even for
 // bf16). d_permuted: (R, D) bf16 | f32 -> (T, D) out_dtype (bf16 | f32).

@@ -16,9 +16,10 @@ namespace octet {
                            const Tensor& weight, Tensor& out);                                    \
   void moe_combine_backward(Context& ctx, const PermuteMap& map, const CombineBackwardArgs& args, \
                             CombineGrads& grads);                                                 \
-  /* moe_permute_quantize: out's data, scale_inv and amax allocated, written here */              \
+  /* moe_permute_quantize: out's data, scale_inv and amax allocated, written here; rows_out */    \
+  /* (null unless asked for) gets x's (T, D) quantized rows, its amax shared with out's */        \
   void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,        \
-                            QuantTensor& out);                                                    \
+                            QuantTensor& out, QuantTensor* rows_out);                             \
   /* moe_permute_transposed: cdata (D, R) and cscale allocated, written here */                   \
   void moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,          \
                               Tensor& cdata, Tensor& cscale);

@@ -106,7 +106,7 @@ void moe_combine_backward(Context&, const PermuteMap& m, const CombineBackwardAr
 
 // The reference of the fused dispatch: quantize, then permute the payload and its scales.
 void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,
-                          QuantTensor& out) {
+                          QuantTensor& out, QuantTensor* rows_out) {
   const QuantTensor qx = [&] {
     const CastCountPause pause(ctx);  // the dispatcher counted this dispatch's one quantization
     return quantize(ctx, args);
@@ -115,6 +115,11 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArg
   moe_gather_rows(ctx, map, qx.data, cols, 0u, out.data);
   moe_gather_rows(ctx, map, qx.scale_inv, groups * 4, 0x3F800000u, out.scale_inv);  // pad: 1.0
   out.amax.data_as<float>()[0] = qx.amax.data_as<const float>()[0];
+  if (rows_out != nullptr) {  // the quantized rows themselves
+    if (qx.data.nbytes()) std::memcpy(rows_out->data.data(), qx.data.data(), qx.data.nbytes());
+    if (qx.scale_inv.nbytes())
+      std::memcpy(rows_out->scale_inv.data(), qx.scale_inv.data(), qx.scale_inv.nbytes());
+  }
 }
 
 // The reference of the transposed dispatch: the permutation, then the scaling-aware transpose.

@@ -225,13 +225,15 @@ void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwa
 }
 
 void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs& args,
-                          QuantTensor& out) {
+                          QuantTensor& out, QuantTensor* rows_out) {
   const int64_t cols = args.input.cols();
   auto* amax_bits = static_cast<uint32_t*>(out.amax.data());
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
   const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
   auto* q = out.data.data_as<uint8_t>();
   auto* s = out.scale_inv.data_as<float>();
+  uint8_t* tq = rows_out != nullptr ? rows_out->data.data_as<uint8_t>() : nullptr;
+  float* ts = rows_out != nullptr ? rows_out->scale_inv.data_as<float>() : nullptr;
   if (cols == 0) return;
   // Token blocks (a few per SM, each striding over the tokens), then the padding rows' blocks.
   const int64_t main_blocks = std::min<int64_t>(m.num_tokens, int64_t{16} * sm_count(ctx));
@@ -243,16 +245,16 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   auto go = [&](const auto* x) {
     using InT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
     // The 16-byte path also needs the FP8 rows 8-byte aligned: cols % 8 == 0 and a 16-byte base.
-    if (vec8(cols, {x, q}))
+    if (vec8(cols, {x, q, tq}))
       kernels::permute_quantize_kernel<InT, true>
           <<<grid, 32 * kernels::kQuantWarps, 0, stream_of(ctx)>>>(
               x, row_of, token_of, m.num_tokens, k, m.num_rows, cols,
-              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits);
+              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits, tq, ts);
     else
       kernels::permute_quantize_kernel<InT, false>
           <<<grid, 32 * kernels::kQuantWarps, 0, stream_of(ctx)>>>(
               x, row_of, token_of, m.num_tokens, k, m.num_rows, cols,
-              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits);
+              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits, tq, ts);
   };
   if (args.input.dtype() == DType::kF32)
     go(args.input.data_as<const float>());

@@ -302,7 +302,9 @@ __global__ void combine_backward_kernel(const DyT* __restrict__ d_out,
   }
 }
 
-// The fused FP8 dispatch (moe_permute_quantize). Blocks [0, main_blocks) stride over the tokens;
+// The fused FP8 dispatch (moe_permute_quantize; with tq, also the token rows themselves, tq (T,
+// cols) and tscale (T, groups): moe_permute_quantize_keeping_rows). Blocks [0, main_blocks) stride
+// over the tokens;
 // each warp takes two groups of 128 columns at a time, a half-warp per group and 8 consecutive
 // columns per lane (kVec: one 16-byte load of BF16, one 8-byte store of codes per destination
 // row). The token's group is read once, its amax, scale and FP8 codes computed once
@@ -324,7 +326,8 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
                                         const int32_t* __restrict__ token_of, int64_t tokens, int k,
                                         int64_t rows, int64_t cols, unsigned main_blocks,
                                         ScaleRule rule, uint8_t* __restrict__ q,
-                                        float* __restrict__ scale_inv, uint32_t* amax_bits) {
+                                        float* __restrict__ scale_inv, uint32_t* amax_bits,
+                                        uint8_t* __restrict__ tq, float* __restrict__ tscale) {
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t groups = (cols + 127) / 128;
   if (blockIdx.x >= main_blocks) {
@@ -372,10 +375,12 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
         lo |= static_cast<uint32_t>(quantize_value(v[i], scale, rule.format)) << (8 * i);
         hi |= static_cast<uint32_t>(quantize_value(v[i + 4], scale, rule.format)) << (8 * i);
       }
-      for (int j = 0; j < k; ++j) {
-        const int32_t row = row_of[t * k + j];
+      // Slot j = -1: the token's own row of tq (when asked for), then its k dispatched rows.
+      for (int j = tq != nullptr ? -1 : 0; j < k; ++j) {
+        const int32_t row = j < 0 ? 0 : row_of[t * k + j];
         if (row < 0) continue;  // a dropped (invalid) choice
-        uint8_t* dst = q + int64_t{row} * cols;
+        uint8_t* dst = j < 0 ? tq + t * cols : q + int64_t{row} * cols;
+        float* sdst = j < 0 ? tscale + t * groups : scale_inv + int64_t{row} * groups;
         if (active) {
           if constexpr (kVec) {
             *reinterpret_cast<uint2*>(dst + c) = make_uint2(lo, hi);
@@ -385,7 +390,7 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
                 dst[c + i] = static_cast<uint8_t>((i < 4 ? lo : hi) >> (8 * (i % 4)));
           }
         }
-        if (hl == 0 && g < groups) scale_inv[int64_t{row} * groups + g] = scale_inverse(scale);
+        if (hl == 0 && g < groups) sdst[g] = scale_inverse(scale);
       }
     }
   }

@@ -158,9 +158,11 @@ SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
   SwigluBackwardQuantizeResult out;
   out.d_gate_up = make_1x128(ctx, args.format, args.rounding, rows, 2 * f);
   if (args.row_weight.defined()) out.d_row_weight = Tensor::empty(ctx, {rows}, DType::kF32);
-  count_casts(ctx, CastKind::kFusedQuantize, 1);
+  if (args.want_h) out.h = make_1x128(ctx, args.h_format, args.h_rounding, rows, f);
+  count_casts(ctx, CastKind::kFusedQuantize, args.want_h ? 2 : 1);
   if (rows == 0) {
     ctx.be().memset(out.d_gate_up.amax.data(), 0, sizeof(float));
+    if (args.want_h) ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
     return out;
   }
   OCTET_DISPATCH(ctx, swiglu_backward_quantize, ctx, args, out);

@@ -98,6 +98,12 @@ SwigluQuantizeCachedResult swiglu_quantize_caching_input(Context& ctx,
 //               l, l + 32, l + 64, ... in order (from 0.0), then for s = 16, 8, 4, 2, 1:
 //               partial[l] += partial[l + s]; the result is partial[0]. One rounding per operation.
 // CPU and CUDA agree bit for bit (data, scale_inv, amax, d_row_weight).
+//
+// With want_h, the same pass also returns the forward's output again, quantized: bit for bit
+//   swiglu_quantize({gate_up (or gate_up_fp8 read as dh's dtype), h_format, h_rounding, epsilon 0,
+//                    row_weight})
+// (fp8-flow's backward: down's Wgrad reads h, which the forward did not keep; computing it here
+// saves the pass of its own over gate_up that swiglu_quantize would take).
 struct SwigluBackwardQuantizeArgs {
   Tensor dh;            // (rows, F) bf16 or f32: gradient of the forward's (weighted) output
   Tensor gate_up;       // (rows, 2F) bf16 or f32: the forward's input (saved), or undefined when
@@ -107,11 +113,15 @@ struct SwigluBackwardQuantizeArgs {
       ScaleRounding::kPow2;   // pow2: the Wgrad copy is a scaling-aware transpose
   float epsilon = 0.0f;       // amax floor, >= 0
   QuantTensor gate_up_fp8{};  // ... gate_up is given as its 1x128 FP8 copy (read as dh's dtype)
+  bool want_h = false;        // also h, quantized with:
+  Fp8Format h_format = Fp8Format::kE4M3;
+  ScaleRounding h_rounding = ScaleRounding::kPow2;
 };
 
 struct SwigluBackwardQuantizeResult {
   QuantTensor d_gate_up;  // data (rows, 2F) fp8, scale_inv (rows, ceil(2F / 128)), amax (1)
   Tensor d_row_weight;    // (rows) f32 when row_weight was given, else undefined
+  QuantTensor h;          // with want_h: swiglu_quantize's result (rows, F), else empty
 };
 
 SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,

@@ -1,6 +1,7 @@
 // Internal: the per-backend implementations behind swiglu.h. Arguments are validated and the
 // QuantTensors allocated by swiglu.cpp (rows >= 1); these functions only compute. gate_up_out (null
 // when not asked for) receives gate_up's own 1x128 copy with its format and rounding, epsilon 0.
+// swiglu_backward_quantize fills out.h when args.want_h (swiglu.h).
 #pragma once
 
 #include "ops/swiglu/swiglu.h"
@@ -23,5 +24,17 @@ OCTET_SWIGLU_BACKEND_DECLS
 }
 
 #undef OCTET_SWIGLU_BACKEND_DECLS
+
+// swiglu_quantize's arguments for the h that want_h asks of swiglu_backward_quantize (swiglu.h):
+// the backends that do not fuse it call their swiglu_quantize with these.
+inline SwigluQuantizeArgs h_quantize_args(const SwigluBackwardQuantizeArgs& a) {
+  return {.gate_up = a.gate_up,
+          .format = a.h_format,
+          .rounding = a.h_rounding,
+          .epsilon = 0.0f,
+          .row_weight = a.row_weight,
+          .gate_up_fp8 = a.gate_up_fp8,
+          .gate_up_dtype = a.dh.dtype()};
+}
 
 }  // namespace octet

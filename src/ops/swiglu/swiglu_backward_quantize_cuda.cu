@@ -1,6 +1,7 @@
 // CUDA launcher of swiglu_backward_quantize (device code in swiglu_backward_quantize_kernels.cuh):
 // the vectorised kernel when F % 8 == 0, the buffers are 16-byte aligned and a row's staging fits
-// in shared memory, else the scalar one (the same bits either way). Arguments were validated by
+// in shared memory, else the scalar one (the same bits either way). want_h's h comes from the
+// vectorised kernel's pass, or from swiglu_quantize after the scalar one. Arguments were validated by
 // swiglu.cpp; enqueued on the context's stream, no host sync.
 #include <algorithm>
 #include <cstdint>
@@ -28,9 +29,16 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
                 SwigluBackwardQuantizeResult& out, const ScaleRule& rule) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
   if (f % swiglu_kernels::kChunk != 0) return false;
-  for (const void* p :
-       std::initializer_list<const void*>{a.dh.data(), gu_ptr, out.d_gate_up.data.data()})
+  for (const void* p : std::initializer_list<const void*>{
+           a.dh.data(), gu_ptr, out.d_gate_up.data.data(), a.want_h ? out.h.data.data() : nullptr})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  swiglu_kernels::QuantOut h_out{nullptr, nullptr, nullptr, {}};
+  if (a.want_h) {  // h in the same pass (swiglu.h want_h)
+    h_out = {out.h.data.data_as<uint8_t>(), out.h.scale_inv.data_as<float>(),
+             out.h.amax.data_as<uint32_t>(), ScaleRule{a.h_format, a.h_rounding, 0.0f, 0}};
+    OCTET_CUDA_CHECK(
+        cudaMemsetAsync(h_out.amax, 0, sizeof(uint32_t), static_cast<cudaStream_t>(ctx.stream)));
+  }
   const bool aligned = f % kGroup == 0;
   const int64_t smem = int64_t{kVecThreads / 32} * (256 + (aligned ? 0 : 2 * f)) * 4;
   if (smem > device_attr(ctx, cudaDevAttrMaxSharedMemoryPerBlockOptin)) return false;
@@ -54,7 +62,7 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
       a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rows, f, rule,
       out.d_gate_up.data.data_as<uint8_t>(), out.d_gate_up.scale_inv.data_as<float>(),
       out.d_gate_up.amax.data_as<uint32_t>(),
-      out.d_row_weight.defined() ? out.d_row_weight.data_as<float>() : nullptr);
+      out.d_row_weight.defined() ? out.d_row_weight.data_as<float>() : nullptr, h_out);
   OCTET_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -80,6 +88,7 @@ void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a, 
       out.d_gate_up.data.data_as<uint8_t>(), out.d_gate_up.scale_inv.data_as<float>(), amax_bits,
       out.d_row_weight.defined() ? out.d_row_weight.data_as<float>() : nullptr);
   OCTET_CUDA_CHECK_LAUNCH();
+  if (a.want_h) swiglu_quantize(ctx, h_quantize_args(a), out.h, nullptr);  // a pass of its own
 }
 
 }  // namespace

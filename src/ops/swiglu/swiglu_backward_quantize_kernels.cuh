@@ -99,6 +99,9 @@ __global__ void __launch_bounds__(kThreads)
 //     columns (F / 128 groups further on): each half-warp quantizes from registers.
 //   otherwise a group may straddle windows and the dg/du boundary: the row's 2F FP32 values are
 //     staged in shared memory and quantized from there (a half-warp per group) once the row is done.
+//   h (want_h, h_out.data set): the window's h columns are two whole 1x128 groups of h (windows start
+//     at multiples of 256 of h's F columns), so each half-warp quantizes its group from registers,
+//     as swiglu_quantize_1x128_vec_kernel does, whatever F.
 // Dynamic shared memory: per warp 256 floats of scratch, plus 2F floats of staging unless kAligned.
 template <typename Src, typename GradT, int kThreads, bool kAligned>
 __global__ void __launch_bounds__(kThreads)
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
                                               int64_t f, ScaleRule rule, uint8_t* __restrict__ data,
                                               float* __restrict__ scale_inv,
                                               uint32_t* __restrict__ amax_out,
-                                              float* __restrict__ d_row_weight) {
+                                              float* __restrict__ d_row_weight, QuantOut h_out) {
   static_assert(kGroup == 16 * kChunk, "a half-warp of 8-column lanes covers one group");
   constexpr int kWarps = kThreads / 32;
   extern __shared__ float4 smem4[];
@@ -117,8 +120,9 @@ __global__ void __launch_bounds__(kThreads)
   float* scratch = reinterpret_cast<float*>(smem4) + warp * per_warp;
   float* stage = scratch + 256;
   const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-  const bool weighted = row_weight != nullptr;
-  uint32_t running = 0;
+  const bool weighted = row_weight != nullptr, with_h = h_out.data != nullptr;
+  const int64_t h_groups = ceil_div(f, kGroup);
+  uint32_t running = 0, h_running = 0;
   // The warp's (row, window) steps in order, the next step's loads issued before this step's math.
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * kWarps;
   typename Src::Raw next_g{}, next_u{};
@@ -160,6 +164,21 @@ __global__ void __launch_bounds__(kThreads)
         dg[e] = gr.dg;
         du[e] = gr.du;
         p[e] = rn::mul(dv[e], gr.h);
+        // h as swiglu_quantize has it: swiglu8's value (g s u, canonical NaN), times the weight.
+        uv[e] = swiglu_math::canonical_nan(weighted ? rn::mul(gr.h, w) : gr.h);
+      }
+      if (with_h) {  // uv now holds h: the half-warp's group k0 / 16 + half of h's row
+        uint32_t a = 0;
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(uv[e]));
+        a = half_warp_max(a);
+        h_running = max(h_running, a);
+        const float hs = compute_scale(bits_float(a), h_out.rule);
+        if (on) {
+          if (sub == 0) h_out.scale_inv[r * h_groups + k0 / 16 + half] = scale_inverse(hs);
+          *reinterpret_cast<uint2*>(h_out.data + r * f + c) =
+              fp8x8(uv, hs, fp8_kind(h_out.rule.format));
+        }
       }
       if (weighted) {
         reinterpret_cast<float4*>(scratch)[2 * lane] = make_float4(p[0], p[1], p[2], p[3]);
@@ -242,6 +261,10 @@ __global__ void __launch_bounds__(kThreads)
     r = next_r, k0 = next_k0;
   }
   block_amax<kThreads>(running, amax_out);
+  if (with_h) {
+    __syncthreads();  // block_amax's shared words are reused
+    block_amax<kThreads>(h_running, h_out.amax);
+  }
 }
 
 }  // namespace octet::cuda::swiglu_kernels

@@ -23,18 +23,6 @@
 
 namespace octet::cuda::swiglu_kernels {
 
-// One quantized output of the cache kernels: codes (rows, cols) with K-major scales.
-struct QuantOut {
-  uint8_t* data;
-  float* scale_inv;
-  uint32_t* amax;  // bits of max |x|, atomicMax
-  ScaleRule rule;
-};
-
-__device__ __forceinline__ __nv_fp8_interpretation_t fp8_kind(Fp8Format f) {
-  return f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-}
-
 // Eight consecutive elements kept in L1 (the h pass reads them again).
 template <typename T>
 __device__ __forceinline__ void load8_keep(const T* __restrict__ p, float (&v)[kChunk]) {

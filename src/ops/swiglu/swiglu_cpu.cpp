@@ -98,8 +98,9 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out,
   q.amax.data_as<float>()[0] = bits_float(gu_amax);
 }
 
-void swiglu_backward_quantize(Context&, const SwigluBackwardQuantizeArgs& a,
+void swiglu_backward_quantize(Context& ctx, const SwigluBackwardQuantizeArgs& a,
                               SwigluBackwardQuantizeResult& out) {
+  if (a.want_h) swiglu_quantize(ctx, h_quantize_args(a), out.h, nullptr);  // the definition
   const Tensor gu = gate_up_values(a.gate_up, a.gate_up_fp8, a.dh.dtype());
   const int64_t rows = gu.rows(), f = gu.cols() / 2, n = 2 * f;
   const int64_t groups = ceil_div(n, kGroup);

@@ -177,6 +177,19 @@ __device__ __forceinline__ uint2 fp8x8(const float (&v)[kChunk], float scale,
   return make_uint2(w[0], w[1]);
 }
 
+// One quantized output of a fused kernel beside its main one (gate_up's copy in the cache kernels,
+// h in the backward quantize kernel): codes (rows, cols) with K-major scales.
+struct QuantOut {
+  uint8_t* data;
+  float* scale_inv;
+  uint32_t* amax;  // bits of max |x|, atomicMax
+  ScaleRule rule;
+};
+
+__device__ __forceinline__ __nv_fp8_interpretation_t fp8_kind(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+}
+
 // a / b and a % b, in 32 bits when the caller knows a < 2^32 (b >= 1).
 struct QR {
   int64_t q, r;
