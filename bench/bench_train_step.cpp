@@ -318,7 +318,9 @@ Suite train_step_suite() {
       "Times (median of --runs, default 10) the forward + backward of one micro-batch, the host's\n"
       "own time inside that call (enqueueing, and waiting where the step synchronises), the\n"
       "weight preparation, AdamW, AdamW fused with the preparation, and one dense layer, one MoE "
-      "layer and the head on their own. Several --recipe run one after the other.\n"
+      "layer, the MoE feed-forward alone and the head on their own (the MoE layer and its "
+      "feed-forward also as replayed CUDA graphs, as the trainer runs them). Several --recipe run "
+      "one after the other.\n"
       "--set overrides config keys as `octet train` does (e.g. "
       "model.num_nextn_predict_layers=0).\n",
       run};
