@@ -182,22 +182,17 @@ int run(const std::vector<std::string>& argv) {
                  fused8 = fused_timing(OutputCopies::kBf16AndFp8);
     const Tensor x = random_act(ctx, N, mc.hidden_size);
     DecoderLayer::Saved s;
+    // One decoder layer's forward + backward on x (what the dense, moe and graphed columns time).
+    auto layer_pass = [&](int64_t i) {
+      const Tensor y = m.layer(i).forward(ctx, m.precision(), m.rope(), x, B, T, s);
+      m.layer(i).backward(ctx, m.precision(), m.rope(), y, s);
+    };
     const Timing dense = time_op(
-        ctx,
-        [&] {
-          const Tensor y = m.layer(0).forward(ctx, m.precision(), m.rope(), x, B, T, s);
-          m.layer(0).backward(ctx, m.precision(), m.rope(), y, s);
-        },
-        1, runs);
+        ctx, [&] { layer_pass(0); }, 1, runs);
     const double dense_saved = static_cast<double>(saved_bytes(s).total()) / (1 << 20);
     const int64_t moe_i = mc.first_k_dense_replace;
     const Timing moe = time_op(
-        ctx,
-        [&] {
-          const Tensor y = m.layer(moe_i).forward(ctx, m.precision(), m.rope(), x, B, T, s);
-          m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
-        },
-        1, runs);
+        ctx, [&] { layer_pass(moe_i); }, 1, runs);
     const SavedBytes moe_kept = saved_bytes(s);
     const double moe_saved = static_cast<double>(moe_kept.total()) / (1 << 20);
     // The MoE feed-forward alone (router, dispatch, experts, combine, shared expert: where the
@@ -214,13 +209,11 @@ int run(const std::vector<std::string>& argv) {
       s = DecoderLayer::Saved{};
     }
     MoeLayer::Saved ms;
-    const Timing moe_ffn = time_op(
-        ctx,
-        [&] {
-          ffn.forward(ctx, m.precision(), ffn_x, B, ms);
-          ffn.backward(ctx, m.precision(), ffn_dy, ms);
-        },
-        2, runs);
+    auto ffn_pass = [&] {
+      ffn.forward(ctx, m.precision(), ffn_x, B, ms);
+      ffn.backward(ctx, m.precision(), ffn_dy, ms);
+    };
+    const Timing moe_ffn = time_op(ctx, ffn_pass, 2, runs);
     ms = MoeLayer::Saved{};
     // The MoE layer and its feed-forward as the trainer runs them (cuda_graphs): captured once and
     // replayed, so that no launch gap of the host is in the time. The eager columns above include
@@ -230,24 +223,10 @@ int run(const std::vector<std::string>& argv) {
     const bool graphs = cuda_graphs_supported(ctx);
     train::GraphedSection layer_graph("the MoE layer"), ffn_graph("the MoE feed-forward");
     const Timing moe_graphed = time_op(
-        ctx,
-        [&] {
-          layer_graph.run(ctx, graphs, "layer", [&] {
-            const Tensor y = m.layer(moe_i).forward(ctx, m.precision(), m.rope(), x, B, T, s);
-            m.layer(moe_i).backward(ctx, m.precision(), m.rope(), y, s);
-          });
-        },
-        2, runs);
+        ctx, [&] { layer_graph.run(ctx, graphs, "layer", [&] { layer_pass(moe_i); }); }, 2, runs);
     s = DecoderLayer::Saved{};
     const Timing ffn_graphed = time_op(
-        ctx,
-        [&] {
-          ffn_graph.run(ctx, graphs, "ffn", [&] {
-            ffn.forward(ctx, m.precision(), ffn_x, B, ms);
-            ffn.backward(ctx, m.precision(), ffn_dy, ms);
-          });
-        },
-        2, runs);
+        ctx, [&] { ffn_graph.run(ctx, graphs, "ffn", ffn_pass); }, 2, runs);
     ms = MoeLayer::Saved{};
     for (const train::GraphedSection* g : {&layer_graph, &ffn_graph})
       if (graphs && g->replays() == 0)
@@ -258,8 +237,7 @@ int run(const std::vector<std::string>& argv) {
     ctx.synchronize();
     ctx.be().reset_peak();  // the high-water mark restarts from the memory in use now
     const int64_t base = ctx.be().peak_bytes();
-    ffn.forward(ctx, m.precision(), ffn_x, B, ms);
-    ffn.backward(ctx, m.precision(), ffn_dy, ms);
+    ffn_pass();
     ctx.synchronize();
     const double moe_mib = ctx.device == Device::kCuda
                                ? static_cast<double>(ctx.be().peak_bytes() - base) / (1 << 20)
