@@ -99,6 +99,11 @@ __global__ void __launch_bounds__(kThreads)
 //     columns (F / 128 groups further on): each half-warp quantizes from registers.
 //   otherwise a group may straddle windows and the dg/du boundary: the row's 2F FP32 values are
 //     staged in shared memory and quantized from there (a half-warp per group) once the row is done.
+//     Chunk q of the row (8 values; dg's chunks, then du's) is staged as two float4s, elements 0-3
+//     at 4q and 4-7 at F + 4q, so that consecutive lanes write and read consecutive 16 bytes (no
+//     bank conflicts).
+//   NaNs: dg, du and h are quantized as swiglu_grad_h leaves them (the GPU's NaN), with each
+//     group's amax made canonical (canonical_amax): the codes and scales of canonical values.
 //   h (want_h, h_out.data set): the window's h columns are two whole 1x128 groups of h (windows start
 //     at multiples of 256 of h's F columns), so each half-warp quantizes its group from registers,
 //     as swiglu_quantize_1x128_vec_kernel does, whatever F.
@@ -164,14 +169,14 @@ __global__ void __launch_bounds__(kThreads)
         dg[e] = gr.dg;
         du[e] = gr.du;
         p[e] = rn::mul(dv[e], gr.h);
-        // h as swiglu_quantize has it: swiglu8's value (g s u, canonical NaN), times the weight.
-        uv[e] = swiglu_math::canonical_nan(weighted ? rn::mul(gr.h, w) : gr.h);
+        // h as swiglu_quantize has it: swiglu8's value (g s u), times the weight.
+        uv[e] = weighted ? rn::mul(gr.h, w) : gr.h;
       }
       if (with_h) {  // uv now holds h: the half-warp's group k0 / 16 + half of h's row
         uint32_t a = 0;
 #pragma unroll
         for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(uv[e]));
-        a = half_warp_max(a);
+        a = canonical_amax(half_warp_max(a));
         h_running = max(h_running, a);
         const float hs = compute_scale(bits_float(a), h_out.rule);
         if (on) {
@@ -184,9 +189,15 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<float4*>(scratch)[2 * lane] = make_float4(p[0], p[1], p[2], p[3]);
         reinterpret_cast<float4*>(scratch)[2 * lane + 1] = make_float4(p[4], p[5], p[6], p[7]);
         __syncwarp();
+        if ((k0 + 32) * kChunk <= f) {  // a whole window: no bound per column
 #pragma unroll
-        for (int m = 0; m < 8; ++m)
-          if (k0 * kChunk + lane + 32 * m < f) partial = rn::add(partial, scratch[lane + 32 * m]);
+          for (int m = 0; m < 8; ++m) partial = rn::add(partial, scratch[lane + 32 * m]);
+        } else {
+          const int64_t left = f - k0 * kChunk - lane;
+#pragma unroll
+          for (int m = 0; m < 8; ++m)
+            if (32 * m < left) partial = rn::add(partial, scratch[lane + 32 * m]);
+        }
         __syncwarp();
       }
       if constexpr (kAligned) {
@@ -198,8 +209,8 @@ __global__ void __launch_bounds__(kThreads)
           a_dg = max(a_dg, abs_bits(dg[e]));
           a_du = max(a_du, abs_bits(du[e]));
         }
-        a_dg = half_warp_max(a_dg);
-        a_du = half_warp_max(a_du);
+        a_dg = canonical_amax(half_warp_max(a_dg));
+        a_du = canonical_amax(half_warp_max(a_du));
         running = max(running, max(a_dg, a_du));
         const TwoScales sc = two_scales(a_dg, a_du, rule, sub);
         if (on && sub % 8 == 0)
@@ -208,13 +219,13 @@ __global__ void __launch_bounds__(kThreads)
           *reinterpret_cast<uint2*>(data + r * n + c) = fp8x8(dg, sc.scale[0], kind);
           *reinterpret_cast<uint2*>(data + r * n + f + c) = fp8x8(du, sc.scale[1], kind);
         }
-      } else if (on) {
-        float4* s4 = reinterpret_cast<float4*>(stage + c);
-        s4[0] = make_float4(dg[0], dg[1], dg[2], dg[3]);
-        s4[1] = make_float4(dg[4], dg[5], dg[6], dg[7]);
-        s4 = reinterpret_cast<float4*>(stage + f + c);
-        s4[0] = make_float4(du[0], du[1], du[2], du[3]);
-        s4[1] = make_float4(du[4], du[5], du[6], du[7]);
+      } else if (on) {  // chunks k (dg) and cpr + k (du) of the row
+        float4* lo = reinterpret_cast<float4*>(stage);
+        float4* hi = reinterpret_cast<float4*>(stage + f);
+        lo[k] = make_float4(dg[0], dg[1], dg[2], dg[3]);
+        hi[k] = make_float4(dg[4], dg[5], dg[6], dg[7]);
+        lo[cpr + k] = make_float4(du[0], du[1], du[2], du[3]);
+        hi[cpr + k] = make_float4(du[4], du[5], du[6], du[7]);
       }
     }
     if (next_k0 == 0) {  // the row's last window: its weight gradient, and the staged groups
@@ -237,15 +248,15 @@ __global__ void __launch_bounds__(kThreads)
             c[k] = (q0 + 2 * k + half) * kGroup + sub * kChunk;
             on[k] = c[k] < n;
             if (!on[k]) continue;
-            const float4 x = reinterpret_cast<const float4*>(stage + c[k])[0];
-            const float4 y = reinterpret_cast<const float4*>(stage + c[k])[1];
+            const float4 x = reinterpret_cast<const float4*>(stage)[c[k] / kChunk];
+            const float4 y = reinterpret_cast<const float4*>(stage + f)[c[k] / kChunk];
             v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
             v[k][4] = y.x, v[k][5] = y.y, v[k][6] = y.z, v[k][7] = y.w;
 #pragma unroll
             for (int e = 0; e < kChunk; ++e) a[k] = max(a[k], abs_bits(v[k][e]));
           }
-          a[0] = half_warp_max(a[0]);
-          a[1] = half_warp_max(a[1]);
+          a[0] = canonical_amax(half_warp_max(a[0]));
+          a[1] = canonical_amax(half_warp_max(a[1]));
           running = max(running, max(a[0], a[1]));
           const TwoScales sc = two_scales(a[0], a[1], rule, sub);
           const int64_t own = q0 + (sub < 8 ? 0 : 2) + half;

@@ -34,13 +34,15 @@ __device__ __forceinline__ void load8_keep(const T* __restrict__ p, float (&v)[k
 }
 
 // Groups q0 + half and q0 + 2 + half of one row: their 8-column values (zeros past the row) in v,
-// quantized and stored by the half-warps; returns the larger of the two amaxes. Every lane of the
+// quantized and stored by the half-warps; returns the larger of the two amaxes. With canonical
+// (h from swiglu8_uncanonical, whose NaNs are not) each group's amax is made canonical
+// (canonical_amax); gate_up's copy keeps quantize()'s amax of the input as it is. Every lane of the
 // warp calls it.
 __device__ __forceinline__ uint32_t quantize_two_groups(const float (&v)[2][kChunk],
                                                         const bool (&on)[2], const int64_t (&c)[2],
                                                         int64_t q0, int64_t groups,
                                                         int64_t row_base, int64_t scale_base,
-                                                        const QuantOut& o) {
+                                                        const QuantOut& o, bool canonical) {
   const int lane = threadIdx.x % 32, half = lane / 16, sub = lane % 16;
   uint32_t a[2] = {0, 0};
 #pragma unroll
@@ -48,6 +50,7 @@ __device__ __forceinline__ uint32_t quantize_two_groups(const float (&v)[2][kChu
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) a[k] = max(a[k], abs_bits(v[k][e]));
     a[k] = half_warp_max(a[k]);
+    if (canonical) a[k] = canonical_amax(a[k]);
   }
   const TwoScales sc = two_scales(a[0], a[1], o.rule, sub);
   const int64_t own = q0 + (sub < 8 ? 0 : 2) + half;
@@ -83,8 +86,8 @@ __global__ void __launch_bounds__(kThreads)
         on[k] = c[k] < n;
         if (on[k]) load8_keep(row + c[k], v[k]);
       }
-      gu_running = max(gu_running,
-                       quantize_two_groups(v, on, c, q0, gu_groups, r * n, r * gu_groups, gu_out));
+      gu_running = max(gu_running, quantize_two_groups(v, on, c, q0, gu_groups, r * n,
+                                                       r * gu_groups, gu_out, false));
     }
     const float w = row_weight != nullptr ? row_weight[r] : 1.0f;
     for (int64_t q0 = 0; q0 < h_groups; q0 += 4) {
@@ -102,14 +105,13 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        swiglu8(g[k], u[k], h[k]);
+        swiglu8_uncanonical(g[k], u[k], h[k]);
         if (row_weight != nullptr)
 #pragma unroll
-          for (int e = 0; e < kChunk; ++e)
-            h[k][e] = swiglu_math::canonical_nan(rn::mul(h[k][e], w));
+          for (int e = 0; e < kChunk; ++e) h[k][e] = rn::mul(h[k][e], w);
       }
-      h_running =
-          max(h_running, quantize_two_groups(h, on, c, q0, h_groups, r * f, r * h_groups, h_out));
+      h_running = max(
+          h_running, quantize_two_groups(h, on, c, q0, h_groups, r * f, r * h_groups, h_out, true));
     }
   }
   block_amax<kThreads>(h_running, h_out.amax);
@@ -194,16 +196,16 @@ __global__ void __launch_bounds__(kThreads)
       float g[kChunk], h[kChunk];
       unpack8(rg[i], g);
       unpack8(ru[i], u[i]);
-      swiglu8(g, u[i], h);
+      swiglu8_uncanonical(g, u[i], h);  // NaNs: canonical_amax below
       uint32_t a = 0, b = 0, c = 0;
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        if (row_weight != nullptr) h[e] = swiglu_math::canonical_nan(rn::mul(h[e], w));
+        if (row_weight != nullptr) h[e] = rn::mul(h[e], w);
         a = max(a, abs_bits(h[e]));
         b = max(b, abs_bits(g[e]));
         c = max(c, abs_bits(u[i][e]));
       }
-      a = half_warp_max(a);
+      a = canonical_amax(half_warp_max(a));
       b = half_warp_max(b);
       au[i] = group_max(c, cpr + 32 * i);
       if (i == 0) up_head = __shfl_sync(0xFFFFFFFFu, au[0], 0);  // group (F/8) / 16 = gb

@@ -111,21 +111,32 @@ struct Fp8GateUp {
   // cvt.rn.bf16x2.f32, float_to_bf16's rounding (the product of a NaN is the GPU's canonical
   // 0x7FFFFFFF, which both turn into 0x7FFF). So value()'s bits, in a few instructions a pair
   // instead of a software decode per element.
+  //   For BF16, when the scale is a power of two in [2^-100, 2^100] (a pow2 recipe's scales always
+  // are) the rounding is skipped: a code has at most 4 significant bits and its product with such
+  // a scale is a normal FP32 number, so BF16 holds it exactly. (A NaN code then keeps the
+  // product's NaN 0x7FFFFFFF instead of 0x7FFF0000: the kernels only compute with these values,
+  // and every NaN operand gives the same result.)
   __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const {
     const __nv_fp8_interpretation_t kind = format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
     const uint32_t x[2] = {w.codes.x, w.codes.y};
+    float2 f[kChunk / 2];
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i)
+      f[i] = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((x[i / 2] >> (16 * (i % 2))) & 0xFFFFu), kind)));
+    const uint32_t sb = float_bits(w.scale);
+    if (sizeof(T) == 4 || ((sb & 0x807FFFFFu) == 0 && sb - (27u << 23) <= (200u << 23))) {
+#pragma unroll
+      for (int i = 0; i < kChunk / 2; ++i)
+        v[2 * i] = rn::mul(f[i].x, w.scale), v[2 * i + 1] = rn::mul(f[i].y, w.scale);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kChunk / 2; ++i) {
-      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((x[i / 2] >> (16 * (i % 2))) & 0xFFFFu), kind)));
-      const float a = rn::mul(f.x, w.scale), b = rn::mul(f.y, w.scale);
-      if constexpr (sizeof(T) == 4) {
-        v[2 * i] = a, v[2 * i + 1] = b;
-      } else {
-        uint32_t p;  // b goes to the upper half
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(b), "f"(a));
-        v[2 * i] = bits_float(p << 16), v[2 * i + 1] = bits_float(p & 0xFFFF0000u);
-      }
+      const float a = rn::mul(f[i].x, w.scale), b = rn::mul(f[i].y, w.scale);
+      uint32_t p;  // b goes to the upper half
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(b), "f"(a));
+      v[2 * i] = bits_float(p << 16), v[2 * i + 1] = bits_float(p & 0xFFFF0000u);
     }
   }
   __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[kChunk]) const {

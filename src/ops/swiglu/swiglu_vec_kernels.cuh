@@ -92,10 +92,47 @@ __device__ __forceinline__ float rcp_small(float y) {
   return __fmaf_rn(r1, __fmaf_rn(-y, r1, 1.0f), r1);
 }
 
-// swiglu_math::sigmoid of a lane's 8 elements: 1 / one_plus_exp_neg by rcp_small, or by rn::div for
-// the whole warp when any of its lanes has a y >= 2^125 (g <= -86.6, never in trained models), so
-// that the common path has no branch per element. Every lane of the warp calls it.
+// one_plus_exp_neg for |g| <= 80, the range of every trained model's gate: the clamp of x = -g, the
+// exponent's two-factor split and its limits are then identities (n = ni is in [-116, 116], so
+// 2^ni is a normal power of two and the product p * 2^ni is the same single rounding), so the
+// same bits in fewer instructions; 2^ni's bits (ni + 127) << 23 come from t's bits by one integer
+// multiply-add, t's low bits being ni + 0x4B400000 (see one_plus_exp_neg).
+__device__ __forceinline__ float one_plus_exp_neg_mid(float g) {
+  constexpr float kLog2e = 1.44269502162933349609375f;
+  constexpr float kLn2Hi = 0.693147182464599609375f;
+  constexpr float kLn2Lo = -1.904654323148236e-09f;
+  constexpr float kRound = 12582912.0f;
+  constexpr uint32_t kBias = static_cast<uint32_t>(127 - 0x4B400000) << 23;
+  const float x = -g;
+  const float t = rn::add(rn::mul(x, kLog2e), kRound);
+  const float n = rn::sub(t, kRound);
+  float r = rn::fma(-n, kLn2Hi, x);
+  r = rn::fma(-n, kLn2Lo, r);
+  float p = 1.0f / 5040.0f;
+  p = rn::fma(p, r, 1.0f / 720.0f);
+  p = rn::fma(p, r, 1.0f / 120.0f);
+  p = rn::fma(p, r, 1.0f / 24.0f);
+  p = rn::fma(p, r, 1.0f / 6.0f);
+  p = rn::fma(p, r, 0.5f);
+  p = rn::fma(p, r, 1.0f);
+  p = rn::fma(p, r, 1.0f);
+  return rn::add(1.0f, rn::mul(p, bits_float(float_bits(t) * (1u << 23) + kBias)));
+}
+
+// swiglu_math::sigmoid of a lane's 8 elements: when every |g| of the warp is at most 80 (NaN is
+// not), 1 / one_plus_exp_neg_mid by rcp_small (1 + e^80 < 2^125); otherwise 1 / one_plus_exp_neg,
+// by rcp_small, or by rn::div for the whole warp when any of its lanes has a y >= 2^125 (g <= -86.6,
+// never in trained models). So the common path has no branch per element. Every lane of the warp
+// calls it.
 __device__ __forceinline__ void sigmoid8(const float (&g)[kChunk], float (&s)[kChunk]) {
+  bool mid = true;
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) mid &= fabsf(g[e]) <= 80.0f;
+  if (__all_sync(0xFFFFFFFFu, mid)) {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) s[e] = rcp_small(one_plus_exp_neg_mid(g[e]));
+    return;
+  }
   float y[kChunk];
   bool large = false;
 #pragma unroll
@@ -112,28 +149,44 @@ __device__ __forceinline__ void sigmoid8(const float (&g)[kChunk], float (&s)[kC
   }
 }
 
-// swiglu_math::swiglu of a lane's 8 elements (every lane of the warp calls it).
-__device__ __forceinline__ void swiglu8(const float (&g)[kChunk], const float (&u)[kChunk],
-                                        float (&h)[kChunk]) {
+// swiglu_math::swiglu of a lane's 8 elements but for NaNs, which stay the GPU's products
+// (0x7FFFFFFF), for the 1x128 quantizers: they quantize the same codes from any NaN and make the
+// group's amax canonical instead (canonical_amax). Every lane of the warp calls it.
+__device__ __forceinline__ void swiglu8_uncanonical(const float (&g)[kChunk],
+                                                    const float (&u)[kChunk], float (&h)[kChunk]) {
   float s[kChunk];
   sigmoid8(g, s);
 #pragma unroll
-  for (int e = 0; e < kChunk; ++e)
-    h[e] = swiglu_math::canonical_nan(rn::mul(rn::mul(g[e], s[e]), u[e]));
+  for (int e = 0; e < kChunk; ++e) h[e] = rn::mul(rn::mul(g[e], s[e]), u[e]);
+}
+
+// swiglu_math::swiglu of a lane's 8 elements (every lane of the warp calls it).
+__device__ __forceinline__ void swiglu8(const float (&g)[kChunk], const float (&u)[kChunk],
+                                        float (&h)[kChunk]) {
+  swiglu8_uncanonical(g, u, h);
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) h[e] = swiglu_math::canonical_nan(h[e]);
 }
 
 // swiglu_math::swiglu_grad(g, u, dh) and swiglu_math::swiglu(g, u) given s = sigmoid(g), sharing g * s:
-// every output is the same sequence of operations as there, except that h is not made the
-// canonical NaN (its one use, the weight gradient's sum, is NaN then whatever the payload, and made
-// canonical at the end).
+// every output is the same sequence of operations as there, but none is made the canonical NaN: a
+// NaN leaves as the GPU's product makes it (0x7FFFFFFF). Callers that store the values make them
+// canonical; the 1x128 quantizers need not, as long as they canonicalise the group's amax
+// (canonical_amax): the product by the scale turns any NaN into the same code.
 struct GradH {
   float dg, du, h;
 };
 __device__ __forceinline__ GradH swiglu_grad_h(float g, float u, float dh, float s) {
   const float gs = rn::mul(g, s);
   const float dsilu = rn::mul(s, rn::add(1.0f, rn::mul(g, rn::add(1.0f, -s))));
-  return {swiglu_math::canonical_nan(rn::mul(rn::mul(dh, u), dsilu)),
-          swiglu_math::canonical_nan(rn::mul(dh, gs)), rn::mul(gs, u)};
+  return {rn::mul(rn::mul(dh, u), dsilu), rn::mul(dh, gs), rn::mul(gs, u)};
+}
+
+// The amax bits of a group as they are when its values are canonical NaNs (swiglu_math::canonical_nan):
+// any NaN's magnitude bits exceed +inf's and become 0x7FC00000. One compare and select a group
+// instead of one per value.
+__device__ __forceinline__ uint32_t canonical_amax(uint32_t a) {
+  return a > 0x7F800000u ? 0x7FC00000u : a;
 }
 
 // Max over the 16 lanes of a half-warp (every lane of the warp calls it).
@@ -284,8 +337,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
         const GradH gr = swiglu_grad_h(g[k][e], u[k][e], d[k][e], s[e]);
-        dg[e] = gr.dg;
-        du[e] = gr.du;
+        dg[e] = swiglu_math::canonical_nan(gr.dg);
+        du[e] = swiglu_math::canonical_nan(gr.du);
       }
       if (at[k] < 0) continue;
       store8(d_gate_up + at[k], dg);
@@ -335,13 +388,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       a[k] = 0;
-      swiglu8(g[k], u[k], h[k]);
+      swiglu8_uncanonical(g[k], u[k], h[k]);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
-        if (row_weight != nullptr) h[k][e] = swiglu_math::canonical_nan(rn::mul(h[k][e], w[k]));
+        if (row_weight != nullptr) h[k][e] = rn::mul(h[k][e], w[k]);
         a[k] = max(a[k], abs_bits(h[k][e]));
       }
-      a[k] = half_warp_max(a[k]);
+      a[k] = canonical_amax(half_warp_max(a[k]));
       running = max(running, a[k]);
     }
     const TwoScales sc = two_scales(a[0], a[1], rule, sub);
