@@ -8,6 +8,7 @@
 #include "numerics/fp32_rn.h"
 #include "numerics/fp8.h"
 #include "numerics/scale.h"
+#include "ops/quantize/quantize_kernels.cuh"
 
 namespace octet::cuda::kernels {
 
@@ -356,25 +357,24 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
       const int64_t g = 2 * gp + half;
       const int64_t c = g * 128 + hl * 8;
       const bool active = g < groups && c < cols;
-      float v[8];
-      if (active) {
-        load8<kVec>(x + t * cols, c, cols, v);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-      }
+      float v[8] = {};
+      if (active) load8<kVec>(x + t * cols, c, cols, v);
       uint32_t m = 0;
 #pragma unroll
       for (int i = 0; i < 8; ++i) m = max(m, abs_bits(v[i]));
       for (int s = 8; s > 0; s /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
       seen = max(seen, m);
       const float scale = compute_scale(bits_float(m), rule);
-      uint32_t lo = 0, hi = 0;
+      const float inverse = scale_inverse(scale);
+      // quantize_value's codes: the product rounded to FP32, then the hardware's cvt.rn.satfinite
+      // (the software rounding's bits, quantize_kernels.cuh), a pair of elements an instruction.
+      float p[8];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        lo |= static_cast<uint32_t>(quantize_value(v[i], scale, rule.format)) << (8 * i);
-        hi |= static_cast<uint32_t>(quantize_value(v[i + 4], scale, rule.format)) << (8 * i);
-      }
+      for (int i = 0; i < 8; ++i) p[i] = rn::mul(v[i], scale);
+      const uint32_t lo = cvt_fp8x2(p[0], p[1], rule.format) |
+                          static_cast<uint32_t>(cvt_fp8x2(p[2], p[3], rule.format)) << 16;
+      const uint32_t hi = cvt_fp8x2(p[4], p[5], rule.format) |
+                          static_cast<uint32_t>(cvt_fp8x2(p[6], p[7], rule.format)) << 16;
       // Slot j = -1: the token's own row of tq (when asked for), then its k dispatched rows.
       for (int j = tq != nullptr ? -1 : 0; j < k; ++j) {
         const int32_t row = j < 0 ? 0 : row_of[t * k + j];
@@ -390,7 +390,7 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
                 dst[c + i] = static_cast<uint8_t>((i < 4 ? lo : hi) >> (8 * (i % 4)));
           }
         }
-        if (hl == 0 && g < groups) sdst[g] = scale_inverse(scale);
+        if (hl == 0 && g < groups) sdst[g] = inverse;
       }
     }
   }
