@@ -42,6 +42,31 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const float (&v)[kChun
   }
 }
 
+// exp_rn's reduction and polynomial for x (both callers below): t = x log2(e) + 1.5 * 2^23 rounded,
+// whose low mantissa bits are n + 2^22, and p = exp(r) for r = x - n ln 2.
+struct ExpParts {
+  float t, p;
+};
+__device__ __forceinline__ ExpParts exp_parts(float x) {
+  constexpr float kLog2e = 1.44269502162933349609375f;
+  constexpr float kLn2Hi = 0.693147182464599609375f;
+  constexpr float kLn2Lo = -1.904654323148236e-09f;
+  constexpr float kRound = 12582912.0f;
+  const float t = rn::add(rn::mul(x, kLog2e), kRound);
+  const float n = rn::sub(t, kRound);
+  float r = rn::fma(-n, kLn2Hi, x);
+  r = rn::fma(-n, kLn2Lo, r);
+  float p = 1.0f / 5040.0f;
+  p = rn::fma(p, r, 1.0f / 720.0f);
+  p = rn::fma(p, r, 1.0f / 120.0f);
+  p = rn::fma(p, r, 1.0f / 24.0f);
+  p = rn::fma(p, r, 1.0f / 6.0f);
+  p = rn::fma(p, r, 0.5f);
+  p = rn::fma(p, r, 1.0f);
+  p = rn::fma(p, r, 1.0f);
+  return {t, p};
+}
+
 // swiglu_math::sigmoid(g) = 1 / (1 + exp_rn(-g)) without branches, for the callers below, which
 // the compiler can then interleave over a lane's 8 elements. exp_rn's operations, unchanged, on
 // x = -g clamped to [-104, 89], except:
@@ -56,23 +81,7 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const float (&v)[kChun
 //     NaN (canonical) just as swiglu_math's.
 // Hence the same bits as swiglu_math::sigmoid for every non-NaN g.
 __device__ __forceinline__ float one_plus_exp_neg(float g) {
-  constexpr float kLog2e = 1.44269502162933349609375f;
-  constexpr float kLn2Hi = 0.693147182464599609375f;
-  constexpr float kLn2Lo = -1.904654323148236e-09f;
-  constexpr float kRound = 12582912.0f;
-  const float x = fminf(fmaxf(-g, -104.0f), 89.0f);
-  const float t = rn::add(rn::mul(x, kLog2e), kRound);
-  const float n = rn::sub(t, kRound);
-  float r = rn::fma(-n, kLn2Hi, x);
-  r = rn::fma(-n, kLn2Lo, r);
-  float p = 1.0f / 5040.0f;
-  p = rn::fma(p, r, 1.0f / 720.0f);
-  p = rn::fma(p, r, 1.0f / 120.0f);
-  p = rn::fma(p, r, 1.0f / 24.0f);
-  p = rn::fma(p, r, 1.0f / 6.0f);
-  p = rn::fma(p, r, 0.5f);
-  p = rn::fma(p, r, 1.0f);
-  p = rn::fma(p, r, 1.0f);
+  const auto [t, p] = exp_parts(fminf(fmaxf(-g, -104.0f), 89.0f));
   const int ni = static_cast<int>(float_bits(t)) - 0x4B400000;  // in [-151, 129]
   const bool high = ni > 127;                                   // exp_rn: (p * 2^127) * 2^(n - 127)
   const float f2 = rn::pow2i(high ? ni - 127 : 0);
@@ -98,24 +107,8 @@ __device__ __forceinline__ float rcp_small(float y) {
 // same bits in fewer instructions; 2^ni's bits (ni + 127) << 23 come from t's bits by one integer
 // multiply-add, t's low bits being ni + 0x4B400000 (see one_plus_exp_neg).
 __device__ __forceinline__ float one_plus_exp_neg_mid(float g) {
-  constexpr float kLog2e = 1.44269502162933349609375f;
-  constexpr float kLn2Hi = 0.693147182464599609375f;
-  constexpr float kLn2Lo = -1.904654323148236e-09f;
-  constexpr float kRound = 12582912.0f;
   constexpr uint32_t kBias = static_cast<uint32_t>(127 - 0x4B400000) << 23;
-  const float x = -g;
-  const float t = rn::add(rn::mul(x, kLog2e), kRound);
-  const float n = rn::sub(t, kRound);
-  float r = rn::fma(-n, kLn2Hi, x);
-  r = rn::fma(-n, kLn2Lo, r);
-  float p = 1.0f / 5040.0f;
-  p = rn::fma(p, r, 1.0f / 720.0f);
-  p = rn::fma(p, r, 1.0f / 120.0f);
-  p = rn::fma(p, r, 1.0f / 24.0f);
-  p = rn::fma(p, r, 1.0f / 6.0f);
-  p = rn::fma(p, r, 0.5f);
-  p = rn::fma(p, r, 1.0f);
-  p = rn::fma(p, r, 1.0f);
+  const auto [t, p] = exp_parts(-g);
   return rn::add(1.0f, rn::mul(p, bits_float(float_bits(t) * (1u << 23) + kBias)));
 }
 
