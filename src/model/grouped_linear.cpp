@@ -68,10 +68,15 @@ void record_amax(Context& ctx, const LinearScalingState& st, DelayedScaling& ds,
 }
 
 // The column-wise copy of a row-wise 1x128 power-of-2 FP8 tensor that already exists, as the
-// recipe's fp8_transpose makes it.
-void add_columnwise(Context& ctx, QuantTensor& q, Fp8Transpose how) {
+// recipe's fp8_transpose makes it. The Wgrad GEMM takes one operand in 1x128 groups along K and
+// the other in 128x128 blocks (DeepSeek-V3's pairing; grouped_gemm.h): `tiles` is the granularity
+// this operand's scales take when the scaling-aware transpose makes it. For dY (A), k1x128: the
+// transpose writes each 128x128 tile's scale for every one of its rows, the same numbers (nothing
+// is rounded differently). The requantize paths quantize the transpose in 1x128 groups, which
+// either operand reads.
+void add_columnwise(Context& ctx, QuantTensor& q, Fp8Transpose how, Granularity tiles) {
   if (how == Fp8Transpose::kScalingAware) {
-    scaling_aware_transpose(ctx, q);
+    scaling_aware_transpose(ctx, q, tiles);
     return;
   }
   const QuantTensor c = quantize(
@@ -84,28 +89,6 @@ void add_columnwise(Context& ctx, QuantTensor& q, Fp8Transpose how) {
   q.columnwise_data = c.columnwise_data;
   q.columnwise_scale_inv = c.columnwise_scale_inv;
   q.columnwise_granularity = c.columnwise_granularity;
-}
-
-// The Wgrad GEMM takes one operand in 1x128 groups along K and the other in 128x128 blocks
-// (DeepSeek-V3's pairing; grouped_gemm.h). When both come from scaling-aware transposes (fp8-flow:
-// dY and X), dY's 128x128 column-wise scales are restated per row: each block's scale repeated for
-// its 128 rows, the same numbers (no data changes, nothing is rounded).
-void columnwise_scales_per_row(Context& ctx, QuantTensor& q) {
-  if (q.columnwise_granularity != Granularity::k128x128) return;
-  const int64_t rows = q.columnwise_data.rows(), kb = q.columnwise_scale_inv.cols();
-  const int64_t rb = ceil_div(rows, kGroup);
-  const Tensor full = Tensor::empty(ctx, {rb * kGroup, kb}, DType::kF32);
-  copy_columns(ctx, {.src = q.columnwise_scale_inv.reshape({rb, kb}),
-                     .src_col = 0,
-                     .dst = full,
-                     .dst_col = 0,
-                     .width = kb,
-                     .repeat = kGroup,
-                     .mode = CopyMode::kBroadcast});
-  // The first `rows` rows of `full`: a prefix of its buffer, which the view keeps alive.
-  q.columnwise_scale_inv = Tensor::wrap(full.data(), {rows, kb}, DType::kF32, ctx.device,
-                                        std::make_shared<Tensor>(full));
-  q.columnwise_granularity = Granularity::k1x128;
 }
 
 void check_prequantized(const QuantTensor& q, GemmSite site, const char* what) {
@@ -276,7 +259,7 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
 GroupedLinearLayer::Saved GroupedLinearLayer::wgrad_saved(Context& ctx, const Precision& p,
                                                           QuantTensor qx) const {
   check_prequantized(qx, site, "input");
-  add_columnwise(ctx, qx, p.recipe.fp8_transpose);
+  add_columnwise(ctx, qx, p.recipe.fp8_transpose, Granularity::k128x128);
   // Wgrad reads only the column-wise copy.
   qx.data = Tensor::wrap(nullptr, {qx.rows(), in()}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();
@@ -349,8 +332,7 @@ QuantTensor GroupedLinearLayer::backward_operand(Context& ctx, const Precision& 
               gemm_precision_name(p.recipe.at(site).precision));
   QuantTensor qdy = dy.qx;
   check_prequantized(qdy, site, "dY");
-  add_columnwise(ctx, qdy, p.recipe.fp8_transpose);
-  columnwise_scales_per_row(ctx, qdy);
+  add_columnwise(ctx, qdy, p.recipe.fp8_transpose, Granularity::k1x128);
   return qdy;
 }
 

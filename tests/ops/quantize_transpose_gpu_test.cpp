@@ -106,6 +106,17 @@ TEST_P(TransposeGpuCodes, MatchesCpuAndLegacyBitwise) {
   ASSERT_TRUE(bitwise_equal(want.columnwise_data, got.columnwise_data.to_host(gpu)));
   ASSERT_TRUE(bitwise_equal(want.columnwise_scale_inv, got.columnwise_scale_inv.to_host(gpu)));
 
+  // The 1x128 form of the scales (fp8-flow's dY and d_gate_up for the grouped Wgrad).
+  QuantTensor want_rows = random_codes(rows, cols, fmt, 1000 + rows * 31 + cols);
+  QuantTensor got_rows = to_gpu(gpu, want_rows);
+  scaling_aware_transpose(cpu, want_rows, Granularity::k1x128);
+  poison_pool(gpu, 2 * rows * cols + (1 << 20));
+  scaling_aware_transpose(gpu, got_rows, Granularity::k1x128);
+  ASSERT_EQ(got_rows.columnwise_scale_inv.shape(), scale_shape(Granularity::k1x128, cols, rows));
+  EXPECT_TRUE(bitwise_equal(want.columnwise_data, got_rows.columnwise_data.to_host(gpu)));
+  EXPECT_TRUE(
+      bitwise_equal(want_rows.columnwise_scale_inv, got_rows.columnwise_scale_inv.to_host(gpu)));
+
 #if OCTET_WITH_CUDA  // the kernels' own entry points exist in a CUDA build only
   Tensor ldata = Tensor::empty(gpu, {cols, rows}, fp8_dtype(fmt));
   Tensor lscale = Tensor::empty(gpu, scale_shape(Granularity::k128x128, cols, rows), DType::kF32);

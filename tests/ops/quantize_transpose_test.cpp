@@ -195,6 +195,28 @@ TEST(ScalingAwareTranspose, AllZeroRowsDoNotSetTheScale) {
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(z.columnwise_data.data_as<uint8_t>()[i], 0);
 }
 
+// The 1x128 form (the grouped Wgrad's A operand) holds the same codes, and each tile's scale at
+// every one of its output rows.
+TEST(ScalingAwareTranspose, PerRowFormRepeatsEachTilesScale) {
+  Context ctx = make_context(Device::kCpu);
+  const Tensor x = test::random_tensor({300, 261}, DType::kF32, 7);
+  const QuantizeArgs args = make_args(x, RefParams{Granularity::k1x128, Fp8Format::kE4M3, true},
+                                      QuantizeOutput::kRowwise);
+  QuantTensor tiles = quantize(ctx, args);
+  QuantTensor rows = tiles;
+  scaling_aware_transpose(ctx, tiles);
+  scaling_aware_transpose(ctx, rows, Granularity::k1x128);
+  ASSERT_EQ(rows.columnwise_granularity, Granularity::k1x128);
+  ASSERT_EQ(rows.columnwise_scale_inv.shape(), (Shape{261, 3}));
+  EXPECT_TRUE(test::bitwise_equal(tiles.columnwise_data, rows.columnwise_data));
+  const float* t = tiles.columnwise_scale_inv.data_as<float>();  // (3, 3)
+  const float* r = rows.columnwise_scale_inv.data_as<float>();   // (261, 3)
+  for (int64_t c = 0; c < 261; ++c)
+    for (int64_t b = 0; b < 3; ++b) ASSERT_EQ(r[c * 3 + b], t[(c / 128) * 3 + b]) << c << "," << b;
+  QuantTensor other = tiles;
+  EXPECT_THROW(scaling_aware_transpose(ctx, other, Granularity::kTensor), Error);
+}
+
 TEST(ScalingAwareTranspose, Preconditions) {
   Context ctx = make_context(Device::kCpu);
   const Tensor x = test::random_tensor({4, 130}, DType::kF32, 1);

@@ -2,10 +2,8 @@
 // of the contiguous layout, with the host copy of the row counts grouped_gemm.cpp read. Plans are
 // cached per (shape, alignment), so a training step with the same routing reuses them; the kernel
 // launches per expert are the cost a fused grouped kernel removes.
-#include "backend/cuda_check.h"
 #include "ops/gemm/gemm_cuda.h"
 #include "ops/grouped_gemm/grouped_gemm_backends.h"
-#include "ops/grouped_gemm/grouped_gemm_sm90.h"
 
 namespace octet::cuda {
 namespace {
@@ -62,22 +60,7 @@ void run_wgrad(Context& ctx, const OperandView& a, const OperandView& b, const G
   }
 }
 
-__global__ void zero_tail_kernel(uint4* d, int64_t vecs_per_row, int64_t rows,
-                                 const int64_t* used) {
-  const int64_t begin = *used * vecs_per_row, end = rows * vecs_per_row;
-  for (int64_t i = begin + int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < end;
-       i += int64_t{gridDim.x} * blockDim.x)
-    d[i] = make_uint4(0, 0, 0, 0);
-}
-
 }  // namespace
-
-void zero_tail_rows(Context& ctx, void* d, int64_t row_bytes, int64_t rows, const int64_t* used) {
-  // A few waves of blocks cover any tail; most tails are a few hundred rows.
-  zero_tail_kernel<<<264, 256, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
-      static_cast<uint4*>(d), row_bytes / 16, rows, used);
-  OCTET_CUDA_CHECK_LAUNCH();
-}
 
 void grouped_gemm_fp8(Context& ctx, const GroupedGemmFp8Args& args, const GroupLayout& l) {
   run_grouped(ctx, view_of(args.a), view_of(args.b), args.b.rows() / l.experts(), l,

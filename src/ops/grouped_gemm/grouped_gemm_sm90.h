@@ -6,11 +6,6 @@
 
 namespace octet::cuda {
 
-// D's rows [used, rows) set to zero, `used` read on the device (the row count a setup kernel
-// summed): the padded tail of grouped_gemm.h's kOverwrite contract. Rows of `row_bytes`, a multiple
-// of 16, 16-byte aligned. A grid-stride kernel over the tail only (grouped_gemm_cuda.cu).
-void zero_tail_rows(Context& ctx, void* d, int64_t row_bytes, int64_t rows, const int64_t* used);
-
 // True when the call is a configuration the kernels are built for: A 1x128 E4M3 or E5M2 and B
 // 128x128 E4M3, D BF16 overwritten, K a multiple of 16 and N of 8 (16-byte TMA rows). E5M2 A is the
 // per-tensor recipes' Dgrad, its per-expert scales given as constant blocks.

@@ -19,6 +19,8 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
 
+#include <algorithm>
+
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -31,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "ops/grouped_gemm/group_span.cuh"
 #include "ops/grouped_gemm/grouped_gemm_sm90.h"
 
 namespace octet::cuda {
@@ -117,64 +120,42 @@ struct Setup {
   void* d;
 };
 
-// Expert e's row count, clipped so that no expert runs past R (bad counts cannot write out of
-// bounds), with the prefix sum in `offset`.
-__device__ int64_t clipped_count(const Setup& p, int e, int64_t offset) {
-  int64_t m = p.sizes_i64 ? static_cast<const int64_t*>(p.sizes)[e]
-                          : static_cast<const int32_t*>(p.sizes)[e];
-  return m < 0 ? 0 : (offset + m > p.rows ? p.rows - offset : m);
-}
-
-// One block: the prefix sum on one thread (E is at most a few hundred), then a thread per expert.
-// The experts' row sum goes to offsets[E] for the kernel that zeroes D's rows past it.
-__global__ void fprop_setup_kernel(Setup p, Arrays<Fprop, Bf16> out, int64_t* offsets) {
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      const int64_t m = clipped_count(p, e, sum);
-      offsets[e] = sum;
-      out.shapes[e] = Shape3{static_cast<int>(m), p.n, p.k};
-      sum += m;
-    }
-    offsets[p.experts] = sum;
-  }
-  __syncthreads();
+// The per-expert arguments and D's padded tail in one launch: block b writes expert b's arguments
+// (and b + gridDim.x, ...), its first row from the counts before it (group_span), then every block
+// zeroes its share of D's rows past the experts' sum (kOverwrite's padded tail; n % 8 == 0, so a
+// row is whole 16-byte words).
+__global__ void fprop_setup_kernel(Setup p, Arrays<Fprop, Bf16> out) {
   auto* d = static_cast<Bf16*>(p.d);
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    const int64_t off = offsets[e];
-    const int m = cute::get<0>(out.shapes[e]);
-    out.a[e] = p.a + off * p.k;
+  for (int e = blockIdx.x; e < p.experts; e += gridDim.x) {
+    const GroupSpan g = group_span(p.sizes, p.sizes_i64, p.experts, e, p.rows);
+    if (threadIdx.x != 0) continue;
+    const int m = static_cast<int>(g.rows);
+    out.shapes[e] = Shape3{m, p.n, p.k};
+    out.a[e] = p.a + g.offset * p.k;
     out.b[e] = p.b + static_cast<int64_t>(e) * p.n * p.k;
-    out.d[e] = d + off * p.n;
+    out.d[e] = d + g.offset * p.n;
     out.stride_a[e] = cutlass::make_cute_packed_stride(Fprop::StrideA{}, {m, p.k, 1});
     out.stride_b[e] = cutlass::make_cute_packed_stride(Fprop::StrideB{}, {p.n, p.k, 1});
     out.stride_d[e] = cutlass::make_cute_packed_stride(Fprop::StrideD{}, {m, p.n, 1});
   }
+  zero_rows_past(p.d, p.n * 2,
+                 group_span(p.sizes, p.sizes_i64, p.experts, p.experts, p.rows).offset, p.rows);
 }
 
-// Wgrad: expert e is M = N (dW rows), N = K (dW columns), K = M_e; none: an empty problem.
-__global__ void wgrad_setup_kernel(Setup p, Arrays<Wgrad, float> out, int64_t* offsets) {
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      const int64_t m = clipped_count(p, e, sum);
-      offsets[e] = sum;
-      out.shapes[e] = Shape3{m > 0 ? p.n : 0, p.k, static_cast<int>(m)};
-      sum += m;
-    }
-  }
-  __syncthreads();
-  auto* d = static_cast<float*>(p.d);
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    const int64_t off = offsets[e];
-    const int m = cute::get<2>(out.shapes[e]);
-    out.a[e] = p.a + off * p.n;  // dY's rows [o_e, o_e + M_e): A = dY_e^T, column-major
-    out.b[e] = p.b + off * p.k;  // X's rows: B = X_e, N-major
-    out.d[e] = d + static_cast<int64_t>(e) * p.n * p.k;
-    out.stride_a[e] = cutlass::make_cute_packed_stride(Wgrad::StrideA{}, {p.n, m, 1});
-    out.stride_b[e] = cutlass::make_cute_packed_stride(Wgrad::StrideB{}, {p.k, m, 1});
-    out.stride_d[e] = cutlass::make_cute_packed_stride(Wgrad::StrideD{}, {p.n, p.k, 1});
-  }
+// Wgrad, block e for expert e (group_span: its first token and count): M = N (dW rows), N = K (dW
+// columns), K = M_e; none: an empty problem.
+__global__ void wgrad_setup_kernel(Setup p, Arrays<Wgrad, float> out) {
+  const int e = static_cast<int>(blockIdx.x);
+  const GroupSpan g = group_span(p.sizes, p.sizes_i64, p.experts, e, p.rows);
+  if (threadIdx.x != 0) return;
+  const int m = static_cast<int>(g.rows);
+  out.shapes[e] = Shape3{m > 0 ? p.n : 0, p.k, m};
+  out.a[e] = p.a + g.offset * p.n;  // dY's rows [o_e, o_e + M_e): A = dY_e^T, column-major
+  out.b[e] = p.b + g.offset * p.k;  // X's rows: B = X_e, N-major
+  out.d[e] = static_cast<float*>(p.d) + static_cast<int64_t>(e) * p.n * p.k;
+  out.stride_a[e] = cutlass::make_cute_packed_stride(Wgrad::StrideA{}, {p.n, m, 1});
+  out.stride_b[e] = cutlass::make_cute_packed_stride(Wgrad::StrideB{}, {p.k, m, 1});
+  out.stride_d[e] = cutlass::make_cute_packed_stride(Wgrad::StrideD{}, {p.n, p.k, 1});
 }
 
 template <typename C>
@@ -237,14 +218,12 @@ void grouped_gemm_bf16_sm90(Context& ctx, const GroupedGemmBf16Args& args) {
   const int64_t experts = args.group_sizes.numel(), n = args.d.cols(), k = args.a.cols();
   using A = Arrays<Fprop, Bf16>;
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(A::bytes(experts))}, DType::kU8);
-  Tensor offsets = Tensor::empty(ctx, {experts + 1}, DType::kI64);
   const A dev = A::carve(arrays.data(), experts);
-  fprop_setup_kernel<<<1, 256, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
-      make_setup(args.group_sizes, n, k, args.d.rows(), args.a, args.b, args.d), dev,
-      offsets.data_as<int64_t>());
+  // A block per expert (their arguments), at least a wave of blocks (the padded tail's zeros).
+  fprop_setup_kernel<<<static_cast<unsigned>(std::max<int64_t>(experts, 132)), 256, 0,
+                       static_cast<cudaStream_t>(ctx.stream)>>>(
+      make_setup(args.group_sizes, n, k, args.d.rows(), args.a, args.b, args.d), dev);
   OCTET_CUDA_CHECK_LAUNCH();
-  zero_tail_rows(ctx, args.d.data(), n * 2, args.d.rows(),
-                 offsets.data_as<const int64_t>() + experts);  // kOverwrite's padded tail
   typename Fprop::Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {static_cast<int>(experts), dev.shapes, nullptr},  // problem shapes on the device only
@@ -268,11 +247,11 @@ void grouped_wgrad_bf16_sm90(Context& ctx, const GroupedWgradBf16Args& args) {
   const int64_t experts = args.group_sizes.numel(), n = args.a.cols(), k = args.b.cols();
   using A = Arrays<Wgrad, float>;
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(A::bytes(experts))}, DType::kU8);
-  Tensor offsets = Tensor::empty(ctx, {experts}, DType::kI64);
   const A dev = A::carve(arrays.data(), experts);
-  wgrad_setup_kernel<<<1, 256, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
-      make_setup(args.group_sizes, n, k, args.a.rows(), args.a, args.b, args.d), dev,
-      offsets.data_as<int64_t>());
+  if (experts > 0)
+    wgrad_setup_kernel<<<static_cast<unsigned>(experts), 256, 0,
+                         static_cast<cudaStream_t>(ctx.stream)>>>(
+        make_setup(args.group_sizes, n, k, args.a.rows(), args.a, args.b, args.d), dev);
   OCTET_CUDA_CHECK_LAUNCH();
   typename Wgrad::Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,

@@ -15,8 +15,11 @@
 // adjacent), which the sm90 blockwise mainloop loads with cp.async.
 #pragma once
 
+#include <algorithm>
+
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "ops/grouped_gemm/group_span.cuh"
 #include "ops/grouped_gemm/grouped_gemm_sm90.h"
 #include "ops/grouped_gemm/grouped_gemm_sm90_config.cuh"
 
@@ -35,33 +38,23 @@ struct FpropSetupParams {
   const float* sfb;
 };
 
-// One block: the prefix sum of the row counts (E is at most a few hundred), then one thread per
-// expert writes its arguments. The experts' row sum goes to `total` for the kernel that zeroes D's
-// rows past it (the tail of a padded layout), which only the device knows.
+// The per-expert arguments and D's padded tail in one launch: block b writes expert b's arguments
+// (and b + gridDim.x, ...), its first row from the counts before it (group_span); every block then
+// zeroes its share of D's rows past the experts' sum (the tail of a padded layout, which only the
+// device knows), 16 bytes a store.
 template <typename ElementA, typename ElementD>
 __global__ void grouped_fp8_setup_kernel(FpropSetupParams<ElementA> p,
-                                         DeviceArrays<ElementD, ElementA> out, int64_t* total) {
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      int64_t m = p.sizes_i64 ? static_cast<const int64_t*>(p.sizes)[e]
-                              : static_cast<const int32_t*>(p.sizes)[e];
-      m = m < 0 ? 0 : (sum + m > p.rows ? p.rows - sum : m);  // never past A's rows
-      out.shapes[e] = Shape3{static_cast<int>(m), p.n, p.k};  // M_e, then the offset below
-      out.a[e] = reinterpret_cast<const ElementA*>(sum);      // offsets for now
-      sum += m;
-    }
-    *total = sum;
-  }
-  __syncthreads();
+                                         DeviceArrays<ElementD, ElementA> out) {
   const int64_t kb = (p.k + 127) / 128, nb = (p.n + 127) / 128;
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    const int64_t off = reinterpret_cast<int64_t>(out.a[e]);
-    const int m = cute::get<0>(out.shapes[e]);
-    out.a[e] = p.a + off * p.k;
+  for (int e = blockIdx.x; e < p.experts; e += gridDim.x) {
+    const GroupSpan g = group_span(p.sizes, p.sizes_i64, p.experts, e, p.rows);
+    if (threadIdx.x != 0) continue;
+    const int m = static_cast<int>(g.rows);
+    out.shapes[e] = Shape3{m, p.n, p.k};
+    out.a[e] = p.a + g.offset * p.k;
     out.b[e] = p.b + static_cast<int64_t>(e) * p.n * p.k;
-    out.d[e] = p.d + off * p.n;
-    out.sfa[e] = p.sfa + off * kb;
+    out.d[e] = p.d + g.offset * p.n;
+    out.sfa[e] = p.sfa + g.offset * kb;
     out.sfb[e] = p.sfb + static_cast<int64_t>(e) * nb * kb;
     out.stride_a[e] = cutlass::make_cute_packed_stride(StrideA{}, {m, p.k, 1});
     out.stride_b[e] = cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, 1});
@@ -69,6 +62,8 @@ __global__ void grouped_fp8_setup_kernel(FpropSetupParams<ElementA> p,
     out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, p.n, p.k, 1));
     out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, p.n, p.k, 1));
   }
+  zero_rows_past(p.d, p.n * static_cast<int64_t>(sizeof(ElementD)),
+                 group_span(p.sizes, p.sizes_i64, p.experts, p.experts, p.rows).offset, p.rows);
 }
 
 // Fprop / Dgrad in one launch for A of ElementA (grouped_gemm_sm90.h's grouped_gemm_fp8_sm90).
@@ -94,12 +89,10 @@ void run_grouped_fp8(Context& ctx, const GroupedGemmFp8Args& args) {
   sp.d = args.d.data_as<ElementD>();
   sp.sfa = args.a.scale_inv.data_as<const float>();
   sp.sfb = args.b.scale_inv.data_as<const float>();
-  Tensor total = Tensor::empty(ctx, {1}, DType::kI64);
-  grouped_fp8_setup_kernel<<<1, 256, 0, stream>>>(sp, dev, total.data_as<int64_t>());
+  // A block per expert (their arguments), at least a wave of blocks (the padded tail's zeros).
+  const auto blocks = static_cast<unsigned>(std::max<int64_t>(experts, 132));
+  grouped_fp8_setup_kernel<<<blocks, 256, 0, stream>>>(sp, dev);
   OCTET_CUDA_CHECK_LAUNCH();
-  // The padded tail: rows [total, rows) of D are zero (grouped_gemm.h's kOverwrite contract).
-  zero_tail_rows(ctx, args.d.data(), n * static_cast<int64_t>(sizeof(ElementD)), args.d.rows(),
-                 total.data_as<const int64_t>());
 
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,

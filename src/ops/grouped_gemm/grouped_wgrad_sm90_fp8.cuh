@@ -13,16 +13,17 @@
 // accumulated (C = D). Expert e reads token columns [o_e, o_e + M_e), o_e a multiple of 128 (the
 // padded permute): its A and B are column offsets with the full row strides. Its scales are columns
 // [o_e / 128, ...) of rows whose stride is the whole ceil(R/128), but the mainloop rebuilds every
-// group's scale layout from the problem shape (compact: row stride ceil(M_e / 128)), so a gather
-// kernel first copies each expert's scale columns into compact per-expert blocks (the scales are
-// 1/128 of the data per row, a small pass). An expert without tokens is an empty problem (no
-// tiles): its dW_e is left as it was.
+// group's scale layout from the problem shape (compact: row stride ceil(M_e / 128)), so the setup
+// kernel also copies each expert's scale columns into compact per-expert blocks (the scales are
+// 1/128 of the data per row, a small pass in the same launch). An expert without tokens is an
+// empty problem (no tiles): its dW_e is left as it was.
 #pragma once
 
 #include <algorithm>
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
+#include "ops/grouped_gemm/group_span.cuh"
 #include "ops/grouped_gemm/grouped_gemm_sm90.h"
 #include "ops/grouped_gemm/grouped_gemm_sm90_config.cuh"
 
@@ -37,36 +38,29 @@ struct WgradSetupParams {
   const ElementA* a;
   const ElementB* b;
   float* d;
-  const float* sfa;
-  const float* sfb;
+  const float* sfa_src;  // A's scales (n, ceil(R / 128)), B's (ceil(k / 128), ceil(R / 128))
+  const float* sfb_src;
+  float* sfa;  // their compact per-expert copies, the same sizes
+  float* sfb;
 };
 
-// One thread per expert after a single-thread prefix sum (E is at most a few hundred). Writes the
-// experts' token offsets (E + 1 entries) for the scale gather, and points the scales at the compact
-// per-expert blocks that the gather fills: expert e's block starts at rows * (o_e / 128).
+// Blocks (x, e) serve expert e (group_span: its first token o_e and count M_e): block (0, e) writes
+// its arguments, and all of them copy its scale columns [c0, c0 + mb) of A and B (c0 = o_e / 128,
+// mb = ceil(M_e / 128)) into compact (rows x mb) blocks at rows * c0, the layout the mainloop
+// rebuilds from the problem shape. Columns past the experts (the padded tail) are not copied.
 template <typename ElementA>
 __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
-                                           DeviceArrays<float, ElementA> out, int64_t* offsets) {
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      int64_t m = p.sizes_i64 ? static_cast<const int64_t*>(p.sizes)[e]
-                              : static_cast<const int32_t*>(p.sizes)[e];
-      m = m < 0 ? 0 : (sum + m > p.tokens ? p.tokens - sum : m);  // never past the tokens
-      offsets[e] = sum;
-      // M = N (dW rows), N = K (dW columns), K = the expert's tokens; none: an empty problem.
-      out.shapes[e] = Shape3{m > 0 ? p.n : 0, p.k, static_cast<int>(m)};
-      sum += m;
-    }
-    offsets[p.experts] = sum;
-  }
-  __syncthreads();
-  const int64_t kblocks = (p.k + 127) / 128;
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) {
-    const int64_t off = offsets[e], c0 = off / 128;
-    const int m = cute::get<2>(out.shapes[e]);
-    out.a[e] = p.a + off;
-    out.b[e] = p.b + off;
+                                           DeviceArrays<float, ElementA> out) {
+  const int e = static_cast<int>(blockIdx.y);
+  const GroupSpan g = group_span(p.sizes, p.sizes_i64, p.experts, e, p.tokens);
+  const int64_t kb = (p.tokens + 127) / 128, kblocks = (p.k + 127) / 128;
+  const int64_t c0 = g.offset / 128, mb = (g.rows + 127) / 128;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const int m = static_cast<int>(g.rows);
+    // M = N (dW rows), N = K (dW columns), K = the expert's tokens; none: an empty problem.
+    out.shapes[e] = Shape3{m > 0 ? p.n : 0, p.k, m};
+    out.a[e] = p.a + g.offset;
+    out.b[e] = p.b + g.offset;
     out.d[e] = p.d + static_cast<int64_t>(e) * p.n * p.k;
     out.sfa[e] = p.sfa + p.n * c0;
     out.sfb[e] = p.sfb + kblocks * c0;
@@ -76,33 +70,15 @@ __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
     out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1));
     out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
   }
-}
-
-// dst gets, for every expert e and scale row r, the expert's scale columns [c0, c0 + mb) of src
-// (rows x kb, row-major) as a compact (rows x mb) block at rows * c0: c0 = o_e / 128, mb =
-// ceil(M_e / 128). Columns past the experts (the padded tail) are not copied.
-template <typename ElementA>
-__global__ void grouped_wgrad_gather_scales_kernel(const float* src, float* dst, int64_t rows,
-                                                   int64_t kb, const int64_t* offsets,
-                                                   int experts) {
-  const int64_t used = (offsets[experts] + 127) / 128;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * kb;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / kb, c = i % kb;
-    if (c >= used) continue;
-    int lo = 0, hi = experts - 1;  // the last expert whose first block is <= c
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (offsets[mid] / 128 <= c)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    // Skip back over empty experts that start at the same block.
-    while (lo > 0 && offsets[lo + 1] == offsets[lo]) --lo;
-    const int64_t c0 = offsets[lo] / 128, mb = (offsets[lo + 1] - offsets[lo] + 127) / 128;
-    if (c - c0 >= mb) continue;
-    dst[rows * c0 + r * mb + (c - c0)] = src[r * kb + c];
+  // Scale rows 0 .. n - 1 are A's, n .. n + kblocks - 1 B's.
+  const int64_t total = (p.n + kblocks) * mb;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / mb, j = i % mb;
+    if (r < p.n)
+      p.sfa[p.n * c0 + r * mb + j] = p.sfa_src[r * kb + c0 + j];
+    else
+      p.sfb[kblocks * c0 + (r - p.n) * mb + j] = p.sfb_src[(r - p.n) * kb + c0 + j];
   }
 }
 
@@ -117,7 +93,6 @@ void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(arrays_bytes(experts))}, DType::kU8);
   const DeviceArrays<ElementD, ElementA> dev = carve<ElementD, ElementA>(arrays.data(), experts);
-  Tensor offsets = Tensor::empty(ctx, {experts + 1}, DType::kI64);
   const int64_t tokens = args.a.cols(), kb = ceil_div(tokens, kGroup),
                 kblocks = ceil_div(k, kGroup);
   Tensor sfa = Tensor::empty(ctx, {n * kb}, DType::kF32);
@@ -132,20 +107,15 @@ void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   sp.a = args.a.data.data_as<const ElementA>();
   sp.b = args.b.data.data_as<const ElementB>();
   sp.d = args.d.data_as<ElementD>();
-  sp.sfa = sfa.data_as<const float>();
-  sp.sfb = sfb.data_as<const float>();
-  grouped_wgrad_setup_kernel<<<1, 256, 0, stream>>>(sp, dev, offsets.data_as<int64_t>());
+  sp.sfa_src = args.a.scale_inv.data_as<const float>();
+  sp.sfb_src = args.b.scale_inv.data_as<const float>();
+  sp.sfa = sfa.data_as<float>();
+  sp.sfb = sfb.data_as<float>();
+  // About two waves of blocks over the experts' scale copies; the grid's y is the expert.
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, ceil_div(264, experts))),
+                  static_cast<unsigned>(experts));
+  if (experts > 0) grouped_wgrad_setup_kernel<<<grid, 256, 0, stream>>>(sp, dev);
   OCTET_CUDA_CHECK_LAUNCH();
-  auto gather = [&](const Tensor& src, Tensor& dst, int64_t rows) {
-    const int64_t total = rows * kb;
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
-    grouped_wgrad_gather_scales_kernel<ElementA><<<std::max(blocks, 1u), 256, 0, stream>>>(
-        src.data_as<const float>(), dst.data_as<float>(), rows, kb,
-        offsets.data_as<const int64_t>(), static_cast<int>(experts));
-    OCTET_CUDA_CHECK_LAUNCH();
-  };
-  gather(args.a.scale_inv, sfa, n);
-  gather(args.b.scale_inv, sfb, kblocks);
 
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,

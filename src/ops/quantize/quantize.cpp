@@ -106,7 +106,11 @@ Tensor amax(Context& ctx, const Tensor& x) {
   return out;
 }
 
-void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
+void scaling_aware_transpose(Context& ctx, QuantTensor& q, Granularity columnwise) {
+  OCTET_CHECK(columnwise == Granularity::k128x128 || columnwise == Granularity::k1x128,
+              "scaling-aware transpose: the column-wise scales are 128x128 tiles or their 1x128 "
+              "form, not ",
+              granularity_name(columnwise));
   OCTET_CHECK(q.granularity == Granularity::k1x128,
               "scaling-aware transpose: input must have 1x128 scales, got ",
               granularity_name(q.granularity));
@@ -119,12 +123,12 @@ void scaling_aware_transpose(Context& ctx, QuantTensor& q) {
   check_device(q.data, "scaling-aware transpose input", ctx.device);
   const int64_t rows = q.rows(), cols = q.cols();
   Tensor cdata = Tensor::empty(ctx, {cols, rows}, fp8_dtype(q.format));
-  Tensor cscale = Tensor::empty(ctx, scale_shape(Granularity::k128x128, cols, rows), DType::kF32);
+  Tensor cscale = Tensor::empty(ctx, scale_shape(columnwise, cols, rows), DType::kF32);
   count_casts(ctx, CastKind::kTranspose, 1);
-  OCTET_DISPATCH(ctx, scaling_aware_transpose, ctx, q, cdata, cscale);
+  OCTET_DISPATCH(ctx, scaling_aware_transpose, ctx, q, cdata, cscale, columnwise);
   q.columnwise_data = cdata;
   q.columnwise_scale_inv = cscale;
-  q.columnwise_granularity = Granularity::k128x128;
+  q.columnwise_granularity = columnwise;
 }
 
 DelayedScaling make_delayed_scaling(Context& ctx, int64_t history_len) {

@@ -61,8 +61,11 @@ Tensor amax(Context& ctx, const Tensor& x);
 // normal are exact; values that become subnormal or underflow are rounded to nearest even (not
 // flushed). Reads K-major scales only (an MN-major input is an error). Sets q.columnwise_data
 // (cols, rows) and q.columnwise_scale_inv [ceil(cols/128), ceil(rows/128)],
-// columnwise_granularity = k128x128.
-void scaling_aware_transpose(Context& ctx, QuantTensor& q);
+// columnwise_granularity = k128x128. With columnwise = k1x128 the same scales are written in the
+// 1x128 form instead: [cols, ceil(rows/128)], each tile's S repeated for its 128 rows (the grouped
+// Wgrad reads its A operand per row; fp8-flow's dY and d_gate_up), columnwise_granularity = k1x128.
+void scaling_aware_transpose(Context& ctx, QuantTensor& q,
+                             Granularity columnwise = Granularity::k128x128);
 
 // Delayed scaling state of one per-tensor site (TransformerEngine's DelayedScaling). Lives on the
 // device of the context so that the training step never reads it back to the host.

@@ -6,14 +6,14 @@
 
 namespace octet {
 
-#define OCTET_QUANTIZE_BACKEND_DECLS                                                        \
-  void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out);                  \
-  void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g, \
-                  Fp8Format f, Tensor& out);                                                \
-  void amax(Context& ctx, const Tensor& x, Tensor& out);                                    \
-  void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata,          \
-                               Tensor& cscale);                                             \
-  void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax,      \
+#define OCTET_QUANTIZE_BACKEND_DECLS                                                               \
+  void quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out);                         \
+  void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granularity g,        \
+                  Fp8Format f, Tensor& out);                                                       \
+  void amax(Context& ctx, const Tensor& x, Tensor& out);                                           \
+  void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale, \
+                               Granularity cgran);                                                 \
+  void delayed_scaling_update(Context& ctx, DelayedScaling& state, const Tensor& amax,             \
                               int64_t step, AmaxReduction reduce, const ScaleRule& rule);
 
 namespace cpu {

@@ -118,13 +118,14 @@ void amax(Context&, const Tensor& x, Tensor& out) {
   out.data_as<float>()[0] = bits_float(m);
 }
 
-void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Tensor& cscale) {
+void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Tensor& cscale,
+                             Granularity cgran) {
   const int64_t rows = in.rows(), cols = in.cols();
   const int64_t rblocks = ceil_div(rows, kGroup), cblocks = ceil_div(cols, kGroup);
   const uint8_t* q = in.data.data_as<const uint8_t>();
   const float* s = in.scale_inv.data_as<const float>();  // (rows, cblocks), powers of two
   uint8_t* qt = cdata.data_as<uint8_t>();                // (cols, rows)
-  float* st = cscale.data_as<float>();                   // (cblocks, rblocks)
+  float* st = cscale.data_as<float>();  // (cblocks, rblocks), or (cols, rblocks) in the 1x128 form
   for (int64_t rb = 0; rb < rblocks; ++rb) {
     for (int64_t cb = 0; cb < cblocks; ++cb) {
       const int64_t r0 = rb * kGroup, r1 = std::min(rows, r0 + kGroup);
@@ -138,7 +139,10 @@ void scaling_aware_transpose(Context&, const QuantTensor& in, Tensor& cdata, Ten
         if (nonzero) smax = std::max(smax, s[i * cblocks + cb]);
       }
       if (smax == 0.0f) smax = 1.0f;  // an all-zero tile: quantize's scale for zeros
-      st[cb * rblocks + rb] = smax;
+      if (cgran == Granularity::k128x128)
+        st[cb * rblocks + rb] = smax;
+      else
+        for (int64_t j = c0; j < c1; ++j) st[j * rblocks + rb] = smax;
       for (int64_t i = r0; i < r1; ++i) {
         // s_i / S = 2^-d exactly: the quotient of two powers of two; capped at 1 for the all-zero
         // rows (whose scale_inv may exceed S), whose codes stay zero.

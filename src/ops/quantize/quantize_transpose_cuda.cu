@@ -47,9 +47,10 @@ void configure_tile_kernels(const Context& ctx) {
   configured[ctx.device_index] = true;
 }
 
-// `rows` rows of the tensor transposed; row_src null (rows of in) or its source rows in `in`.
+// `rows` rows of the tensor transposed; row_src null (rows of in) or its source rows in `in`;
+// cscale per tile (k128x128) or in the 1x128 form (quantize.h).
 void launch_transpose(Context& ctx, const QuantTensor& in, int64_t rows, const int32_t* row_src,
-                      Tensor& cdata, Tensor& cscale) {
+                      Tensor& cdata, Tensor& cscale, Granularity cgran) {
   const int64_t cols = in.cols();
   if (rows == 0 || cols == 0) return;  // nothing to write: the outputs are empty
   const dim3 grid = tile_grid(rows, cols);
@@ -61,7 +62,7 @@ void launch_transpose(Context& ctx, const QuantTensor& in, int64_t rows, const i
   auto launch = [&](auto kernel) {
     kernel<<<grid, kernels::kTileThreads, 0, stream_of(ctx)>>>(
         q, in.scale_inv.data_as<const float>(), rows, cols, out, cscale.data_as<float>(), row_src,
-        ovec);
+        ovec, cgran == Granularity::k1x128);
   };
   if (in.format == Fp8Format::kE4M3)
     vec ? launch(kernels::scaling_aware_transpose_tile_kernel<Fp8Format::kE4M3, true>)
@@ -74,13 +75,15 @@ void launch_transpose(Context& ctx, const QuantTensor& in, int64_t rows, const i
 
 }  // namespace
 
-void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale) {
-  launch_transpose(ctx, in, in.rows(), nullptr, cdata, cscale);
+void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata, Tensor& cscale,
+                             Granularity cgran) {
+  launch_transpose(ctx, in, in.rows(), nullptr, cdata, cscale, cgran);
 }
 
 void scaling_aware_transpose_gathered(Context& ctx, const QuantTensor& in, const Tensor& row_src,
                                       Tensor& cdata, Tensor& cscale) {
-  launch_transpose(ctx, in, row_src.numel(), row_src.data_as<const int32_t>(), cdata, cscale);
+  launch_transpose(ctx, in, row_src.numel(), row_src.data_as<const int32_t>(), cdata, cscale,
+                   Granularity::k128x128);
 }
 
 void scaling_aware_transpose_legacy(Context& ctx, const QuantTensor& in, Tensor& cdata,

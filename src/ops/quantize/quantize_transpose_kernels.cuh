@@ -57,14 +57,16 @@ __device__ __forceinline__ uint32_t rescale_fp8x4(uint32_t w, float ratio) {
 // otherwise bytewise loads. ovec: rows % 16 == 0 and out 16-byte aligned (16-byte output stores);
 // otherwise bytewise stores. With row_src, row r of the tensor transposed is row row_src[r] of q
 // (-1: a row of zero codes with scale_inv 1.0, moe_permute's padding): the transpose of a row
-// gather, without storing it.
+// gather, without storing it. per_row: out_scale_inv in the 1x128 form (cols, rblocks), the tile's
+// S at each of its 128 output rows, instead of one value per tile (cblocks, rblocks).
 template <Fp8Format kFmt, bool kVec>
 __global__ void __launch_bounds__(kTileThreads, 6)
     scaling_aware_transpose_tile_kernel(const uint8_t* __restrict__ q,
                                         const float* __restrict__ scale_inv, int64_t rows,
                                         int64_t cols, uint8_t* __restrict__ out,
                                         float* __restrict__ out_scale_inv,
-                                        const int32_t* __restrict__ row_src, bool ovec) {
+                                        const int32_t* __restrict__ row_src, bool ovec,
+                                        bool per_row) {
   static_assert(kTile == 128 && kTileThreads == 256, "32 row quads x 8 column chunks");
   __shared__ TransposeSmem s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -118,7 +120,12 @@ __global__ void __launch_bounds__(kTileThreads, 6)
 #pragma unroll
   for (int w = 0; w < 8; ++w) sbits = max(sbits, s.warp_max[w]);
   const float smax = sbits == 0 ? 1.0f : bits_float(sbits);  // an all-zero tile: quantize's 1.0
-  if (threadIdx.x == 0) out_scale_inv[blockIdx.x * rblocks + blockIdx.y] = smax;
+  if (per_row) {
+    if (threadIdx.x < kTile && c0 + threadIdx.x < cols)
+      out_scale_inv[(c0 + threadIdx.x) * rblocks + blockIdx.y] = smax;
+  } else if (threadIdx.x == 0) {
+    out_scale_inv[blockIdx.x * rblocks + blockIdx.y] = smax;
+  }
   // Capped at 1 for the all-zero rows, whose scale_inv may exceed S (their codes stay zero).
   float ratio[4];
 #pragma unroll
