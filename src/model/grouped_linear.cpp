@@ -332,6 +332,13 @@ QuantTensor GroupedLinearLayer::backward_operand(Context& ctx, const Precision& 
               gemm_precision_name(p.recipe.at(site).precision));
   QuantTensor qdy = dy.qx;
   check_prequantized(qdy, site, "dY");
+  if (qdy.columnwise_data.defined()) {  // made by the caller (fp8-flow's dispatch)
+    OCTET_CHECK(qdy.columnwise_granularity == Granularity::k1x128 &&
+                    (qdy.columnwise_data.shape() == Shape{qdy.cols(), qdy.rows()}),
+                "grouped linear ", gemm_site_name(site),
+                ": a given column-wise dY must be (cols, rows) with 1x128 scales");
+    return qdy;
+  }
   add_columnwise(ctx, qdy, p.recipe.fp8_transpose, Granularity::k1x128);
   return qdy;
 }

@@ -102,8 +102,9 @@ struct GroupedLinearLayer {
                   const GroupLayoutRef& layout, const Saved& s);
   // That backward in its three steps, for a caller whose Wgrad input exists only after the data
   // gradient (fp8-flow makes h in dSwiGLU's pass, model/moe_flow.cpp): dY's column-wise copy
-  // beside its row-wise one (backward_operand), dX = dY W (backward_data, =), then dW += dY^T X
-  // (backward_weight, s from wgrad_saved). The same GEMMs on the same operands as backward.
+  // beside its row-wise one (backward_operand; kept when dy.qx already has one in the 1x128 form,
+  // fp8-flow's dispatch), dX = dY W (backward_data, =), then dW += dY^T X (backward_weight, s from
+  // wgrad_saved). The same GEMMs on the same operands as backward.
   QuantTensor backward_operand(Context& ctx, const Precision& p, const GroupedInput& dy) const;
   Tensor backward_data(Context& ctx, const QuantTensor& qdy, const GroupLayoutRef& layout);
   void backward_weight(Context& ctx, const QuantTensor& qdy, const GroupLayoutRef& layout,

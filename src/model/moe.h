@@ -47,7 +47,10 @@
 // the quantized x before the dispatch (T x D FP8, a quarter of the dispatched rows at k = 4), not
 // the dispatched column-wise copy: the backward makes gate_up's Wgrad copy from it with one
 // scaling-aware transpose that reads each dispatched row from its token's row
-// (moe_permute_transposed: the dispatch is not stored), the same bytes. With recompute_down, h is
+// (moe_permute_transposed: the dispatch is not stored), the same bytes. down's Wgrad copy of dy is
+// made the same way from dy's quantized token rows, which the backward dispatch writes beside the
+// dispatched ones. The routing weights move onto the rows in the forward dispatch's pass, and
+// their gradient back in the final permutation backward's. With recompute_down, h is
 // not kept either: the backward's dSwiGLU pass makes it again from gu (swiglu_backward_quantize
 // want_h: the forward's SwiGLU + quantize, the same bits on the same gu) and transposes it for
 // down's Wgrad, which therefore runs after dSwiGLU, not beside down's Dgrad. Per MoE layer this

@@ -184,8 +184,9 @@ std::pair<Tensor, Tensor> MoeLayer::ep_backward(Context& ctx, const Precision& p
     const auto [dxp, dw] = flow_experts_backward(ctx, p, dyp, s);
     const Tensor dx_src = to_sources(dxp, dy2.dtype());
     const Tensor dw_src = to_sources(dw.reshape({dw.numel(), 1}), DType::kF32);
-    return {moe_permute_backward(ctx, s.map, dx_src, dy2.dtype()),
-            moe_permute_weights_backward(ctx, s.map, dw_src.reshape({dw_src.rows()}))};
+    PermuteBackwardResult back = moe_permute_backward_with_weights(ctx, s.map, dx_src, dy2.dtype(),
+                                                                   dw_src.reshape({dw_src.rows()}));
+    return {std::move(back.d_x), std::move(back.d_topk_weight)};
   }
   // The combine's backward at the source; d_expert_out goes to the owners in BF16 (the expert's
   // down projection quantizes it there, as on one rank).

@@ -7,7 +7,6 @@
 #include "model/linear.h"
 #include "model/moe.h"
 #include "ops/moe_permute/moe_permute.h"
-#include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize.h"
 #include "ops/swiglu/swiglu.h"
 
@@ -40,14 +39,16 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
   // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate) and dispatched in
   // FP8, in one pass that also writes the T quantized rows themselves: those are what gate_up's
   // Wgrad keeps, not a copy of the R dispatched rows; the backward makes its column-wise copy from
-  // them (moe_permute_transposed).
+  // them (moe_permute_transposed). The same pass moves the routing weights onto the permuted rows
+  // (moe_permute_weights).
   PermuteQuantizeResult xq = moe_permute_quantize_keeping_rows(
-      ctx, s.map, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise));
+      ctx, s.map, quantize_args(up_r, GemmOperand::kActivation, x2, QuantizeOutput::kRowwise),
+      s.route.topk_weight);
   s.x_fp8 = std::move(xq.rows);
+  s.w_rows = std::move(xq.w_rows);
   s.gu = gate_up.forward(
       ctx, p, GroupedInput{.x = Tensor(), .qx = std::move(xq.permuted), .keep_for_wgrad = false},
       s.layout, s.gate_up);  // (R, 2F) bf16
-  s.w_rows = moe_permute_weights(ctx, s.map, s.route.topk_weight);
   // With recompute_down the backward makes h again from gu (moe.h): only its row-wise form exists
   // here, for the down projection.
   s.recomputed_down = recompute_down && !p.recipe.at(GemmSite::kExpertDown).is_delayed();
@@ -72,13 +73,28 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
   // Cast 2 of 2: dy quantized once and dispatched in FP8, fused as in the forward. The combine's
   // backward is a copy of dy to each of the token's rows (no weight to apply), so the dispatch moves
   // FP8 rows and their scales unchanged.
-  GroupedInput dyp{.x = Tensor(),
-                   .qx = moe_permute_quantize(ctx, s.map,
-                                              quantize_args(down_r, GemmOperand::kGradient, dy2,
-                                                            QuantizeOutput::kRowwise))};
+  const QuantizeArgs qa =
+      quantize_args(down_r, GemmOperand::kGradient, dy2, QuantizeOutput::kRowwise);
+  GroupedInput dyp{.x = Tensor()};
+  if (p.recipe.fp8_transpose == Fp8Transpose::kScalingAware) {
+    // down's Wgrad copy of dY as gate_up's of x: the scaling-aware transpose reading each
+    // dispatched row from its token's row, kept by the same pass (T rows, not the R dispatched
+    // ones), in the 1x128 form of the Wgrad's A operand. The same bits as transposing the
+    // dispatched rows.
+    PermuteQuantizeResult dq = moe_permute_quantize_keeping_rows(ctx, s.map, qa);
+    const QuantTensor t = moe_permute_transposed(ctx, s.map, dq.rows, Granularity::k1x128);
+    dyp.qx = std::move(dq.permuted);
+    dyp.qx.columnwise_data = t.columnwise_data;
+    dyp.qx.columnwise_scale_inv = t.columnwise_scale_inv;
+    dyp.qx.columnwise_granularity = t.columnwise_granularity;
+  } else {
+    dyp.qx = moe_permute_quantize(ctx, s.map, qa);
+  }
   const auto [dxp, d_row_weight] = flow_experts_backward(ctx, p, std::move(dyp), s);
-  return {moe_permute_backward(ctx, s.map, dxp, dy2.dtype()),
-          moe_permute_weights_backward(ctx, s.map, d_row_weight)};
+  // The permutation's backward, and the routing weights' gradient from the rows in the same pass.
+  PermuteBackwardResult back =
+      moe_permute_backward_with_weights(ctx, s.map, dxp, dy2.dtype(), d_row_weight);
+  return {std::move(back.d_x), std::move(back.d_topk_weight)};
 }
 
 std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Precision& p,

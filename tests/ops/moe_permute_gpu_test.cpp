@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "ops/moe_permute/moe_permute.h"
+#include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
 
@@ -147,6 +148,20 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
           << "transposed data against permute + transpose on the GPU";
       ASSERT_TRUE(bitwise_equal(to_cpu(two.columnwise_scale_inv), to_cpu(tg.columnwise_scale_inv)))
           << "transposed scale_inv against permute + transpose on the GPU";
+      // The 1x128 form of the scales (fp8-flow's dY, the A operand of down's Wgrad).
+      const QuantTensor rw = moe_permute_transposed(cpu, want, q, Granularity::k1x128);
+      poison_pool(gpu, 64 << 20);
+      const QuantTensor rg = moe_permute_transposed(gpu, got, gq, Granularity::k1x128);
+      ASSERT_EQ(rg.columnwise_granularity, Granularity::k1x128);
+      ASSERT_TRUE(bitwise_equal(rw.columnwise_data, to_cpu(rg.columnwise_data)))
+          << "transposed data, 1x128 scales";
+      ASSERT_TRUE(bitwise_equal(rw.columnwise_scale_inv, to_cpu(rg.columnwise_scale_inv)))
+          << "transposed scale_inv, 1x128 scales";
+      QuantTensor per_row = moe_permute(gpu, got, gq);
+      scaling_aware_transpose(gpu, per_row, Granularity::k1x128);
+      ASSERT_TRUE(
+          bitwise_equal(to_cpu(per_row.columnwise_scale_inv), to_cpu(rg.columnwise_scale_inv)))
+          << "1x128 scales against permute + transpose on the GPU";
     }
 
     // The fused dispatch (quantize + permute in one pass) against the CPU's quantize-then-permute,
@@ -183,6 +198,19 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
       ASSERT_TRUE(bitwise_equal(qw.scale_inv, to_cpu(kg.rows.scale_inv)))
           << "kept rows' scale_inv, f32=" << f32;
       ASSERT_TRUE(bitwise_equal(qw.amax, to_cpu(kg.rows.amax))) << "kept amax, f32=" << f32;
+      // With the routing weights (fp8-flow's forward): the same dispatch and rows, and the
+      // weights on the permuted rows are moe_permute_weights' (padding rows 0).
+      const Tensor w = test::random_tensor({c.T, c.k}, DType::kF32, 8 + f32);
+      poison_pool(gpu, 64 << 20);
+      const PermuteQuantizeResult kw = moe_permute_quantize_keeping_rows(gpu, got, ga, to_gpu(w));
+      ASSERT_TRUE(bitwise_equal(fw.data, to_cpu(kw.permuted.data))) << "weighted: data";
+      ASSERT_TRUE(bitwise_equal(fw.scale_inv, to_cpu(kw.permuted.scale_inv)))
+          << "weighted: scale_inv";
+      ASSERT_TRUE(bitwise_equal(qw.data, to_cpu(kw.rows.data))) << "weighted: rows";
+      const Tensor w_rows = moe_permute_weights(cpu, want, w);
+      ASSERT_TRUE(bitwise_equal(w_rows, to_cpu(kw.w_rows))) << "weights on the rows, f32=" << f32;
+      ASSERT_TRUE(bitwise_equal(w_rows, moe_permute_quantize_keeping_rows(cpu, want, qa, w).w_rows))
+          << "cpu weights on the rows";
     }
   }
 }
@@ -218,6 +246,21 @@ TEST_P(MoePermuteGpu, CombineAndBackwardsMatchCpuBitwise) {
         ASSERT_TRUE(bitwise_equal(moe_permute_backward(cpu, want, y, out_dt),
                                   to_cpu(moe_permute_backward(gpu, got, gy, out_dt))))
             << "permute backward";
+        // With the routing weights' gradient from the rows (fp8-flow's backward).
+        const Tensor d_rows = test::random_tensor({want.num_rows}, DType::kF32, 9);
+        poison_pool(gpu, 64 << 20);
+        const PermuteBackwardResult bg =
+            moe_permute_backward_with_weights(gpu, got, gy, out_dt, to_gpu(d_rows));
+        const PermuteBackwardResult bc =
+            moe_permute_backward_with_weights(cpu, want, y, out_dt, d_rows);
+        ASSERT_TRUE(bitwise_equal(moe_permute_backward(cpu, want, y, out_dt), bc.d_x))
+            << "cpu permute backward with weights";
+        ASSERT_TRUE(
+            bitwise_equal(moe_permute_weights_backward(cpu, want, d_rows), bc.d_topk_weight))
+            << "cpu weights backward";
+        ASSERT_TRUE(bitwise_equal(bc.d_x, to_cpu(bg.d_x))) << "permute backward with weights";
+        ASSERT_TRUE(bitwise_equal(bc.d_topk_weight, to_cpu(bg.d_topk_weight)))
+            << "weights backward from the rows";
 
         const Tensor dy = test::random_tensor({c.T, c.D}, out_dt, 7);
         poison_pool(gpu, 64 << 20);

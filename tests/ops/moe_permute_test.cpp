@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/cast_counter.h"
 #include "ops/moe_permute/moe_permute.h"
+#include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize.h"
 #include "test_util.h"
 
@@ -309,6 +310,22 @@ TEST(MoePermute, CombineBackwardMatchesFiniteDifferences) {
 
 // The fused FP8 dispatch equals quantize-then-permute (its definition), padding rows included, and
 // takes only the dispatch's quantization.
+TEST(MoePermute, BackwardWithWeightsIsBothBackwards) {
+  const int64_t T = 29, k = 3, E = 8, D = 40;
+  const PermuteMap m = moe_permute_map(cpu(), {.topk_idx = random_routing(T, k, E, 51, 1),
+                                               .num_experts = E,
+                                               .padding = PermutePadding::kTo128});
+  const Tensor y = test::random_tensor({m.num_rows, D}, DType::kBF16, 52);
+  const Tensor d_rows = test::random_tensor({m.num_rows}, DType::kF32, 53);
+  const PermuteBackwardResult r =
+      moe_permute_backward_with_weights(cpu(), m, y, DType::kBF16, d_rows);
+  EXPECT_TRUE(test::bitwise_equal(moe_permute_backward(cpu(), m, y, DType::kBF16), r.d_x));
+  EXPECT_TRUE(test::bitwise_equal(moe_permute_weights_backward(cpu(), m, d_rows), r.d_topk_weight));
+  EXPECT_THROW(moe_permute_backward_with_weights(cpu(), m, y, DType::kBF16,
+                                                 Tensor::empty({m.num_rows + 1}, DType::kF32)),
+               Error);
+}
+
 TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
   const Tensor idx = random_routing(37, 3, 8, 5, 2);
   const Tensor x = test::random_tensor({37, 200}, DType::kBF16, 6, test::Dist::kOutliers);
@@ -336,6 +353,15 @@ TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
   EXPECT_TRUE(test::bitwise_equal(q.scale_inv, kept.rows.scale_inv));
   EXPECT_TRUE(test::bitwise_equal(q.amax, kept.rows.amax));
   EXPECT_EQ(kept.rows.rounding, ScaleRounding::kPow2);
+  EXPECT_FALSE(kept.w_rows.defined());
+  // With the routing weights: moe_permute_weights' rows from the same call; a wrong shape is
+  // refused.
+  const Tensor w = test::random_tensor({37, 3}, DType::kF32, 7);
+  const PermuteQuantizeResult weighted = moe_permute_quantize_keeping_rows(cpu(), m, qa, w);
+  EXPECT_TRUE(test::bitwise_equal(moe_permute_weights(cpu(), m, w), weighted.w_rows));
+  EXPECT_TRUE(test::bitwise_equal(fused.data, weighted.permuted.data));
+  EXPECT_THROW(moe_permute_quantize_keeping_rows(cpu(), m, qa, Tensor::empty({37, 2}, DType::kF32)),
+               Error);
   qa.output = QuantizeOutput::kBoth;
   EXPECT_THROW(moe_permute_quantize(cpu(), m, qa), Error);
   qa.output = QuantizeOutput::kRowwise;

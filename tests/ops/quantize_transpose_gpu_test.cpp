@@ -169,18 +169,22 @@ TEST(TransposeGpuGathered, MatchesCpuOfTheGather) {
         for (int64_t b = 0; b < cblocks; ++b)
           want.scale_inv.data_as<float>()[r * cblocks + b] =
               src[r] < 0 ? 1.0f : q.scale_inv.data_as<float>()[src[r] * cblocks + b];
-      scaling_aware_transpose(cpu, want);
-
       Tensor row_src = Tensor::empty({out_rows}, DType::kI32);
       std::copy(src.begin(), src.end(), row_src.data_as<int32_t>());
-      Tensor cdata = Tensor::empty(gpu, {cols, out_rows}, fp8_dtype(fmt));
-      Tensor cscale =
-          Tensor::empty(gpu, scale_shape(Granularity::k128x128, cols, out_rows), DType::kF32);
-      gpu.be().memset(cdata.data(), 0xA5, cdata.nbytes());
-      cuda::scaling_aware_transpose_gathered(gpu, to_gpu(gpu, q), row_src.to(gpu, Device::kCuda),
-                                             cdata, cscale);
-      EXPECT_TRUE(bitwise_equal(want.columnwise_data, cdata.to_host(gpu)));
-      EXPECT_TRUE(bitwise_equal(want.columnwise_scale_inv, cscale.to_host(gpu)));
+      // Both forms of the scales: 128x128 tiles, and each tile's scale for each of its rows.
+      for (Granularity gran : {Granularity::k128x128, Granularity::k1x128}) {
+        scaling_aware_transpose(cpu, want, gran);
+        Tensor cdata = Tensor::empty(gpu, {cols, out_rows}, fp8_dtype(fmt));
+        Tensor cscale = Tensor::empty(gpu, scale_shape(gran, cols, out_rows), DType::kF32);
+        gpu.be().memset(cdata.data(), 0xA5, cdata.nbytes());
+        gpu.be().memset(cscale.data(), 0xA5, cscale.nbytes());
+        cuda::scaling_aware_transpose_gathered(gpu, to_gpu(gpu, q), row_src.to(gpu, Device::kCuda),
+                                               cdata, cscale, gran);
+        EXPECT_TRUE(bitwise_equal(want.columnwise_data, cdata.to_host(gpu)))
+            << granularity_name(gran);
+        EXPECT_TRUE(bitwise_equal(want.columnwise_scale_inv, cscale.to_host(gpu)))
+            << granularity_name(gran);
+      }
     }
 }
 #endif

@@ -94,12 +94,14 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, SwigluFlowGpu,
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
 // Widths that take the vectorised kernel (8, 64: one partial group; 704: the baseline's expert
-// width, groups straddling the gate/up boundary; 2048: whole groups), padding rows (all zero, weight
-// 0), both FP8 formats, both scale roundings and an amax floor.
+// width, groups straddling the gate/up boundary; 2048: whole groups; 120 ... 1000: du's groups
+// shifted by every kind of t = F / 8 % 16, the row in one to four windows, and 248, 504 and 760,
+// whose last window's shifted-out lanes hold columns), padding rows (all zero, weight 0), both FP8
+// formats, both scale roundings and an amax floor.
 TEST(SwigluFlowGpuVec, FormatsRoundingsAndPaddingRows) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
-  for (int64_t f : {8, 64, 704, 2048}) {
+  for (int64_t f : {8, 64, 704, 2048, 120, 136, 248, 264, 504, 760, 1000}) {
     const int64_t rows = 301;
     Tensor gu = random_tensor({rows, 2 * f}, DType::kBF16, 3500 + f, Dist::kOutliers);
     for (int64_t i = 0; i < rows * f; ++i)  // gates: a sweep of BF16 patterns, NaN and inf included

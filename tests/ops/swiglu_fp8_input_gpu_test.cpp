@@ -56,8 +56,8 @@ TEST_P(SwigluFp8InputGpu, FusedEqualsSeparateAndCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, SwigluFp8InputGpu,
                          ::testing::Combine(::testing::Values(0, 1, 3, 129, 517),
-                                            ::testing::Values(7, 64, 100, 384, 704, 1000, 1024,
-                                                              2048),
+                                            ::testing::Values(7, 64, 100, 248, 384, 704, 760, 1000,
+                                                              1024, 2048),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
 // The copy in other formats and roundings, special values (NaN and infinities in gate_up: the

@@ -108,7 +108,12 @@ QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& 
   return q;
 }
 
-QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x) {
+QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,
+                                   Granularity columnwise) {
+  OCTET_CHECK(columnwise == Granularity::k128x128 || columnwise == Granularity::k1x128,
+              "permute transposed: the column-wise scales are 128x128 tiles or their 1x128 form, "
+              "not ",
+              granularity_name(columnwise));
   check_map(ctx, map);
   OCTET_CHECK(x.granularity == Granularity::k1x128 && x.rounding == ScaleRounding::kPow2,
               "permute transposed: expected 1x128 power-of-2 scales (the scaling-aware transpose), "
@@ -123,21 +128,22 @@ QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const Qu
   q.rounding = x.rounding;
   q.amax = x.amax;
   q.data = Tensor::wrap(nullptr, {map.num_rows, cols}, x.data.dtype(), ctx.device);
-  q.columnwise_granularity = Granularity::k128x128;
+  q.columnwise_granularity = columnwise;
   q.columnwise_data = Tensor::empty(ctx, {cols, map.num_rows}, x.data.dtype());
   q.columnwise_scale_inv =
-      Tensor::empty(ctx, scale_shape(Granularity::k128x128, cols, map.num_rows), DType::kF32);
+      Tensor::empty(ctx, scale_shape(columnwise, cols, map.num_rows), DType::kF32);
   count_casts(ctx, CastKind::kTranspose, 1);
   if (map.num_rows > 0 && cols > 0)
     OCTET_DISPATCH(ctx, moe_permute_transposed, ctx, map, x, q.columnwise_data,
-                   q.columnwise_scale_inv);
+                   q.columnwise_scale_inv, columnwise);
   return q;
 }
 
 namespace {
 
 PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
-                                       const QuantizeArgs& args, bool keep_rows) {
+                                       const QuantizeArgs& args, bool keep_rows,
+                                       const Tensor& topk_weight) {
   check_map(ctx, map);
   const Tensor& x = args.input;
   check_dtype(x, "permute quantize input", {DType::kBF16, DType::kF32});
@@ -167,10 +173,19 @@ PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
     out.rows.data = Tensor::empty(ctx, {map.num_tokens, cols}, fp8_dtype(args.format));
     out.rows.scale_inv = Tensor::empty(ctx, {map.num_tokens, groups}, DType::kF32);
   }
+  if (topk_weight.defined()) {
+    check_dtype(topk_weight, "permute quantize topk_weight", {DType::kF32});
+    check_device(topk_weight, "permute quantize topk_weight", ctx.device);
+    OCTET_CHECK((topk_weight.shape() == Shape{map.num_tokens, map.top_k}),
+                "permute quantize topk_weight: expected shape (", map.num_tokens, ", ", map.top_k,
+                "), got ", shape_str(topk_weight.shape()));
+    out.w_rows = Tensor::empty(ctx, {map.num_rows}, DType::kF32);
+  }
   QuantizeArgs a = args;
   a.input = x.reshape({map.num_tokens, cols});
   count_casts(ctx, CastKind::kQuantize, 1);  // the BF16 -> FP8 cast before the dispatch
-  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q, keep_rows ? &out.rows : nullptr);
+  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q, keep_rows ? &out.rows : nullptr,
+                 topk_weight, out.w_rows);
   out.permuted = std::move(q);
   return out;
 }
@@ -178,12 +193,13 @@ PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
 }  // namespace
 
 QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args) {
-  return permute_quantize(ctx, map, args, false).permuted;
+  return permute_quantize(ctx, map, args, false, Tensor()).permuted;
 }
 
 PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const PermuteMap& map,
-                                                        const QuantizeArgs& args) {
-  return permute_quantize(ctx, map, args, true);
+                                                        const QuantizeArgs& args,
+                                                        const Tensor& topk_weight) {
+  return permute_quantize(ctx, map, args, true, topk_weight);
 }
 
 Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
@@ -193,8 +209,28 @@ Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d
   check_rows(d_permuted, "permute backward d_permuted", map.num_rows, ctx.device);
   check_out_dtype(out_dtype, "permute backward");
   Tensor out = Tensor::empty(ctx, {map.num_tokens, d_permuted.cols()}, out_dtype);
-  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), out);
+  Tensor none;
+  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), out, Tensor(), none);
   return out;
+}
+
+PermuteBackwardResult moe_permute_backward_with_weights(Context& ctx, const PermuteMap& map,
+                                                        const Tensor& d_permuted, DType out_dtype,
+                                                        const Tensor& d_rows) {
+  check_map(ctx, map);
+  check_dtype(d_permuted, "permute backward d_permuted", {DType::kBF16, DType::kF32});
+  check_rows(d_permuted, "permute backward d_permuted", map.num_rows, ctx.device);
+  check_out_dtype(out_dtype, "permute backward");
+  check_dtype(d_rows, "permute backward d_rows", {DType::kF32});
+  check_device(d_rows, "permute backward d_rows", ctx.device);
+  OCTET_CHECK((d_rows.shape() == Shape{map.num_rows}), "permute backward d_rows: expected shape (",
+              map.num_rows, "), got ", shape_str(d_rows.shape()));
+  PermuteBackwardResult r;
+  r.d_x = Tensor::empty(ctx, {map.num_tokens, d_permuted.cols()}, out_dtype);
+  r.d_topk_weight = Tensor::empty(ctx, {map.num_tokens, map.top_k}, DType::kF32);
+  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), r.d_x, d_rows,
+                 r.d_topk_weight);
+  return r;
 }
 
 Tensor moe_combine(Context& ctx, const PermuteMap& map, const CombineArgs& args) {
@@ -208,7 +244,9 @@ Tensor moe_combine(Context& ctx, const PermuteMap& map, const CombineArgs& args)
               shape_str(args.topk_weight.shape()));
   check_out_dtype(args.out_dtype, "combine");
   Tensor out = Tensor::empty(ctx, {map.num_tokens, args.expert_out.cols()}, args.out_dtype);
-  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, args.expert_out, args.topk_weight, out);
+  Tensor none;
+  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, args.expert_out, args.topk_weight, out,
+                 Tensor(), none);
   return out;
 }
 

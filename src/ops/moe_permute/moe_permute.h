@@ -63,10 +63,12 @@ QuantTensor moe_permute(Context& ctx, const PermuteMap& map, const QuantTensor& 
 // The column-wise copy of the FP8 dispatch without the dispatch: scaling_aware_transpose
 // (quantize.h) of moe_permute(map, x), bit for bit (the CPU's reference), with the (R, D) row-wise
 // gather never stored. x: row-wise (T, D) fp8 with 1x128 power-of-2 scale_inv. Returns a QuantTensor
-// whose columnwise_data (D, R) and columnwise_scale_inv (ceil(D/128), ceil(R/128)) are set, 128x128,
-// and whose row-wise data is a shape without storage; format, rounding and amax carried over. Counts
-// one FP8 transpose.
-QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x);
+// whose columnwise_data (D, R) and columnwise_scale_inv are set, in `columnwise` granularity as
+// scaling_aware_transpose writes them (128x128 tiles, or their 1x128 form: each tile's scale for
+// each of its rows), and whose row-wise data is a shape without storage; format, rounding and amax
+// carried over. Counts one FP8 transpose.
+QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,
+                                   Granularity columnwise = Granularity::k128x128);
 
 // The fused FP8 dispatch: quantize x (T, D) bf16 | f32 in 1x128 groups (args: format, rounding,
 // epsilon; granularity k1x128, output kRowwise, no given scale) and permute the payload and its
@@ -79,19 +81,34 @@ QuantTensor moe_permute_quantize(Context& ctx, const PermuteMap& map, const Quan
 // The same dispatch, also returning x's quantized rows themselves, from the same pass: `rows` is
 // (T, D) fp8 with 1x128 scale_inv (T, ceil(D/128)), bit for bit quantize(args) (fp8-flow keeps them
 // for gate_up's Wgrad copy, moe_permute_transposed). Both share one amax tensor. Counts one
-// quantization, as moe_permute_quantize.
+// quantization, as moe_permute_quantize. Given the routing weights topk_weight (T, k) f32, the
+// same pass also moves them onto the permuted rows: w_rows is bit for bit
+// moe_permute_weights(map, topk_weight) (moe_row_weight.h; fp8-flow's weight per row).
 struct PermuteQuantizeResult {
   QuantTensor permuted;  // moe_permute_quantize's result
   QuantTensor rows;      // quantize(args)
+  Tensor w_rows;         // (R) f32 when topk_weight was given, else undefined
 };
 PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const PermuteMap& map,
-                                                        const QuantizeArgs& args);
+                                                        const QuantizeArgs& args,
+                                                        const Tensor& topk_weight = Tensor());
 
 // Backward of moe_permute (gather back): d_x[t] = sum_{j = 0..k-1} d_permuted[row_of[t, j]],
 // accumulated in FP32 in slot order j (from 0.0), rounded once to out_dtype (nearest even for
 // bf16). d_permuted: (R, D) bf16 | f32 -> (T, D) out_dtype (bf16 | f32).
 Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
                             DType out_dtype);
+
+// moe_permute_backward and moe_permute_weights_backward(map, d_rows) (moe_row_weight.h) in one
+// pass, bit for bit both: fp8-flow's combine backward, which also takes the routing weights'
+// gradient from the permuted rows. d_rows: (R) f32.
+struct PermuteBackwardResult {
+  Tensor d_x;            // (T, D) out_dtype
+  Tensor d_topk_weight;  // (T, k) f32
+};
+PermuteBackwardResult moe_permute_backward_with_weights(Context& ctx, const PermuteMap& map,
+                                                        const Tensor& d_permuted, DType out_dtype,
+                                                        const Tensor& d_rows);
 
 struct CombineArgs {
   Tensor expert_out;   // (R, D) bf16 | f32: outputs of the expert FFNs in the permuted layout

@@ -7,6 +7,7 @@
 #include "numerics/fp32_rn.h"
 #include "ops/cpu_elements.h"
 #include "ops/moe_permute/moe_permute_backends.h"
+#include "ops/moe_permute/moe_row_weight.h"
 
 namespace octet::cpu {
 void moe_permute_map(Context&, const PermuteMapArgs& args, PermuteMap& m) {
@@ -64,8 +65,9 @@ void moe_gather_rows(Context&, const PermuteMap& m, const Tensor& src, int64_t r
   }
 }
 
-void moe_weighted_gather(Context&, const PermuteMap& m, const Tensor& src, const Tensor& weight,
-                         Tensor& out) {
+void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const Tensor& weight,
+                         Tensor& out, const Tensor& d_rows, Tensor& d_topk) {
+  if (d_rows.defined()) moe_permute_weights_backward(ctx, m, d_rows, d_topk);
   const int64_t T = m.num_tokens, k = m.top_k, D = src.cols();
   const int32_t* row_of = m.row_of.data_as<const int32_t>();
   const float* w = weight.data() ? weight.data_as<const float>() : nullptr;
@@ -106,7 +108,9 @@ void moe_combine_backward(Context&, const PermuteMap& m, const CombineBackwardAr
 
 // The reference of the fused dispatch: quantize, then permute the payload and its scales.
 void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,
-                          QuantTensor& out, QuantTensor* rows_out) {
+                          QuantTensor& out, QuantTensor* rows_out, const Tensor& topk_weight,
+                          Tensor& w_rows) {
+  if (topk_weight.defined()) moe_permute_weights(ctx, map, topk_weight, w_rows);
   const QuantTensor qx = [&] {
     const CastCountPause pause(ctx);  // the dispatcher counted this dispatch's one quantization
     return quantize(ctx, args);
@@ -124,11 +128,11 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArg
 
 // The reference of the transposed dispatch: the permutation, then the scaling-aware transpose.
 void moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,
-                            Tensor& cdata, Tensor& cscale) {
+                            Tensor& cdata, Tensor& cscale, Granularity columnwise) {
   QuantTensor q = octet::moe_permute(ctx, map, x);
   {
     const CastCountPause pause(ctx);  // the dispatcher counted this transpose
-    scaling_aware_transpose(ctx, q);
+    scaling_aware_transpose(ctx, q, columnwise);
   }
   std::memcpy(cdata.data(), q.columnwise_data.data(), static_cast<size_t>(cdata.nbytes()));
   std::memcpy(cscale.data(), q.columnwise_scale_inv.data(), static_cast<size_t>(cscale.nbytes()));

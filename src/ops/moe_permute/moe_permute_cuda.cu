@@ -12,6 +12,7 @@
 #include "backend/cuda_check.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 #include "ops/moe_permute/moe_permute_kernels.cuh"
+#include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize_backends.h"
 
 namespace octet::cuda {
@@ -74,7 +75,7 @@ unsigned grid_of(int64_t blocks) {
 
 template <typename InT, typename OutT>
 void launch_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const float* w,
-                            Tensor& out) {
+                            Tensor& out, const float* d_rows, float* d_topk) {
   const int64_t cols = src.cols();
   const auto* s = src.data_as<const InT>();
   auto* o = out.data_as<OutT>();
@@ -85,11 +86,11 @@ void launch_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src
   const int32_t* row_of = m.row_of.data_as<const int32_t>();
   const int k = static_cast<int>(m.top_k);
   if (vec8(cols, {s, o})) {
-    kernels::weighted_gather_kernel<InT, OutT, true>
-        <<<grid, threads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
+    kernels::weighted_gather_kernel<InT, OutT, true><<<grid, threads, 0, stream_of(ctx)>>>(
+        s, w, row_of, m.num_tokens, k, cols, o, d_rows, d_topk);
   } else {
-    kernels::weighted_gather_kernel<InT, OutT, false>
-        <<<grid, threads, 0, stream_of(ctx)>>>(s, w, row_of, m.num_tokens, k, cols, o);
+    kernels::weighted_gather_kernel<InT, OutT, false><<<grid, threads, 0, stream_of(ctx)>>>(
+        s, w, row_of, m.num_tokens, k, cols, o, d_rows, d_topk);
   }
   OCTET_CUDA_CHECK_LAUNCH();
 }
@@ -182,18 +183,24 @@ void moe_gather_rows(Context& ctx, const PermuteMap& m, const Tensor& src, int64
 }
 
 void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const Tensor& weight,
-                         Tensor& out) {
-  if (m.num_tokens == 0 || src.cols() == 0) return;
+                         Tensor& out, const Tensor& d_rows, Tensor& d_topk) {
+  if (m.num_tokens == 0) return;
+  const float* dr = d_rows.defined() ? d_rows.data_as<const float>() : nullptr;
+  float* dt = d_rows.defined() ? d_topk.data_as<float>() : nullptr;
+  if (src.cols() == 0) {  // no columns to gather: the weights' gradient alone
+    if (dr != nullptr) moe_permute_weights_backward(ctx, m, d_rows, d_topk);
+    return;
+  }
   const float* w = weight.data() ? weight.data_as<const float>() : nullptr;
   const bool in_f32 = src.dtype() == DType::kF32, out_f32 = out.dtype() == DType::kF32;
   if (in_f32 && out_f32)
-    launch_weighted_gather<float, float>(ctx, m, src, w, out);
+    launch_weighted_gather<float, float>(ctx, m, src, w, out, dr, dt);
   else if (in_f32)
-    launch_weighted_gather<float, uint16_t>(ctx, m, src, w, out);
+    launch_weighted_gather<float, uint16_t>(ctx, m, src, w, out, dr, dt);
   else if (out_f32)
-    launch_weighted_gather<uint16_t, float>(ctx, m, src, w, out);
+    launch_weighted_gather<uint16_t, float>(ctx, m, src, w, out, dr, dt);
   else
-    launch_weighted_gather<uint16_t, uint16_t>(ctx, m, src, w, out);
+    launch_weighted_gather<uint16_t, uint16_t>(ctx, m, src, w, out, dr, dt);
 }
 
 void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwardArgs& a,
@@ -225,7 +232,10 @@ void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwa
 }
 
 void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs& args,
-                          QuantTensor& out, QuantTensor* rows_out) {
+                          QuantTensor& out, QuantTensor* rows_out, const Tensor& topk_weight,
+                          Tensor& w_rows) {
+  const float* tw = topk_weight.defined() ? topk_weight.data_as<const float>() : nullptr;
+  float* wr = topk_weight.defined() ? w_rows.data_as<float>() : nullptr;
   const int64_t cols = args.input.cols();
   auto* amax_bits = static_cast<uint32_t*>(out.amax.data());
   OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
@@ -234,7 +244,10 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   auto* s = out.scale_inv.data_as<float>();
   uint8_t* tq = rows_out != nullptr ? rows_out->data.data_as<uint8_t>() : nullptr;
   float* ts = rows_out != nullptr ? rows_out->scale_inv.data_as<float>() : nullptr;
-  if (cols == 0) return;
+  if (cols == 0) {  // no payload: the weights alone
+    if (tw != nullptr) moe_permute_weights(ctx, m, topk_weight, w_rows);
+    return;
+  }
   // Token blocks (a few per SM, each striding over the tokens), then the padding rows' blocks.
   const int64_t main_blocks = std::min<int64_t>(m.num_tokens, int64_t{16} * sm_count(ctx));
   const unsigned grid = grid_of(main_blocks + padding_blocks(m.num_rows, kernels::kQuantWarps));
@@ -249,12 +262,12 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
       kernels::permute_quantize_kernel<InT, true>
           <<<grid, 32 * kernels::kQuantWarps, 0, stream_of(ctx)>>>(
               x, row_of, token_of, m.num_tokens, k, m.num_rows, cols,
-              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits, tq, ts);
+              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits, tq, ts, tw, wr);
     else
       kernels::permute_quantize_kernel<InT, false>
           <<<grid, 32 * kernels::kQuantWarps, 0, stream_of(ctx)>>>(
               x, row_of, token_of, m.num_tokens, k, m.num_rows, cols,
-              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits, tq, ts);
+              static_cast<unsigned>(main_blocks), rule, q, s, amax_bits, tq, ts, tw, wr);
   };
   if (args.input.dtype() == DType::kF32)
     go(args.input.data_as<const float>());
@@ -265,8 +278,8 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
 
 // The transpose kernel reads each output row from its token's row (ops/quantize).
 void moe_permute_transposed(Context& ctx, const PermuteMap& m, const QuantTensor& x, Tensor& cdata,
-                            Tensor& cscale) {
-  scaling_aware_transpose_gathered(ctx, x, m.token_of, cdata, cscale);
+                            Tensor& cscale, Granularity columnwise) {
+  scaling_aware_transpose_gathered(ctx, x, m.token_of, cdata, cscale, columnwise);
 }
 
 }  // namespace octet::cuda

@@ -208,14 +208,20 @@ __device__ __forceinline__ void for_padding_rows(const int32_t* __restrict__ tok
 
 // out[t, d] = sum_j w[t, j] * src[row_of[t, j], d] (w = 1 when weight is null), FP32 in slot order.
 // One block per token (grid-stride), 8 consecutive columns per thread (kVec: 16-byte accesses).
+// With d_topk set, also d_topk[t, j] = d_rows[row_of[t, j]] (0 for a dropped choice).
 // InT/OutT: float or uint16_t (BF16 bits).
 template <typename InT, typename OutT, bool kVec>
 __global__ void weighted_gather_kernel(const InT* __restrict__ src,
                                        const float* __restrict__ weight,
                                        const int32_t* __restrict__ row_of, int64_t tokens,
-                                       int top_k, int64_t cols, OutT* __restrict__ out) {
+                                       int top_k, int64_t cols, OutT* __restrict__ out,
+                                       const float* __restrict__ d_rows,
+                                       float* __restrict__ d_topk) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int32_t* rows = row_of + t * top_k;
+    if (d_topk != nullptr)  // moe_permute_weights_backward's copy, token t's slots
+      for (int j = static_cast<int>(threadIdx.x); j < top_k; j += static_cast<int>(blockDim.x))
+        d_topk[t * top_k + j] = rows[j] >= 0 ? d_rows[rows[j]] : 0.0f;
     for (int64_t c = int64_t{threadIdx.x} * 8; c < cols; c += int64_t{blockDim.x} * 8) {
       float acc[8];
 #pragma unroll
@@ -311,7 +317,8 @@ __global__ void combine_backward_kernel(const DyT* __restrict__ d_out,
 // row). The token's group is read once, its amax, scale and FP8 codes computed once
 // (numerics/scale.h, as the quantize kernels do), and written to each of the token's k rows. The
 // amax is a max of bit patterns (order-free): one atomicMax per block. Blocks from main_blocks on
-// write the padding rows (payload 0, scale_inv 1.0).
+// write the padding rows (payload 0, scale_inv 1.0). With w_rows set, the token's routing weights
+// go onto its rows too (moe_permute_weights: w_rows[row_of[t, j]] = topk_w[t, j], padding rows 0).
 inline constexpr int kQuantWarps = 4;
 
 __device__ inline float load_element(const float* x, int64_t i) {
@@ -322,13 +329,12 @@ __device__ inline float load_element(const uint16_t* x, int64_t i) {
 }
 
 template <typename InT, bool kVec>
-__global__ void permute_quantize_kernel(const InT* __restrict__ x,
-                                        const int32_t* __restrict__ row_of,
-                                        const int32_t* __restrict__ token_of, int64_t tokens, int k,
-                                        int64_t rows, int64_t cols, unsigned main_blocks,
-                                        ScaleRule rule, uint8_t* __restrict__ q,
-                                        float* __restrict__ scale_inv, uint32_t* amax_bits,
-                                        uint8_t* __restrict__ tq, float* __restrict__ tscale) {
+__global__ void permute_quantize_kernel(
+    const InT* __restrict__ x, const int32_t* __restrict__ row_of,
+    const int32_t* __restrict__ token_of, int64_t tokens, int k, int64_t rows, int64_t cols,
+    unsigned main_blocks, ScaleRule rule, uint8_t* __restrict__ q, float* __restrict__ scale_inv,
+    uint32_t* amax_bits, uint8_t* __restrict__ tq, float* __restrict__ tscale,
+    const float* __restrict__ topk_w, float* __restrict__ w_rows) {
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t groups = (cols + 127) / 128;
   if (blockIdx.x >= main_blocks) {
@@ -344,6 +350,7 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
         }
       }
       for (int64_t g = lane; g < groups; g += 32) scale_inv[r * groups + g] = 1.0f;
+      if (w_rows != nullptr && lane == 0) w_rows[r] = 0.0f;
     });
     return;
   }
@@ -353,6 +360,11 @@ __global__ void permute_quantize_kernel(const InT* __restrict__ x,
   const int half = lane / 16, hl = lane % 16;
   uint32_t seen = 0;
   for (int64_t t = blockIdx.x; t < tokens; t += main_blocks) {
+    if (w_rows != nullptr)  // moe_permute_weights' copy: token t's weights onto its rows
+      for (int j = static_cast<int>(threadIdx.x); j < k; j += static_cast<int>(blockDim.x)) {
+        const int32_t row = row_of[t * k + j];
+        if (row >= 0) w_rows[row] = topk_w[t * k + j];
+      }
     for (int64_t gp = warp; 2 * gp < groups; gp += kQuantWarps) {
       const int64_t g = 2 * gp + half;
       const int64_t c = g * 128 + hl * 8;

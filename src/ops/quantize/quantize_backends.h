@@ -23,9 +23,10 @@ namespace cuda {
 OCTET_QUANTIZE_BACKEND_DECLS
 // scaling_aware_transpose of the row gather out[r] = in[row_src[r]] (row_src (R) int32, -1: a row
 // of zero codes with scale_inv 1.0), without storing the gather: moe_permute_transposed's device
-// code (ops/moe_permute). cdata (cols, R), cscale (ceil(cols / 128), ceil(R / 128)).
+// code (ops/moe_permute). cdata (cols, R), cscale in `columnwise` granularity (as
+// scaling_aware_transpose writes it).
 void scaling_aware_transpose_gathered(Context& ctx, const QuantTensor& in, const Tensor& row_src,
-                                      Tensor& cdata, Tensor& cscale);
+                                      Tensor& cdata, Tensor& cscale, Granularity columnwise);
 // scaling_aware_transpose through the kernel the 16-byte one replaced (bit for bit the same
 // outputs): `octet bench quantize` times both in one run, the GPU tests compare them.
 void scaling_aware_transpose_legacy(Context& ctx, const QuantTensor& in, Tensor& cdata,

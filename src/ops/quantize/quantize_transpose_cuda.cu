@@ -81,9 +81,9 @@ void scaling_aware_transpose(Context& ctx, const QuantTensor& in, Tensor& cdata,
 }
 
 void scaling_aware_transpose_gathered(Context& ctx, const QuantTensor& in, const Tensor& row_src,
-                                      Tensor& cdata, Tensor& cscale) {
+                                      Tensor& cdata, Tensor& cscale, Granularity columnwise) {
   launch_transpose(ctx, in, row_src.numel(), row_src.data_as<const int32_t>(), cdata, cscale,
-                   Granularity::k128x128);
+                   columnwise);
 }
 
 void scaling_aware_transpose_legacy(Context& ctx, const QuantTensor& in, Tensor& cdata,
