@@ -202,35 +202,43 @@ PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const Perm
   return permute_quantize(ctx, map, args, true, topk_weight);
 }
 
-Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
-                            DType out_dtype) {
+namespace {
+
+// moe_permute_backward, and with d_rows defined also moe_permute_weights_backward in its pass.
+PermuteBackwardResult permute_backward(Context& ctx, const PermuteMap& map,
+                                       const Tensor& d_permuted, DType out_dtype,
+                                       const Tensor& d_rows) {
   check_map(ctx, map);
   check_dtype(d_permuted, "permute backward d_permuted", {DType::kBF16, DType::kF32});
   check_rows(d_permuted, "permute backward d_permuted", map.num_rows, ctx.device);
   check_out_dtype(out_dtype, "permute backward");
-  Tensor out = Tensor::empty(ctx, {map.num_tokens, d_permuted.cols()}, out_dtype);
-  Tensor none;
-  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), out, Tensor(), none);
-  return out;
+  PermuteBackwardResult r;
+  r.d_x = Tensor::empty(ctx, {map.num_tokens, d_permuted.cols()}, out_dtype);
+  if (d_rows.defined()) {
+    check_dtype(d_rows, "permute backward d_rows", {DType::kF32});
+    check_device(d_rows, "permute backward d_rows", ctx.device);
+    OCTET_CHECK((d_rows.shape() == Shape{map.num_rows}),
+                "permute backward d_rows: expected shape (", map.num_rows, "), got ",
+                shape_str(d_rows.shape()));
+    r.d_topk_weight = Tensor::empty(ctx, {map.num_tokens, map.top_k}, DType::kF32);
+  }
+  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), r.d_x, d_rows,
+                 r.d_topk_weight);
+  return r;
+}
+
+}  // namespace
+
+Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
+                            DType out_dtype) {
+  return permute_backward(ctx, map, d_permuted, out_dtype, Tensor()).d_x;
 }
 
 PermuteBackwardResult moe_permute_backward_with_weights(Context& ctx, const PermuteMap& map,
                                                         const Tensor& d_permuted, DType out_dtype,
                                                         const Tensor& d_rows) {
-  check_map(ctx, map);
-  check_dtype(d_permuted, "permute backward d_permuted", {DType::kBF16, DType::kF32});
-  check_rows(d_permuted, "permute backward d_permuted", map.num_rows, ctx.device);
-  check_out_dtype(out_dtype, "permute backward");
-  check_dtype(d_rows, "permute backward d_rows", {DType::kF32});
-  check_device(d_rows, "permute backward d_rows", ctx.device);
-  OCTET_CHECK((d_rows.shape() == Shape{map.num_rows}), "permute backward d_rows: expected shape (",
-              map.num_rows, "), got ", shape_str(d_rows.shape()));
-  PermuteBackwardResult r;
-  r.d_x = Tensor::empty(ctx, {map.num_tokens, d_permuted.cols()}, out_dtype);
-  r.d_topk_weight = Tensor::empty(ctx, {map.num_tokens, map.top_k}, DType::kF32);
-  OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), r.d_x, d_rows,
-                 r.d_topk_weight);
-  return r;
+  OCTET_CHECK(d_rows.defined(), "permute backward: d_rows is required");
+  return permute_backward(ctx, map, d_permuted, out_dtype, d_rows);
 }
 
 Tensor moe_combine(Context& ctx, const PermuteMap& map, const CombineArgs& args) {
