@@ -71,15 +71,27 @@ __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
     out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
   }
   // Scale rows 0 .. n - 1 are A's, n .. n + kblocks - 1 B's.
-  const int64_t total = (p.n + kblocks) * mb;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / mb, j = i % mb;
+  auto copy = [&](int64_t r, int64_t j) {
     if (r < p.n)
       p.sfa[p.n * c0 + r * mb + j] = p.sfa_src[r * kb + c0 + j];
     else
       p.sfb[kblocks * c0 + (r - p.n) * mb + j] = p.sfb_src[(r - p.n) * kb + c0 + j];
+  };
+  const int64_t total = (p.n + kblocks) * mb;
+  if (total < (int64_t{1} << 31)) {
+    // Copy i's row and column by a 32-bit division (a multiply-high; its reciprocal is computed once
+    // for the loop): a 64-bit one is a software routine of about a hundred instructions, and it
+    // was most of this kernel's time.
+    const auto n32 = static_cast<uint32_t>(total), m32 = static_cast<uint32_t>(mb);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n32; i += gridDim.x * blockDim.x) {
+      const uint32_t r = i / m32;
+      copy(r, i - r * m32);
+    }
+    return;
   }
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x)
+    copy(i / mb, i % mb);
 }
 
 // Wgrad in one launch for A of ElementA (grouped_gemm_sm90.h's grouped_wgrad_fp8_sm90).
