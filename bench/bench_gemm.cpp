@@ -275,12 +275,15 @@ int run_gemm(const std::vector<std::string>& argv) {
       int64_t n, k;
     };
     // The baseline configuration's expert GEMMs (gate/up, a 768-wide variant, down with K = 704)
-    // and DeepSeek-V3's (gate/up with 8 and 32 experts, skewed, down).
+    // and DeepSeek-V3's (gate/up with 8 and 32 experts, skewed, down); then the baseline's gate/up
+    // FLOPs in 1 and 4 groups, which separates what the grouped kernel loses per group from what
+    // it loses on any GEMM of these shapes.
     const std::vector<GroupedShape> grouped = {
         {65536, 32, false, 1408, 1024}, {65536, 32, false, 1024, 768},
         {65536, 32, false, 1024, 704},  {16384, 8, false, 4096, 7168},
         {16384, 32, false, 4096, 7168}, {16384, 32, true, 4096, 7168},
-        {16384, 32, false, 7168, 2048}};
+        {16384, 32, false, 7168, 2048}, {65536, 1, false, 1408, 1024},
+        {65536, 4, false, 1408, 1024}};
     std::vector<std::vector<std::string>> rows;
     for (size_t i = 0; i < grouped.size(); ++i)
       if (!quick || i == 0) {
