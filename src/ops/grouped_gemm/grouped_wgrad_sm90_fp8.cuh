@@ -79,9 +79,8 @@ __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
   };
   const int64_t total = (p.n + kblocks) * mb;
   if (total < (int64_t{1} << 31)) {
-    // Copy i's row and column by a 32-bit division (a multiply-high; its reciprocal is computed once
-    // for the loop): a 64-bit one is a software routine of about a hundred instructions, and it
-    // was most of this kernel's time.
+    // Copy i's row and column by a 32-bit division, a short inline sequence: a 64-bit one is a
+    // software routine of about a hundred instructions, and it was most of this kernel's time.
     const auto n32 = static_cast<uint32_t>(total), m32 = static_cast<uint32_t>(mb);
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n32; i += gridDim.x * blockDim.x) {
       const uint32_t r = i / m32;
