@@ -59,11 +59,8 @@ TEST(GroupedGemmGpu, Fp8FpropMatchesCpu) {
   for (const auto& sizes : kLayouts) {
     // K of 4, 2, 1, 3 and 5 tiles of 128: each path of the Hopper kernel's K loop, which promotes
     // K tiles in pairs (grouped_gemm_sm90_overlap_mma.cuh).
-    for (const auto [n, k] : {std::pair<int64_t, int64_t>{256, 512},
-                              {72, 208},
-                              {136, 128},
-                              {128, 384},
-                              {64, 640}}) {
+    for (const auto [n, k] :
+         {std::pair<int64_t, int64_t>{256, 512}, {72, 208}, {136, 128}, {128, 384}, {64, 640}}) {
       const int64_t rows = static_cast<int64_t>(total(sizes)),
                     experts = static_cast<int64_t>(sizes.size());
       const Tensor x = random_tensor({rows, k}, DType::kF32, 1);

@@ -54,15 +54,16 @@ struct Sm90GroupedFp8 {
       ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC>>::CollectiveOp;
 
-  // CUTLASS's collective with its consumer loop replaced by one that overlaps each K tile's
-  // promotion with the next tile's WGMMAs (grouped_gemm_sm90_overlap_mma.cuh).
-  using CollectiveMainloop = OverlappedPromotionMma<typename cutlass::gemm::collective::CollectiveBuilder<
+  using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
       cute::tuple<LayoutA*, LayoutSFA*>, kAlignA, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
       kAlignB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp>;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+  // CUTLASS's collective with its consumer loop replaced by one that overlaps each K tile's
+  // promotion with the next tile's WGMMAs (grouped_gemm_sm90_overlap_mma.cuh).
+  using CollectiveMainloop = OverlappedPromotionMma<CutlassMainloop>;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;

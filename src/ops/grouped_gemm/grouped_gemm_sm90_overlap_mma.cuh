@@ -17,8 +17,8 @@
 // the 232 registers the cooperative kernel gives its consumer warps.
 #pragma once
 
-#include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
 
 namespace octet::cuda::sm90 {
 
@@ -28,11 +28,12 @@ struct OverlappedPromotionMma : Collective {
   using typename Collective::Params;
   using typename Collective::PipelineState;
   using typename Collective::TensorStorage;
-  using typename Collective::TileShape;
   using typename Collective::TiledMma;
+  using typename Collective::TileShape;
 
   // One promotion per K tile: a K tile is one scale block along K.
-  static_assert(Collective::ScalePromotionInterval * cute::size<2>(typename TiledMma::AtomShape_MNK{}) ==
+  static_assert(Collective::ScalePromotionInterval *
+                        cute::size<2>(typename TiledMma::AtomShape_MNK{}) ==
                     cute::size<2>(TileShape{}),
                 "the overlapped mainloop promotes once per K tile");
 
@@ -53,9 +54,9 @@ struct OverlappedPromotionMma : Collective {
     }
 
     auto sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()),
-                            typename Collective::SmemLayoutA{});  // (BLK_M, BLK_K, stages)
+                          typename Collective::SmemLayoutA{});  // (BLK_M, BLK_K, stages)
     auto sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
-                            typename Collective::SmemLayoutB{});  // (BLK_N, BLK_K, stages)
+                          typename Collective::SmemLayoutB{});  // (BLK_N, BLK_K, stages)
     // The scales seen as (BLK_M, BLK_N, (K scales, stages)) tensors, broadcast along the other
     // operand's dimension, so that they partition exactly like the accumulator.
     auto sSFA = make_tensor(
@@ -78,7 +79,8 @@ struct OverlappedPromotionMma : Collective {
     auto wg_mma = tiled_mma.get_slice(wg_layout(warp_group));
     auto tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, stages)
     auto tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, stages)
-    auto tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (K, stages))
+    auto tCsSFA =
+        tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (K, stages))
     auto tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
 
     // Two partial tiles and their scales, used alternately.
@@ -111,11 +113,13 @@ struct OverlappedPromotionMma : Collective {
       } else if constexpr (kRowScalesA && !kColScalesB) {
         const float b = sfb(_0{});
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(filter_zeros(sfa)); ++i) filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * b;
+        for (int i = 0; i < size(filter_zeros(sfa)); ++i)
+          filter_zeros(sfa)(i) = filter_zeros(sfa)(i) * b;
       } else if constexpr (!kRowScalesA && kColScalesB) {
         const float a = sfa(_0{});
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(filter_zeros(sfb)); ++i) filter_zeros(sfb)(i) = filter_zeros(sfb)(i) * a;
+        for (int i = 0; i < size(filter_zeros(sfb)); ++i)
+          filter_zeros(sfb)(i) = filter_zeros(sfb)(i) * a;
       }
       ++smem_pipe_read;
     };
