@@ -9,6 +9,7 @@
 //   quantize + row weight (fp8-flow)    | gate_up, weights       | h (fp8), 1x128 scales
 //   backward (deepseek, bf16 d_gate_up) | gate_up, dh            | d_gate_up (bf16)
 //   backward quantize (fp8-flow)        | gate_up, dh, weights   | d_gate_up (fp8), scales, d_weight
+//   ... + h (from fp8 gu only)          | the same               | the same, and h (fp8), its scales
 //   quantize + cache gu (deepseek)      | gate_up                | h and gate_up (fp8), their scales
 //   ... from fp8 gu (the rows below)    | gate_up's fp8 copy and its scales in place of gate_up
 // "of copy" = copy time / op time for a copy that reads and writes the op's byte count in total;
@@ -113,6 +114,14 @@ int run(const std::vector<std::string>& argv) {
          n8 + 2 * n + r4 + 2 * n + scale_bytes(rows, 2 * f) + r4,
          [&](const Tensor&) {
            swiglu_backward_quantize(ctx, {.dh = dh, .row_weight = w, .gate_up_fp8 = gu8});
+         },
+         false},
+        // What fp8-flow's step runs with model.moe_recompute: h made again in the same pass.
+        {"... + h (fp8-flow, recompute)",
+         n8 + 2 * n + r4 + 2 * n + scale_bytes(rows, 2 * f) + r4 + n + scale_bytes(rows, f),
+         [&](const Tensor&) {
+           swiglu_backward_quantize(
+               ctx, {.dh = dh, .row_weight = w, .gate_up_fp8 = gu8, .want_h = true});
          },
          false},
     };
