@@ -8,8 +8,10 @@
 // promotion (about 8% more time a K step than cuBLASLt's dense blockwise kernel, docs/benchmarks.md).
 // Here each warp group keeps two partial tiles and alternates between them: it issues K tile i's
 // WGMMAs into one, waits only for tile i-1's (warpgroup_wait<1>), releases tile i-1's shared memory
-// stage and promotes tile i-1's partial while tile i's run. The promotions are the same operations
-// on the same values in the same order as CUTLASS's, so the results are bit for bit the same.
+// stage and promotes tile i-1's partial while tile i's run. The promotions are CUTLASS's
+// multiplications and additions on the same values in the same order (the first K tile's product
+// is written rather than added to the accumulator): 12-step deepseek and fp8-flow trainings gave
+// bit for bit the losses of CUTLASS's loop (docs/benchmarks.md).
 //
 // Everything else (the producer's TMA and scale loads, the shared memory, the arguments and the
 // kernel) is CUTLASS's collective, which this derives from; only mma() is replaced. The cost is a
