@@ -126,7 +126,18 @@ void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
           amax_bits);
       OCTET_CUDA_CHECK_LAUNCH();
     };
-    if (vectorizable(f, {gu_ptr, out.data.data()}))  // a warp per 2 groups, 2 in flight
+    const bool vec = vectorizable(f, {gu_ptr, out.data.data()});
+    const int64_t steps = ceil_div(f / k::kChunk, int64_t{32});  // a warp's 8-column steps a row
+    const int64_t row_warps = ceil_div(rows, int64_t{kQuantThreads / 32});
+    if (vec && steps == 1)  // a warp per row, the whole row in flight
+      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 1>, row_warps);
+    else if (vec && steps == 2)
+      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 2>, row_warps);
+    else if (vec && steps == 3)
+      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 3>, row_warps);
+    else if (vec && steps == 4)
+      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 4>, row_warps);
+    else if (vec)  // a warp per 2 groups, 2 in flight
       launch(k::swiglu_quantize_1x128_vec_kernel<Src, kQuantThreads>,
              ceil_div(groups, 4 * (kQuantThreads / 32)));
     else  // a warp per group
