@@ -26,30 +26,33 @@ void expect_counts(const char* what, const CastCounts& c, const Expected& e) {
 
 TEST(MoeFlowCasts, CountedPerLayerAndStep) {
   // fp8-flow: x and dy quantized once each (the paper's 2 explicit casts); SwiGLU and dSwiGLU
-  // quantize their outputs in the same kernel, and the backward runs the forward's SwiGLU +
-  // quantize once more (h is recomputed, not kept: model/moe.h); the column-wise x, h, dy and dgu
-  // of the four Wgrad GEMMs come from scaling-aware transposes.
+  // quantize their outputs in the same kernel (the forward's pass also writes gu's FP8 copy,
+  // moe_swiglu_input fp8: two), and the backward's dSwiGLU makes h again (h is recomputed, not
+  // kept: model/moe.h); the column-wise x, h, dy and dgu of the four Wgrad GEMMs come from
+  // scaling-aware transposes.
   const MoeCastCounts flow = count_moe_casts(recipe_preset("fp8-flow"));
-  expect_counts("fp8-flow routed", flow.routed, {2, 3, 0, 4});
+  expect_counts("fp8-flow routed", flow.routed, {2, 4, 0, 4});
   EXPECT_EQ(flow.routed.explicit_casts(), 2);
-  // deepseek: x once before the dispatch, SwiGLU fused; both backward GEMMs' dY quantized from
-  // BF16 in both directions (row-wise for Dgrad, column-wise for Wgrad). The backward recomputes
+  // deepseek: x once before the dispatch, SwiGLU fused (with gu's FP8 copy in the same pass: two);
+  // both backward GEMMs' dY quantized from BF16 in both directions (row-wise for Dgrad,
+  // column-wise for Wgrad). The backward recomputes
   // the SwiGLU output and down(h) instead of keeping them (model/moe.h recompute_down): one more
   // fused SwiGLU quantization, and the transpose that makes down's Wgrad copy runs there only (the
   // forward makes none), beside the one of the dispatched x.
   const MoeCastCounts ds = count_moe_casts(recipe_preset("deepseek"));
-  expect_counts("deepseek routed", ds.routed, {5, 2, 0, 2});
+  expect_counts("deepseek routed", ds.routed, {5, 3, 0, 2});
   // The BF16-centred flow: the dispatch carries BF16 and gate/up quantizes its input both ways.
   const MoeCastCounts bf16_dispatch =
       count_moe_casts(resolve_recipe({"deepseek", {"moe_dispatch=bf16"}}));
-  expect_counts("deepseek BF16 dispatch routed", bf16_dispatch.routed, {6, 2, 0, 1});
-  // Without the recomputation the forward's h keeps its column-wise copy across the step.
+  expect_counts("deepseek BF16 dispatch routed", bf16_dispatch.routed, {6, 3, 0, 1});
+  // Without the recomputation the forward's h keeps its column-wise copy across the step (and gu
+  // stays BF16: moe_swiglu_input fp8 needs the recomputation).
   const MoeCastCounts kept = count_moe_casts(recipe_preset("deepseek"), /*recompute_down=*/false);
   expect_counts("deepseek, h kept, routed", kept.routed, {5, 1, 0, 2});
   // The requantize path: each of the four transposes becomes a dequantize and a quantize.
   const MoeCastCounts rq =
       count_moe_casts(resolve_recipe({"fp8-flow", {"fp8_transpose=requantize"}}));
-  expect_counts("fp8-flow requantize routed", rq.routed, {6, 3, 4, 0});
+  expect_counts("fp8-flow requantize routed", rq.routed, {6, 4, 4, 0});
   // The shared expert is a plain SwiGLU MLP of block-scaled Linears in both recipes.
   EXPECT_EQ(flow.shared, ds.shared);
   EXPECT_GT(flow.shared[CastKind::kQuantize], 0);

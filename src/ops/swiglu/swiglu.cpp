@@ -125,7 +125,8 @@ SwigluQuantizeCachedResult quantize_checked(Context& ctx, const SwigluQuantizeAr
   SwigluQuantizeCachedResult out;
   out.h = make_1x128(ctx, args.format, args.rounding, rows, f);
   if (cache != nullptr) out.gate_up = make_1x128(ctx, cache->format, cache->rounding, rows, 2 * f);
-  count_casts(ctx, CastKind::kFusedQuantize, 1);
+  // h's quantization, and with the cache gate_up's own copy: two FP8 tensors from one pass.
+  count_casts(ctx, CastKind::kFusedQuantize, cache != nullptr ? 2 : 1);
   if (rows == 0) {  // max over nothing: 0, as quantize() gives
     ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
     if (cache != nullptr) ctx.be().memset(out.gate_up.amax.data(), 0, sizeof(float));
