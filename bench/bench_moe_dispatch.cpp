@@ -46,6 +46,14 @@ Tensor random_tensor(Context& ctx, int64_t rows, int64_t cols, DType dtype, uint
   return h.to(ctx, ctx.device);
 }
 
+// The FP8 dispatch's quantization: 1x128 E4M3 with power-of-2 scales.
+QuantizeArgs pow2_args(const Tensor& x) {
+  return {.input = x,
+          .format = Fp8Format::kE4M3,
+          .granularity = Granularity::k1x128,
+          .rounding = ScaleRounding::kPow2};
+}
+
 struct Timed {
   std::string op;
   double bytes;
@@ -93,12 +101,17 @@ std::vector<std::vector<std::string>> run_shape(Context& ctx, const MoeShape& sh
              {.topk_idx = route.topk_idx, .num_experts = E, .padding = PermutePadding::kTo128});
        }},
       {"permute + quantize fp8 (dispatch)", bf * dTD + dRD + 4.0 * static_cast<double>(R * groups),
+       [&] { moe_permute_quantize(ctx, map, pow2_args(x)); }},
+      // fp8-flow's backward dispatch of dY with down's Wgrad copy: one pass, against the two it
+      // replaced (the dispatch keeping the token rows, then their gathered transpose).
+      {"permute + quantize + transpose (dispatch with column-wise copy)",
+       bf * dTD + 2 * dRD + 8.0 * static_cast<double>(R * groups),
+       [&] { moe_permute_quantize_transposed(ctx, map, pow2_args(x), Granularity::k1x128); }},
+      {"  the same as two passes (keep rows, gathered transpose)",
+       bf * dTD + 2 * dRD + 8.0 * static_cast<double>(R * groups),
        [&] {
-         moe_permute_quantize(ctx, map,
-                              {.input = x,
-                               .format = Fp8Format::kE4M3,
-                               .granularity = Granularity::k1x128,
-                               .rounding = ScaleRounding::kPow2});
+         const PermuteQuantizeResult kept = moe_permute_quantize_keeping_rows(ctx, map, pow2_args(x));
+         moe_permute_transposed(ctx, map, kept.rows, Granularity::k1x128);
        }},
       {"permute bf16 (dispatch)", bf * dTD + bf * dRD, [&] { moe_permute(ctx, map, x); }},
       {"combine (weighted gather)", bf * dTkD + 4 * dTk + bf * dTD,

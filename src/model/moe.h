@@ -48,8 +48,9 @@
 // the dispatched column-wise copy: the backward makes gate_up's Wgrad copy from it with one
 // scaling-aware transpose that reads each dispatched row from its token's row
 // (moe_permute_transposed: the dispatch is not stored), the same bytes. down's Wgrad copy of dy is
-// made the same way from dy's quantized token rows, which the backward dispatch writes beside the
-// dispatched ones. The routing weights move onto the rows in the forward dispatch's pass, and
+// made by the backward dispatch itself (moe_permute_quantize_transposed: each tile of dispatched
+// rows transposed by the block that quantized it), the same bytes as transposing the dispatched
+// rows. The routing weights move onto the rows in the forward dispatch's pass, and
 // their gradient back in the final permutation backward's. With recompute_down, h is
 // not kept either: the backward's dSwiGLU pass makes it again from gu (swiglu_backward_quantize
 // want_h: the forward's SwiGLU + quantize, the same bits on the same gu) and transposes it for

@@ -77,16 +77,10 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
       quantize_args(down_r, GemmOperand::kGradient, dy2, QuantizeOutput::kRowwise);
   GroupedInput dyp{.x = Tensor()};
   if (p.recipe.fp8_transpose == Fp8Transpose::kScalingAware) {
-    // down's Wgrad copy of dY as gate_up's of x: the scaling-aware transpose reading each
-    // dispatched row from its token's row, kept by the same pass (T rows, not the R dispatched
-    // ones), in the 1x128 form of the Wgrad's A operand. The same bits as transposing the
-    // dispatched rows.
-    PermuteQuantizeResult dq = moe_permute_quantize_keeping_rows(ctx, s.map, qa);
-    const QuantTensor t = moe_permute_transposed(ctx, s.map, dq.rows, Granularity::k1x128);
-    dyp.qx = std::move(dq.permuted);
-    dyp.qx.columnwise_data = t.columnwise_data;
-    dyp.qx.columnwise_scale_inv = t.columnwise_scale_inv;
-    dyp.qx.columnwise_granularity = t.columnwise_granularity;
+    // down's Wgrad copy of dY: the scaling-aware transpose of the dispatched rows, in the 1x128
+    // form of the Wgrad's A operand, made in the dispatch's own pass (each 128x128 tile of the
+    // permuted rows quantized and transposed by one block, never read back).
+    dyp.qx = moe_permute_quantize_transposed(ctx, s.map, qa, Granularity::k1x128);
   } else {
     dyp.qx = moe_permute_quantize(ctx, s.map, qa);
   }

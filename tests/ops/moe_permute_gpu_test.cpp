@@ -212,6 +212,47 @@ TEST_P(MoePermuteGpu, MapsAndPayloadsMatchCpuBitwise) {
       ASSERT_TRUE(bitwise_equal(w_rows, moe_permute_quantize_keeping_rows(cpu, want, qa, w).w_rows))
           << "cpu weights on the rows";
     }
+
+    // The fused dispatch with its scaling-aware column-wise copy (fp8-flow's dY): both formats,
+    // both forms of the column-wise scales, BF16 (one pass when D % 16 == 0 and R % 16 == 0) and
+    // F32 input (the two passes), against the CPU's dispatch-then-transpose and the GPU's own two
+    // passes.
+    for (const Fp8Format fmt : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+      for (const Granularity cg : {Granularity::k128x128, Granularity::k1x128})
+        for (const bool f32 : {false, true}) {
+          SCOPED_TRACE(std::string(fmt == Fp8Format::kE4M3 ? "e4m3" : "e5m2") +
+                       (cg == Granularity::k1x128 ? " 1x128 scales" : " 128x128 scales") +
+                       (f32 ? " f32" : " bf16"));
+          const QuantizeArgs qa{.input = f32 ? x32 : x,
+                                .format = fmt,
+                                .granularity = Granularity::k1x128,
+                                .rounding = ScaleRounding::kPow2};
+          const QuantTensor tw = moe_permute_quantize_transposed(cpu, want, qa, cg);
+          const PermuteQuantizeResult two_cpu = moe_permute_quantize_keeping_rows(cpu, want, qa);
+          const QuantTensor ref = moe_permute_transposed(cpu, want, two_cpu.rows, cg);
+          ASSERT_TRUE(bitwise_equal(two_cpu.permuted.data, tw.data)) << "cpu data";
+          ASSERT_TRUE(bitwise_equal(ref.columnwise_data, tw.columnwise_data)) << "cpu transposed";
+          ASSERT_TRUE(bitwise_equal(ref.columnwise_scale_inv, tw.columnwise_scale_inv))
+              << "cpu transposed scale_inv";
+          QuantizeArgs ga = qa;
+          ga.input = f32 ? gx32 : gx;
+          poison_pool(gpu, 64 << 20);
+          const int64_t before = gpu.be().host_waits();
+          const QuantTensor tg = moe_permute_quantize_transposed(gpu, got, ga, cg);
+          EXPECT_EQ(gpu.be().host_waits(), before) << "the transposed dispatch waited";
+          ASSERT_EQ(tg.columnwise_granularity, cg);
+          ASSERT_TRUE(bitwise_equal(tw.data, to_cpu(tg.data))) << "data";
+          ASSERT_TRUE(bitwise_equal(tw.scale_inv, to_cpu(tg.scale_inv))) << "scale_inv";
+          ASSERT_TRUE(bitwise_equal(tw.amax, to_cpu(tg.amax))) << "amax";
+          ASSERT_TRUE(bitwise_equal(tw.columnwise_data, to_cpu(tg.columnwise_data)))
+              << "transposed data";
+          ASSERT_TRUE(bitwise_equal(tw.columnwise_scale_inv, to_cpu(tg.columnwise_scale_inv)))
+              << "transposed scale_inv";
+          const PermuteQuantizeResult two = moe_permute_quantize_keeping_rows(gpu, got, ga);
+          const QuantTensor tt = moe_permute_transposed(gpu, got, two.rows, cg);
+          ASSERT_TRUE(bitwise_equal(to_cpu(tt.columnwise_data), to_cpu(tg.columnwise_data)))
+              << "transposed data against the GPU's two passes";
+        }
   }
 }
 
@@ -303,6 +344,34 @@ const Case kCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePermuteGpu, ::testing::ValuesIn(kCases));
+
+// The transposed dispatch's amax covers a token none of whose choices is kept (its tiles never
+// read it), as the dispatch's own amax does (it quantizes every token); only the GPU map drops
+// invalid ids (the CPU's refuses them), so the reference is the GPU's two passes.
+TEST(MoePermuteGpuMisc, TransposedDispatchAmaxCoversDroppedTokens) {
+  OCTET_REQUIRE_GPU();
+  auto& gpu = devices().gpu;
+  Tensor idx = Tensor::empty({3, 2}, DType::kI32);
+  const int32_t ids[] = {1, 0, -3, 9, 0, 2};  // token 1: both ids outside [0, 4)
+  std::copy(ids, ids + 6, idx.data_as<int32_t>());
+  Tensor x = test::random_tensor({3, 256}, DType::kBF16, 11);
+  x.data_as<uint16_t>()[256 + 17] = 0x4480;  // 1024 on the dropped token: the amax
+  const PermuteMap m = moe_permute_map(
+      gpu, {.topk_idx = to_gpu(idx), .num_experts = 4, .padding = PermutePadding::kTo128});
+  const QuantizeArgs qa{.input = to_gpu(x),
+                        .format = Fp8Format::kE4M3,
+                        .granularity = Granularity::k1x128,
+                        .rounding = ScaleRounding::kPow2};
+  const QuantTensor t = moe_permute_quantize_transposed(gpu, m, qa, Granularity::k1x128);
+  const PermuteQuantizeResult two = moe_permute_quantize_keeping_rows(gpu, m, qa);
+  const QuantTensor tt = moe_permute_transposed(gpu, m, two.rows, Granularity::k1x128);
+  EXPECT_EQ(to_cpu(t.amax).data_as<float>()[0], 1024.0f);
+  EXPECT_TRUE(bitwise_equal(to_cpu(two.permuted.amax), to_cpu(t.amax)));
+  EXPECT_TRUE(bitwise_equal(to_cpu(two.permuted.data), to_cpu(t.data)));
+  EXPECT_TRUE(bitwise_equal(to_cpu(two.permuted.scale_inv), to_cpu(t.scale_inv)));
+  EXPECT_TRUE(bitwise_equal(to_cpu(tt.columnwise_data), to_cpu(t.columnwise_data)));
+  EXPECT_TRUE(bitwise_equal(to_cpu(tt.columnwise_scale_inv), to_cpu(t.columnwise_scale_inv)));
+}
 
 TEST(MoePermuteGpuMisc, InvalidIdsAreDroppedNotWritten) {
   OCTET_REQUIRE_GPU();

@@ -369,5 +369,38 @@ TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
   EXPECT_THROW(moe_permute_quantize(cpu(), m, qa), Error);
 }
 
+// The dispatch with its column-wise copy: the dispatch's rows, and the scaling-aware transpose of
+// them (128x128 tiles or their 1x128 form), counted as one quantization and one transpose; scales
+// that are not powers of 2, or a column-wise granularity the transpose does not write, refused.
+TEST(MoePermute, TransposedDispatchIsDispatchThenTranspose) {
+  const Tensor idx = random_routing(37, 3, 8, 5, 2);
+  const Tensor x = test::random_tensor({37, 200}, DType::kBF16, 9, test::Dist::kOutliers);
+  const PermuteMap m = moe_permute_map(
+      cpu(), {.topk_idx = idx, .num_experts = 8, .padding = PermutePadding::kTo128});
+  QuantizeArgs qa{.input = x,
+                  .format = Fp8Format::kE4M3,
+                  .granularity = Granularity::k1x128,
+                  .rounding = ScaleRounding::kPow2};
+  const QuantTensor dispatched = moe_permute_quantize(cpu(), m, qa);
+  for (const Granularity cg : {Granularity::k128x128, Granularity::k1x128}) {
+    Context counted = make_context(Device::kCpu);
+    counted.casts = std::make_shared<CastCounter>();
+    const QuantTensor t = moe_permute_quantize_transposed(counted, m, qa, cg);
+    EXPECT_EQ(counted.casts->at("other")[CastKind::kQuantize], 1);
+    EXPECT_EQ(counted.casts->at("other")[CastKind::kTranspose], 1);
+    EXPECT_TRUE(test::bitwise_equal(dispatched.data, t.data));
+    EXPECT_TRUE(test::bitwise_equal(dispatched.scale_inv, t.scale_inv));
+    EXPECT_TRUE(test::bitwise_equal(dispatched.amax, t.amax));
+    QuantTensor ref = dispatched;
+    scaling_aware_transpose(cpu(), ref, cg);
+    EXPECT_EQ(t.columnwise_granularity, cg);
+    EXPECT_TRUE(test::bitwise_equal(ref.columnwise_data, t.columnwise_data));
+    EXPECT_TRUE(test::bitwise_equal(ref.columnwise_scale_inv, t.columnwise_scale_inv));
+  }
+  EXPECT_THROW(moe_permute_quantize_transposed(cpu(), m, qa, Granularity::kRow), Error);
+  qa.rounding = ScaleRounding::kExact;
+  EXPECT_THROW(moe_permute_quantize_transposed(cpu(), m, qa, Granularity::k1x128), Error);
+}
+
 }  // namespace
 }  // namespace octet

@@ -1,6 +1,7 @@
 // Dispatcher for moe_permute.h: validates once, allocates outputs, routes to cpu:: or cuda::.
 #include "ops/moe_permute/moe_permute.h"
 
+#include <optional>
 #include <string>
 
 #include "backend/dispatch.h"
@@ -141,9 +142,13 @@ QuantTensor moe_permute_transposed(Context& ctx, const PermuteMap& map, const Qu
 
 namespace {
 
+// The fused FP8 dispatch; keep_rows: also the token rows; topk_weight: also the weights per row;
+// transposed (set): also the scaling-aware column-wise copy of the permuted rows in that
+// granularity (moe_permute_quantize_transposed; not with keep_rows or topk_weight).
 PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
                                        const QuantizeArgs& args, bool keep_rows,
-                                       const Tensor& topk_weight) {
+                                       const Tensor& topk_weight,
+                                       std::optional<Granularity> transposed = std::nullopt) {
   check_map(ctx, map);
   const Tensor& x = args.input;
   check_dtype(x, "permute quantize input", {DType::kBF16, DType::kF32});
@@ -184,8 +189,24 @@ PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
   QuantizeArgs a = args;
   a.input = x.reshape({map.num_tokens, cols});
   count_casts(ctx, CastKind::kQuantize, 1);  // the BF16 -> FP8 cast before the dispatch
-  OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q, keep_rows ? &out.rows : nullptr,
-                 topk_weight, out.w_rows);
+  if (transposed) {
+    OCTET_CHECK(*transposed == Granularity::k128x128 || *transposed == Granularity::k1x128,
+                "permute quantize transposed: the column-wise scales are 128x128 tiles or their "
+                "1x128 form, not ",
+                granularity_name(*transposed));
+    OCTET_CHECK(args.rounding == ScaleRounding::kPow2,
+                "permute quantize transposed: the scaling-aware transpose needs power-of-2 "
+                "scales");
+    q.columnwise_granularity = *transposed;
+    q.columnwise_data = Tensor::empty(ctx, {cols, map.num_rows}, fp8_dtype(args.format));
+    q.columnwise_scale_inv =
+        Tensor::empty(ctx, scale_shape(*transposed, cols, map.num_rows), DType::kF32);
+    count_casts(ctx, CastKind::kTranspose, 1);
+    OCTET_DISPATCH(ctx, moe_permute_quantize_transposed, ctx, map, a, q, *transposed);
+  } else {
+    OCTET_DISPATCH(ctx, moe_permute_quantize, ctx, map, a, q, keep_rows ? &out.rows : nullptr,
+                   topk_weight, out.w_rows);
+  }
   out.permuted = std::move(q);
   return out;
 }
@@ -200,6 +221,11 @@ PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const Perm
                                                         const QuantizeArgs& args,
                                                         const Tensor& topk_weight) {
   return permute_quantize(ctx, map, args, true, topk_weight);
+}
+
+QuantTensor moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map,
+                                            const QuantizeArgs& args, Granularity columnwise) {
+  return permute_quantize(ctx, map, args, false, Tensor(), columnwise).permuted;
 }
 
 namespace {

@@ -93,6 +93,17 @@ PermuteQuantizeResult moe_permute_quantize_keeping_rows(Context& ctx, const Perm
                                                         const QuantizeArgs& args,
                                                         const Tensor& topk_weight = Tensor());
 
+// The fused FP8 dispatch with its column-wise copy: moe_permute_quantize(map, args) whose result
+// also holds columnwise_data (D, R) and columnwise_scale_inv in `columnwise` granularity, bit for
+// bit moe_permute_transposed(map, quantize(args), columnwise) (the CPU's reference is those two
+// ops). args as moe_permute_quantize's, with power-of-2 scales. On CUDA (BF16 x, D % 16 == 0, R %
+// 16 == 0) one pass: a block per 128x128 tile of the permuted rows quantizes them and transposes
+// its own codes, so neither the token rows nor the permuted rows are read back. fp8-flow's
+// backward dispatch of dY, which down's Wgrad reads column-wise. Counts one quantization and one
+// FP8 transpose, as the two ops it replaces.
+QuantTensor moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map,
+                                            const QuantizeArgs& args, Granularity columnwise);
+
 // Backward of moe_permute (gather back): d_x[t] = sum_{j = 0..k-1} d_permuted[row_of[t, j]],
 // accumulated in FP32 in slot order j (from 0.0), rounded once to out_dtype (nearest even for
 // bf16). d_permuted: (R, D) bf16 | f32 -> (T, D) out_dtype (bf16 | f32).

@@ -26,7 +26,11 @@ namespace octet {
                             Tensor& w_rows);                                                      \
   /* moe_permute_transposed: cdata (D, R) and cscale allocated, written here */                   \
   void moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTensor& x,          \
-                              Tensor& cdata, Tensor& cscale, Granularity columnwise);
+                              Tensor& cdata, Tensor& cscale, Granularity columnwise);             \
+  /* moe_permute_quantize_transposed: out's row-wise and column-wise copies and amax allocated */ \
+  void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map,                       \
+                                       const QuantizeArgs& args, QuantTensor& out,                \
+                                       Granularity columnwise);
 
 namespace cpu {
 OCTET_MOE_PERMUTE_BACKEND_DECLS

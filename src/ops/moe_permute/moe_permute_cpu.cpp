@@ -138,4 +138,18 @@ void moe_permute_transposed(Context& ctx, const PermuteMap& map, const QuantTens
   std::memcpy(cscale.data(), q.columnwise_scale_inv.data(), static_cast<size_t>(cscale.nbytes()));
 }
 
+// The reference of the transposed dispatch: the dispatch keeping the token rows, then their
+// gathered scaling-aware transpose.
+void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map, const QuantizeArgs& args,
+                                     QuantTensor& out, Granularity columnwise) {
+  QuantTensor rows = out;
+  const int64_t cols = args.input.cols();
+  rows.data = Tensor::empty(ctx, {map.num_tokens, cols}, out.data.dtype());
+  rows.scale_inv = Tensor::empty(ctx, {map.num_tokens, ceil_div(cols, kGroup)}, DType::kF32);
+  Tensor no_weights;
+  moe_permute_quantize(ctx, map, args, out, &rows, Tensor(), no_weights);
+  moe_permute_transposed(ctx, map, rows, out.columnwise_data, out.columnwise_scale_inv,
+                         columnwise);
+}
+
 }  // namespace octet::cpu

@@ -12,6 +12,7 @@
 #include "backend/cuda_check.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 #include "ops/moe_permute/moe_permute_kernels.cuh"
+#include "ops/moe_permute/moe_permute_transpose_kernels.cuh"
 #include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize_backends.h"
 
@@ -280,6 +281,52 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
 void moe_permute_transposed(Context& ctx, const PermuteMap& m, const QuantTensor& x, Tensor& cdata,
                             Tensor& cscale, Granularity columnwise) {
   scaling_aware_transpose_gathered(ctx, x, m.token_of, cdata, cscale, columnwise);
+}
+
+// One block per 128x128 tile of the permuted rows (moe_permute_transpose_kernels.cuh) when the
+// input is BF16 with 16-byte rows and R % 16 == 0; otherwise the two passes it fuses: the dispatch
+// keeping the token rows, then their gathered transpose (the CPU's reference).
+void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& m, const QuantizeArgs& args,
+                                     QuantTensor& out, Granularity columnwise) {
+  const int64_t cols = args.input.cols(), rows = m.num_rows;
+  auto* q = out.data.data_as<uint8_t>();
+  auto* cq = out.columnwise_data.data_as<uint8_t>();
+  const bool fused = args.input.dtype() == DType::kBF16 && cols % 16 == 0 && rows % 16 == 0 &&
+                     aligned16(args.input.data()) && aligned16(q) && aligned16(cq);
+  if (!fused) {
+    QuantTensor token_rows = out;
+    token_rows.data = Tensor::empty(ctx, {m.num_tokens, cols}, out.data.dtype());
+    token_rows.scale_inv = Tensor::empty(ctx, {m.num_tokens, ceil_div(cols, kGroup)}, DType::kF32);
+    Tensor no_weights;
+    moe_permute_quantize(ctx, m, args, out, &token_rows, Tensor(), no_weights);
+    if (rows > 0 && cols > 0)
+      moe_permute_transposed(ctx, m, token_rows, out.columnwise_data, out.columnwise_scale_inv,
+                             columnwise);
+    return;
+  }
+  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());
+  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
+  const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
+  if (cblocks == 0) return;
+  // Past the tiles, enough blocks for a thread per token (the amax of tokens dispatched nowhere).
+  const int64_t extra = ceil_div(ceil_div(m.num_tokens, kernels::kTileThreads), cblocks);
+  if (rblocks + extra == 0) return;
+  OCTET_CHECK(rblocks + extra < 65536, "permute quantize transposed: ", rows,
+              " rows exceed the grid limit");
+  const dim3 grid(static_cast<unsigned>(cblocks), static_cast<unsigned>(rblocks + extra));
+  const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kernels::kTileThreads, 0, stream_of(ctx)>>>(
+        args.input.data_as<const uint16_t>(), m.token_of.data_as<const int32_t>(),
+        m.row_of.data_as<const int32_t>(), m.num_tokens, static_cast<int>(m.top_k), rows, cols,
+        rule, q, out.scale_inv.data_as<float>(), amax_bits, cq,
+        out.columnwise_scale_inv.data_as<float>(), columnwise == Granularity::k1x128);
+  };
+  if (args.format == Fp8Format::kE4M3)
+    launch(kernels::permute_quantize_transpose_kernel<Fp8Format::kE4M3>);
+  else
+    launch(kernels::permute_quantize_transpose_kernel<Fp8Format::kE5M2>);
+  OCTET_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace octet::cuda

@@ -4,14 +4,14 @@
 // non-zero code there (1.0 when none does), and every code moves to S by the exact factor
 // ratio = min(s_row / S, 1), a power of two: q' = cvt_rn_satfinite(float(q) * ratio) with the FP32
 // product of quantize_cpu.cpp's reference (exact while the value stays normal, round-to-nearest-even
-// below). Both kernels here compute exactly that, bit for bit:
+// below). Both kernels compute exactly that, bit for bit:
 //   - scaling_aware_transpose_tile_kernel, the one the op runs: 16-byte loads and stores, the codes
 //     rescaled in registers (hardware FP8x2 -> F16x2 decode, exact for every code, then the FP32
 //     product and the hardware conversion back), 4x4 byte transposes in registers, the transposed
 //     words staged in a swizzled shared tile and stored as full 16-byte pieces of output rows;
-//   - scaling_aware_transpose_legacy_kernel, the kernel it replaced (4-byte loads, bytewise shared
-//     staging, a shared decode table), kept so that `octet bench quantize` times both in one run and
-//     the GPU tests compare them.
+//   - scaling_aware_transpose_legacy_kernel (quantize_transpose_cuda.cu, its only user), the kernel
+//     it replaced (4-byte loads, bytewise shared staging, a shared decode table), kept so that
+//     `octet bench quantize` times both in one run and the GPU tests compare them.
 // NaN codes: both FP32 products are NaN and the device's FMUL returns the canonical NaN whatever the
 // input's payload, so both kernels write the format's NaN code, as the CPU reference does.
 #pragma once
@@ -53,56 +53,23 @@ __device__ __forceinline__ uint32_t rescale_fp8x4(uint32_t w, float ratio) {
                          rn::mul(b.y, ratio));
 }
 
-// kVec: cols % 16 == 0 and q 16-byte aligned (a chunk is wholly inside or outside the tensor);
-// otherwise bytewise loads. ovec: rows % 16 == 0 and out 16-byte aligned (16-byte output stores);
-// otherwise bytewise stores. With row_src, row r of the tensor transposed is row row_src[r] of q
-// (-1: a row of zero codes with scale_inv 1.0, moe_permute's padding): the transpose of a row
-// gather, without storing it. per_row: out_scale_inv in the 1x128 form (cols, rblocks), the tile's
-// S at each of its 128 output rows, instead of one value per tile (cblocks, rblocks).
-template <Fp8Format kFmt, bool kVec>
-__global__ void __launch_bounds__(kTileThreads, 6)
-    scaling_aware_transpose_tile_kernel(const uint8_t* __restrict__ q,
-                                        const float* __restrict__ scale_inv, int64_t rows,
-                                        int64_t cols, uint8_t* __restrict__ out,
-                                        float* __restrict__ out_scale_inv,
-                                        const int32_t* __restrict__ row_src, bool ovec,
-                                        bool per_row) {
-  static_assert(kTile == 128 && kTileThreads == 256, "32 row quads x 8 column chunks");
-  __shared__ TransposeSmem s;
+// The second half of a tile's transpose, shared by scaling_aware_transpose_tile_kernel and the
+// fused dispatch (moe_permute_transpose_kernels.cuh). Block (blockIdx.x, blockIdx.y) is tile column
+// c0 / 128, tile row r0 / 128; thread t holds the codes x[i] of tile rows 4 m + i (m = t / 8) at
+// tile columns 16 cq .. 16 cq + 15 (cq = t % 8), 16 bytes a row, and their rows' scale_inv si[i]
+// (a padding row 1.0, a row past the end 0). Finds the tile's S, writes it, moves every code to it
+// and stores the (cols, rows) copy.
+template <Fp8Format kFmt>
+__device__ __forceinline__ void transpose_tile_store(TransposeSmem& s, const uint4 (&x)[4],
+                                                     const float (&si)[4], int64_t rows,
+                                                     int64_t cols, uint8_t* __restrict__ out,
+                                                     float* __restrict__ out_scale_inv, bool ovec,
+                                                     bool per_row) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int cq = threadIdx.x % 8, m = threadIdx.x / 8;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
                 c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
-  const int64_t c = c0 + cq * 16;
-
-  // Source rows (-1: padding, -2: past the end) and their scale_invs (padding 1.0, past the end 0).
-  int64_t src[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t r = r0 + 4 * m + i;
-    src[i] = r < rows ? (row_src != nullptr ? int64_t{row_src[r]} : r) : -2;
-  }
-  float si[4];
-  uint4 x[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    si[i] = src[i] >= 0 ? scale_inv[src[i] * cblocks + blockIdx.x] : (src[i] == -1 ? 1.0f : 0.0f);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kVec) {
-      x[i] = src[i] >= 0 && c < cols ? *reinterpret_cast<const uint4*>(q + src[i] * cols + c)
-                                     : make_uint4(0, 0, 0, 0);
-    } else {
-      uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int b = 0; b < 16; ++b)
-        if (src[i] >= 0 && c + b < cols)
-          w[b / 4] |= static_cast<uint32_t>(q[src[i] * cols + c + b]) << (8 * (b % 4));
-      x[i] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-
+  const int64_t rblocks = ceil_div(rows, kGroup);
   // S: the largest scale_inv of the rows holding a non-zero code (+-0 are 0x00 and 0x80) in the
   // tile; a row's 128 columns are the 8 lanes 8 (lane / 8) .. + 7 of one warp. Positive powers of
   // two order like their bit patterns.
@@ -167,101 +134,56 @@ __global__ void __launch_bounds__(kTileThreads, 6)
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// The kernel before the 16-byte rewrite (kept for `octet bench quantize`, which times both, and
-// for the GPU test that compares both bit for bit): one block per 128x128 tile of a 1x128, power-of-2-scaled
-// tensor. The tile's scale is the largest of its row scale_invs; each row's codes move to it by the
-// exact factor s_row / S (a power of two <= 1), decoded through a 256-entry table and re-rounded by
-// the hardware conversion, which is exact while values stay normal and round-to-nearest-even below.
-// With row_src, row r of the tensor transposed is row row_src[r] of q (-1: a row of zero codes with
-// scale_inv 1.0, moe_permute's padding): the transpose of a row gather, without storing it.
-__global__ void __launch_bounds__(kTileThreads)
-    scaling_aware_transpose_legacy_kernel(const uint8_t* __restrict__ q,
-                                          const float* __restrict__ scale_inv, int64_t rows,
-                                          int64_t cols, Fp8Format format, uint8_t* __restrict__ out,
-                                          float* __restrict__ out_scale_inv,
-                                          const int32_t* __restrict__ row_src = nullptr) {
-  __shared__ uint8_t tile[kTile * kSmemStride];
-  __shared__ float lut[256];
-  __shared__ float ratio[kTile];
-  __shared__ uint32_t warp_max_s[8];
-  __shared__ bool nonzero[kTile];
+// kVec: cols % 16 == 0 and q 16-byte aligned (a chunk is wholly inside or outside the tensor);
+// otherwise bytewise loads. ovec: rows % 16 == 0 and out 16-byte aligned (16-byte output stores);
+// otherwise bytewise stores. With row_src, row r of the tensor transposed is row row_src[r] of q
+// (-1: a row of zero codes with scale_inv 1.0, moe_permute's padding): the transpose of a row
+// gather, without storing it. per_row: out_scale_inv in the 1x128 form (cols, rblocks), the tile's
+// S at each of its 128 output rows, instead of one value per tile (cblocks, rblocks).
+template <Fp8Format kFmt, bool kVec>
+__global__ void __launch_bounds__(kTileThreads, 6)
+    scaling_aware_transpose_tile_kernel(const uint8_t* __restrict__ q,
+                                        const float* __restrict__ scale_inv, int64_t rows,
+                                        int64_t cols, uint8_t* __restrict__ out,
+                                        float* __restrict__ out_scale_inv,
+                                        const int32_t* __restrict__ row_src, bool ovec,
+                                        bool per_row) {
+  static_assert(kTile == 128 && kTileThreads == 256, "32 row quads x 8 column chunks");
+  __shared__ TransposeSmem s;
+  const int cq = threadIdx.x % 8, m = threadIdx.x / 8;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile,
                 c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  lut[threadIdx.x] = fp8_to_float(static_cast<uint8_t>(threadIdx.x), format);
-  const int i = threadIdx.x;
-  // The source row of row r (-1: a padding row).
-  auto src = [&](int64_t r) -> int64_t { return row_src != nullptr ? row_src[r] : r; };
-  float si = 0.0f;
-  if (i < kTile && r0 + i < rows) {
-    const int64_t sr = src(r0 + i);
-    si = sr >= 0 ? scale_inv[sr * cblocks + blockIdx.x] : 1.0f;
-  }
-  // Stage the codes: a warp reads one 128-byte row per step, 4 bytes a lane; all 16 loads are
-  // issued before the first is used, then written to shared memory byte by byte (conflict-free: a
-  // warp's 128 bytes are consecutive).
-  const bool vec = cols % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
-  uint32_t w16[kTile / 8];
+  const int64_t cblocks = ceil_div(cols, kGroup);
+  const int64_t c = c0 + cq * 16;
+
+  // Source rows (-1: padding, -2: past the end) and their scale_invs (padding 1.0, past the end 0).
+  int64_t src[4];
 #pragma unroll
-  for (int k = 0; k < kTile / 8; ++k) {
-    const int64_t r = r0 + warp + 8 * k, c = c0 + lane * 4;
-    const int64_t sr = r < rows ? src(r) : -1;
-    uint32_t w = 0;
-    if (vec && sr >= 0 && c < cols) {
-      w = *reinterpret_cast<const uint32_t*>(q + sr * cols + c);
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + 4 * m + i;
+    src[i] = r < rows ? (row_src != nullptr ? int64_t{row_src[r]} : r) : -2;
+  }
+  float si[4];
+  uint4 x[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    si[i] = src[i] >= 0 ? scale_inv[src[i] * cblocks + blockIdx.x] : (src[i] == -1 ? 1.0f : 0.0f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kVec) {
+      x[i] = src[i] >= 0 && c < cols ? *reinterpret_cast<const uint4*>(q + src[i] * cols + c)
+                                     : make_uint4(0, 0, 0, 0);
     } else {
-      for (int b = 0; b < 4; ++b)
-        if (sr >= 0 && c + b < cols) w |= static_cast<uint32_t>(q[sr * cols + c + b]) << (8 * b);
-    }
-    w16[k] = w;
-  }
-  // Which rows hold a non-zero code (+-0 are 0x00 and 0x80): only they set the tile's scale.
+      uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-  for (int k = 0; k < kTile / 8; ++k) {
-    const bool any = __any_sync(0xFFFFFFFFu, (w16[k] & 0x7F7F7F7Fu) != 0);
-    if (lane == 0) nonzero[warp + 8 * k] = any;
-  }
-#pragma unroll
-  for (int k = 0; k < kTile / 8; ++k)
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-      tile[(warp + 8 * k) * kSmemStride + lane * 4 + b] = static_cast<uint8_t>(w16[k] >> (8 * b));
-  __syncthreads();
-  // S: the largest scale_inv of those rows (positive powers of two order like their bit
-  // patterns); 1.0 for an all-zero tile, as quantize scales zeros.
-  uint32_t m = warp_max((i < kTile && nonzero[i]) ? float_bits(si) : 0u);
-  if (lane == 0) warp_max_s[warp] = m;
-  __syncthreads();
-  m = 0;
-#pragma unroll
-  for (int w = 0; w < 8; ++w) m = max(m, warp_max_s[w]);
-  const float smax = m == 0 ? 1.0f : bits_float(m);
-  // Capped at 1 for the all-zero rows, whose scale_inv may exceed S (their codes stay zero).
-  if (i < kTile) ratio[i] = si > 0.0f ? fminf(rn::div(si, smax), 1.0f) : 0.0f;
-  if (threadIdx.x == 0) out_scale_inv[blockIdx.x * rblocks + blockIdx.y] = smax;
-  __syncthreads();
-  const bool ovec = rows % 16 == 0;
-  for (int item = threadIdx.x; item < kTile * 8; item += kTileThreads) {
-    const int c = item / 8, k = item % 8;
-    const int64_t oc = c0 + c, orow = r0 + 16 * k;
-    if (oc >= cols || orow >= rows) continue;
-    uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int j = 0; j < 16; j += 2) {
-      const int tr = 16 * k + j;
-      const float a = rn::mul(lut[tile[tr * kSmemStride + c]], ratio[tr]);
-      const float b = rn::mul(lut[tile[(tr + 1) * kSmemStride + c]], ratio[tr + 1]);
-      w[j / 4] |= static_cast<uint32_t>(cvt_fp8x2(a, b, format)) << (8 * (j % 4));
-    }
-    if (ovec) {
-      *reinterpret_cast<uint4*>(out + oc * rows + orow) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-      for (int j = 0; j < 16 && orow + j < rows; ++j)
-        out[oc * rows + orow + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+      for (int b = 0; b < 16; ++b)
+        if (src[i] >= 0 && c + b < cols)
+          w[b / 4] |= static_cast<uint32_t>(q[src[i] * cols + c + b]) << (8 * (b % 4));
+      x[i] = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
+
+  transpose_tile_store<kFmt>(s, x, si, rows, cols, out, out_scale_inv, ovec, per_row);
 }
 
 }  // namespace octet::cuda::kernels
