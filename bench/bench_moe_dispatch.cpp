@@ -110,7 +110,8 @@ std::vector<std::vector<std::string>> run_shape(Context& ctx, const MoeShape& sh
       {"  the same as two passes (keep rows, gathered transpose)",
        bf * dTD + 2 * dRD + 8.0 * static_cast<double>(R * groups),
        [&] {
-         const PermuteQuantizeResult kept = moe_permute_quantize_keeping_rows(ctx, map, pow2_args(x));
+         const PermuteQuantizeResult kept =
+             moe_permute_quantize_keeping_rows(ctx, map, pow2_args(x));
          moe_permute_transposed(ctx, map, kept.rows, Granularity::k1x128);
        }},
       {"permute bf16 (dispatch)", bf * dTD + bf * dRD, [&] { moe_permute(ctx, map, x); }},

@@ -148,8 +148,7 @@ void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map, const 
   rows.scale_inv = Tensor::empty(ctx, {map.num_tokens, ceil_div(cols, kGroup)}, DType::kF32);
   Tensor no_weights;
   moe_permute_quantize(ctx, map, args, out, &rows, Tensor(), no_weights);
-  moe_permute_transposed(ctx, map, rows, out.columnwise_data, out.columnwise_scale_inv,
-                         columnwise);
+  moe_permute_transposed(ctx, map, rows, out.columnwise_data, out.columnwise_scale_inv, columnwise);
 }
 
 }  // namespace octet::cpu

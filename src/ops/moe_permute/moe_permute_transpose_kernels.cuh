@@ -36,15 +36,16 @@ __global__ void __launch_bounds__(kTileThreads, 4)
   __shared__ TransposeSmem s;
   const int64_t rblocks = ceil_div(rows, kGroup), groups = ceil_div(cols, kGroup);
   if (blockIdx.y >= rblocks) {  // tokens dispatched nowhere: their |x| for amax only
-    const int64_t t = (static_cast<int64_t>(blockIdx.y - rblocks) * gridDim.x + blockIdx.x) *
-                          kTileThreads +
-                      threadIdx.x;
+    const int64_t t =
+        (static_cast<int64_t>(blockIdx.y - rblocks) * gridDim.x + blockIdx.x) * kTileThreads +
+        threadIdx.x;
     uint32_t seen = 0;
     if (t < tokens) {
       bool kept = false;
       for (int j = 0; j < k; ++j) kept = kept || row_of[t * k + j] >= 0;
       if (!kept)
-        for (int64_t c = 0; c < cols; ++c) seen = max(seen, abs_bits(bf16_to_float(x[t * cols + c])));
+        for (int64_t c = 0; c < cols; ++c)
+          seen = max(seen, abs_bits(bf16_to_float(x[t * cols + c])));
     }
     block_amax_to_global(seen, amax_bits, s.warp_max);
     return;
@@ -97,10 +98,9 @@ __global__ void __launch_bounds__(kTileThreads, 4)
     float p[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) p[e] = rn::mul(v[e], scale);
-    code[i] = make_uint4(cvt_fp8x4<kFmt>(p[0], p[1], p[2], p[3]),
-                         cvt_fp8x4<kFmt>(p[4], p[5], p[6], p[7]),
-                         cvt_fp8x4<kFmt>(p[8], p[9], p[10], p[11]),
-                         cvt_fp8x4<kFmt>(p[12], p[13], p[14], p[15]));
+    code[i] = make_uint4(
+        cvt_fp8x4<kFmt>(p[0], p[1], p[2], p[3]), cvt_fp8x4<kFmt>(p[4], p[5], p[6], p[7]),
+        cvt_fp8x4<kFmt>(p[8], p[9], p[10], p[11]), cvt_fp8x4<kFmt>(p[12], p[13], p[14], p[15]));
     if (src[i] == -1) code[i] = make_uint4(0, 0, 0, 0);  // padding: zeros whatever the scale
     const int64_t r = r0 + 4 * m + i;
     if (src[i] != -2) {
