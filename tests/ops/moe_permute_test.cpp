@@ -326,15 +326,26 @@ TEST(MoePermute, BackwardWithWeightsIsBothBackwards) {
                Error);
 }
 
-TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
+// The FP8 dispatch's case of the tests below: 37 tokens x 200 (a partial last group) top-3 of 8
+// experts (2 of them empty), rows padded to 128, quantized in 1x128 E4M3 power-of-2 groups.
+struct DispatchCase {
+  PermuteMap map;
+  QuantizeArgs args;
+};
+
+DispatchCase dispatch_case(uint64_t x_seed) {
   const Tensor idx = random_routing(37, 3, 8, 5, 2);
-  const Tensor x = test::random_tensor({37, 200}, DType::kBF16, 6, test::Dist::kOutliers);
-  const PermuteMap m = moe_permute_map(
-      cpu(), {.topk_idx = idx, .num_experts = 8, .padding = PermutePadding::kTo128});
-  QuantizeArgs qa{.input = x,
-                  .format = Fp8Format::kE4M3,
-                  .granularity = Granularity::k1x128,
-                  .rounding = ScaleRounding::kPow2};
+  const Tensor x = test::random_tensor({37, 200}, DType::kBF16, x_seed, test::Dist::kOutliers);
+  return {moe_permute_map(cpu(),
+                          {.topk_idx = idx, .num_experts = 8, .padding = PermutePadding::kTo128}),
+          {.input = x,
+           .format = Fp8Format::kE4M3,
+           .granularity = Granularity::k1x128,
+           .rounding = ScaleRounding::kPow2}};
+}
+
+TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
+  auto [m, qa] = dispatch_case(6);
   const QuantTensor fused = moe_permute_quantize(cpu(), m, qa);
   const QuantTensor ref = moe_permute(cpu(), m, quantize(cpu(), qa));
   EXPECT_TRUE(test::bitwise_equal(ref.data, fused.data));
@@ -373,14 +384,7 @@ TEST(MoePermute, FusedDispatchIsQuantizeThenPermute) {
 // them (128x128 tiles or their 1x128 form), counted as one quantization and one transpose; scales
 // that are not powers of 2, or a column-wise granularity the transpose does not write, refused.
 TEST(MoePermute, TransposedDispatchIsDispatchThenTranspose) {
-  const Tensor idx = random_routing(37, 3, 8, 5, 2);
-  const Tensor x = test::random_tensor({37, 200}, DType::kBF16, 9, test::Dist::kOutliers);
-  const PermuteMap m = moe_permute_map(
-      cpu(), {.topk_idx = idx, .num_experts = 8, .padding = PermutePadding::kTo128});
-  QuantizeArgs qa{.input = x,
-                  .format = Fp8Format::kE4M3,
-                  .granularity = Granularity::k1x128,
-                  .rounding = ScaleRounding::kPow2};
+  auto [m, qa] = dispatch_case(9);
   const QuantTensor dispatched = moe_permute_quantize(cpu(), m, qa);
   for (const Granularity cg : {Granularity::k128x128, Granularity::k1x128}) {
     Context counted = make_context(Device::kCpu);
