@@ -138,6 +138,9 @@ StepResult AdamWOptimizer::update(Context& ctx, const std::vector<Tensor>& also_
   const Tensor with_decay = Tensor::wrap(k, {kAdamWConstsFloats}, DType::kF32, ctx.device);
   const Tensor no_decay = Tensor::wrap(k + kAdamWConstsFloats * sizeof(float), {kAdamWConstsFloats},
                                        DType::kF32, ctx.device);
+  // The FP8-block parameters in one batched pass (adamw_step_block_quantize_many), the others one
+  // adamw_step each.
+  std::vector<BlockQuantStep> fp8_steps;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = *params_[i];
     if (!p.trainable) continue;
@@ -154,10 +157,11 @@ StepResult AdamWOptimizer::update(Context& ctx, const std::vector<Tensor>& also_
     a.beta2 = config_.beta2;
     a.eps = config_.eps;
     if (outputs_[i].fp8.data.data() != nullptr)
-      adamw_step_block_quantize(ctx, a, outputs_[i].fp8);
+      fp8_steps.push_back({a, outputs_[i].fp8});
     else
       adamw_step(ctx, a);
   }
+  adamw_step_block_quantize_many(ctx, fp8_steps);
   adamw_advance_steps(ctx, steps_dev_, r.skipped);
   return r;
 }

@@ -235,6 +235,86 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockCase{640, 520, 0, kE4, kExact, false, true},
                       BlockCase{2 * 128, 132, 128, kE5, kPow2, true, true}));
 
+// The batched launch (adamw_step_block_quantize_many, the optimizer's path) against the CPU, bit for
+// bit, over more parameters than one launch takes (56): the tile lookup at every parameter's edges,
+// the largest-first order, and parameters of every path (stacked, ragged, scalar, misaligned, E5M2,
+// power-of-2 scales, device constants) in one launch. Two steps: one plain, one clipped.
+TEST(AdamWBlockQuantizeManyGpu, MatchesCpuBitwiseOverMoreThanOneLaunch) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const BlockCase kinds[] = {{200, 72, 0, kE4},  {2 * 128, 132, 128, kE5, kPow2},
+                             {129, 7, 0, kE4},   {144, 260, 0, kE4, kPow2, false, true},
+                             {1, 4, 0, kE4},     {3 * 128, 200, 128, kE4, kExact, true},
+                             {640, 520, 0, kE5}, {4 * 256, 384, 256, kE4, kPow2, true}};
+  constexpr int kParams = 67;
+  std::vector<BlockQuantStep> c(kParams), g(kParams);
+  std::vector<Tensor> storage(2 * kParams);
+  Tensor consts_c = Tensor::empty({2 * kAdamWConstsFloats}, DType::kF32);
+  Tensor consts_g = Tensor::empty(gpu, {2 * kAdamWConstsFloats}, DType::kF32);
+  for (int i = 0; i < kParams; ++i) {
+    const BlockCase& bc = kinds[i % 8];
+    const int64_t n = bc.rows * bc.cols;
+    c[i].args =
+        AdamWArgs{.param = test::random_tensor({n}, DType::kF32, 1000 + i, test::Dist::kOutliers),
+                  .grad = Tensor(),
+                  .exp_avg = bf16_of(test::random_tensor({n}, DType::kF32, 2000 + i), false),
+                  .exp_avg_sq = bf16_of(
+                      test::random_tensor({n}, DType::kF32, 3000 + i, test::Dist::kWide), true)};
+    g[i].args = AdamWArgs{.param = bc.misaligned ? misaligned_gpu(c[i].args.param, storage[2 * i])
+                                                 : to_gpu(c[i].args.param),
+                          .grad = Tensor(),
+                          .exp_avg = to_gpu(c[i].args.exp_avg),
+                          .exp_avg_sq = to_gpu(c[i].args.exp_avg_sq)};
+    c[i].out = block_output(cpu, bc);
+    g[i].out = block_output(gpu, bc);
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Tensor clip_c = scalar(DType::kF32, 0.3);
+    const Tensor clip_g = to_gpu(clip_c);
+    Tensor taken = Tensor::empty({1}, DType::kI64);
+    taken.data_as<int64_t>()[0] = step - 1;
+    adamw_device_consts(cpu, {.lr = 0.02f, .steps_taken = taken, .out = consts_c});
+    adamw_device_consts(gpu, {.lr = 0.02f, .steps_taken = to_gpu(taken), .out = consts_g});
+    for (int i = 0; i < kParams; ++i) {
+      const BlockCase& bc = kinds[i % 8];
+      const int64_t n = bc.rows * bc.cols;
+      c[i].args.grad =
+          test::random_tensor({n}, DType::kF32, 4000 + 100 * step + i, test::Dist::kOutliers);
+      g[i].args.grad = bc.misaligned ? misaligned_gpu(c[i].args.grad, storage[2 * i + 1])
+                                     : to_gpu(c[i].args.grad);
+      c[i].args.grad_scale = step == 2 ? clip_c : Tensor();
+      g[i].args.grad_scale = step == 2 ? clip_g : Tensor();
+      for (AdamWArgs* a : {&c[i].args, &g[i].args}) {
+        a->lr = 1e-2f;
+        a->step = step;
+        a->weight_decay = i % 3 == 0 ? 0.0f : 0.1f;
+      }
+      if (bc.device_consts) {
+        c[i].args.consts = Tensor::wrap(consts_c.data_as<float>(), {kAdamWConstsFloats},
+                                        DType::kF32, Device::kCpu);
+        g[i].args.consts = Tensor::wrap(consts_g.data_as<float>(), {kAdamWConstsFloats},
+                                        DType::kF32, Device::kCuda);
+      }
+    }
+    adamw_step_block_quantize_many(cpu, c);
+    adamw_step_block_quantize_many(gpu, g);
+    for (int i = 0; i < kParams; ++i) {
+      SCOPED_TRACE("parameter " + std::to_string(i));
+      ASSERT_TRUE(bitwise_equal(c[i].args.param, to_cpu(g[i].args.param))) << "param";
+      ASSERT_TRUE(bitwise_equal(c[i].args.exp_avg, to_cpu(g[i].args.exp_avg))) << "exp_avg";
+      ASSERT_TRUE(bitwise_equal(c[i].args.exp_avg_sq, to_cpu(g[i].args.exp_avg_sq))) << "v";
+      ASSERT_TRUE(bitwise_equal(c[i].out.data, to_cpu(g[i].out.data))) << "data";
+      ASSERT_TRUE(bitwise_equal(c[i].out.scale_inv, to_cpu(g[i].out.scale_inv))) << "scale_inv";
+      ASSERT_TRUE(bitwise_equal(c[i].out.columnwise_data, to_cpu(g[i].out.columnwise_data)))
+          << "columnwise";
+      ASSERT_TRUE(
+          bitwise_equal(c[i].out.columnwise_scale_inv, to_cpu(g[i].out.columnwise_scale_inv)))
+          << "columnwise_scale_inv";
+    }
+  }
+}
+
 TEST(GradNormGpu, MatchesCpuBitwiseOverManyTensors) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();

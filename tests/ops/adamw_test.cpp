@@ -263,6 +263,25 @@ TEST(AdamW, BlockQuantizeIsTheUpdateThenEachMatricesBlocks) {
   bad = o;
   bad.cols = 7;
   expect_error(bad, "is not the parameter's");
+  // The batched form checks every step before it runs any: a bad second step leaves the first
+  // parameter as it was.
+  const Tensor before = a.param.to_host(cpu());
+  bad = o;
+  bad.batch_rows = 100;
+  EXPECT_THROW(
+      adamw_step_block_quantize_many(cpu(), {BlockQuantStep{a, o}, BlockQuantStep{a, bad}}), Error);
+  EXPECT_TRUE(test::bitwise_equal(before, a.param));
+  // And a good batch is the steps one after the other.
+  AdamWArgs a2 = a;
+  for (Tensor* t : {&a2.param, &a2.exp_avg, &a2.exp_avg_sq}) *t = t->to_host(cpu());
+  BlockQuantOutput o2 = o;
+  for (Tensor* t : {&o2.data, &o2.scale_inv, &o2.columnwise_data, &o2.columnwise_scale_inv})
+    *t = Tensor::empty(t->shape(), t->dtype());
+  adamw_step_block_quantize(cpu(), a2, o2);
+  adamw_step_block_quantize_many(cpu(), {BlockQuantStep{a, o}});
+  EXPECT_TRUE(test::bitwise_equal(a2.param, a.param));
+  EXPECT_TRUE(test::bitwise_equal(o2.data, o.data));
+  EXPECT_TRUE(test::bitwise_equal(o2.columnwise_data, o.columnwise_data));
 }
 
 }  // namespace

@@ -107,23 +107,9 @@ void copy_bytes(Context& ctx, const Tensor& dst, const Tensor& src) {
                 ctx.device == Device::kCpu ? CopyKind::kHostToHost : CopyKind::kDeviceToDevice);
 }
 
-}  // namespace
-
-void adamw_step(Context& ctx, const AdamWArgs& a) {
-  const AdamWConsts k = adamw_consts(ctx, a);
-  if (a.param.numel() == 0) return;
-  OCTET_DISPATCH(ctx, adamw_step, ctx, a, k);
-}
-
-void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const BlockQuantOutput& o) {
-  const AdamWConsts k = adamw_consts(ctx, a);
-  check_block_output(ctx, a, o);
-  if (a.param.numel() == 0) return;
-  if (ctx.device == Device::kCuda) {
-    OCTET_DISPATCH(ctx, adamw_step_block_quantize, ctx, a, k, o);
-    return;
-  }
-  // The CPU: the update, then ops/quantize on the updated master (the definition).
+// The CPU's fused step: the update, then ops/quantize on the updated master (the definition).
+void cpu_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWConsts& k,
+                             const BlockQuantOutput& o) {
   cpu::adamw_step(ctx, a, k);
   QuantizeArgs qa;
   qa.input = a.param.reshape({o.rows, o.cols});
@@ -146,6 +132,44 @@ void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const BlockQuan
              transpose_batched(ctx, Tensor::wrap(q.data.data(), {b, o.batch_rows, o.cols},
                                                  DType::kU8, ctx.device)));
   copy_bytes(ctx, o.columnwise_scale_inv, transpose_batched(ctx, q.scale_inv.reshape({b, sb, sc})));
+}
+
+}  // namespace
+
+void adamw_step(Context& ctx, const AdamWArgs& a) {
+  const AdamWConsts k = adamw_consts(ctx, a);
+  if (a.param.numel() == 0) return;
+  OCTET_DISPATCH(ctx, adamw_step, ctx, a, k);
+}
+
+void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const BlockQuantOutput& o) {
+  adamw_step_block_quantize_many(ctx, {BlockQuantStep{a, o}});
+}
+
+void adamw_step_block_quantize_many(Context& ctx, const std::vector<BlockQuantStep>& steps) {
+  std::vector<AdamWConsts> ks;
+  for (const BlockQuantStep& s : steps) {
+    ks.push_back(adamw_consts(ctx, s.args));
+    check_block_output(ctx, s.args, s.out);
+  }
+  if (ctx.device == Device::kCuda) {
+    std::vector<BlockQuantStep> live;
+    std::vector<AdamWConsts> live_k;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].args.param.numel() == 0) continue;
+      live.push_back(steps[i]);
+      live_k.push_back(ks[i]);
+    }
+#if OCTET_WITH_CUDA
+    if (!live.empty()) cuda::adamw_step_block_quantize_many(ctx, live, live_k);
+#else
+    detail::no_cuda("adamw_step_block_quantize_many");
+#endif
+    return;
+  }
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].args.param.numel() > 0)
+      cpu_step_block_quantize(ctx, steps[i].args, ks[i], steps[i].out);
 }
 
 Tensor global_grad_norm(Context& ctx, const std::vector<Tensor>& grads) {

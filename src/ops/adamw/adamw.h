@@ -73,6 +73,18 @@ struct BlockQuantOutput {
 // parameter plus the scales. The CPU runs the two steps one after the other.
 void adamw_step_block_quantize(Context& ctx, const AdamWArgs& args, const BlockQuantOutput& out);
 
+// adamw_step_block_quantize for many parameters at once (the optimizer's FP8-block parameters):
+// the same bytes as one call per step, in one launch on CUDA for up to 56 parameters, the largest
+// first, a thread block per 128x128 tile of any of them. Most of a model's FP8 weights are small
+// (attention projections, shared experts): a launch each would leave the GPU mostly idle for the
+// launch's latency and its last partial wave. Every step is checked before any runs; no two steps
+// may share a parameter, a moment or an output. The CPU runs the steps in order.
+struct BlockQuantStep {
+  AdamWArgs args;
+  BlockQuantOutput out;
+};
+void adamw_step_block_quantize_many(Context& ctx, const std::vector<BlockQuantStep>& steps);
+
 // Global L2 norm sqrt(sum_i sum_x x^2) over a list of f32 tensors, returned as (1) f32 on the
 // context's device (freshly allocated). Fixed order, hence bitwise deterministic and equal on CPU
 // and CUDA: each tensor is cut into chunks of 4096 elements (256 lanes x 16); lane l of a chunk

@@ -30,8 +30,6 @@ inline constexpr float kClipEpsilon = 1e-6f;  // torch.nn.utils.clip_grad_norm_
 
 #define OCTET_ADAMW_BACKEND_DECLS                                                            \
   void adamw_step(Context& ctx, const AdamWArgs& args, const AdamWConsts& k);                \
-  void adamw_step_block_quantize(Context& ctx, const AdamWArgs& args, const AdamWConsts& k,  \
-                                 const BlockQuantOutput& out);                               \
   void global_grad_norm(Context& ctx, const std::vector<Tensor>& grads, Tensor& norm);       \
   void grad_clip_coefficient(Context& ctx, const Tensor& norm, float max_norm, Tensor& out); \
   void nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads, Tensor& flag);         \
@@ -43,7 +41,11 @@ OCTET_ADAMW_BACKEND_DECLS
 }
 namespace cuda {
 OCTET_ADAMW_BACKEND_DECLS
-}
+// adamw_step_block_quantize_many's steps (none empty) and their constants; the CPU composes the
+// update and ops/quantize instead (adamw.cpp).
+void adamw_step_block_quantize_many(Context& ctx, const std::vector<BlockQuantStep>& steps,
+                                    const std::vector<AdamWConsts>& k);
+}  // namespace cuda
 
 #undef OCTET_ADAMW_BACKEND_DECLS
 

@@ -1,7 +1,11 @@
 // Device code of adamw_step_block_quantize (adamw.h): the AdamW update and the 128x128 block
 // quantization of the updated master in one pass over memory.
 //
-// One block of 256 threads per 128x128 tile of the (rows, cols) matrix, three blocks per SM:
+// One block of 256 threads per 128x128 tile, three blocks per SM. A launch covers the tiles of up
+// to kBqMaxBatch parameters (BlockQuantBatch: the optimizer's FP8-block parameters in one launch,
+// so that the small ones do not each pay a launch's latency and its partial last wave); block b
+// finds its parameter among the batch's tile ranges, then does, for its tile of that parameter's
+// (rows, cols) matrix:
 //   1. update: a warp covers one tile row per step (4 elements a lane: 16-byte loads of master and
 //      gradient, 8-byte loads of the moments), 16 steps in rounds of kBqInFlight steps whose loads
 //      are all issued before the first is used (2: 78 registers, no spills; 4 spills at the 80 that
@@ -145,14 +149,24 @@ __device__ __forceinline__ uint32_t codes4(const float4& f, float scale, Fp8Form
   return lo | (hi << 16);
 }
 
-static __global__ void __launch_bounds__(kBqThreads, kBqBlocksPerSm)
-    adamw_block_quantize_kernel(BlockQuantParams a) {
+// Up to kBqMaxBatch parameters of one launch, passed by value (__grid_constant__: read in place
+// from the parameter space, about 10 KB, within CUDA's 32 KB for kernel parameters). Parameter i
+// owns the launch's blocks [first_tile[i], first_tile[i + 1]).
+inline constexpr int kBqMaxBatch = 56;
+struct BlockQuantBatch {
+  BlockQuantParams p[kBqMaxBatch];
+  int64_t first_tile[kBqMaxBatch + 1];
+  int count;
+};
+static_assert(sizeof(BlockQuantBatch) <= 32764, "CUDA's limit on a kernel's parameters");
+
+// The tile `tile` (row-major over the matrix's 128x128 tiles) of parameter a.
+__device__ __forceinline__ void block_quantize_tile(const BlockQuantParams& a, int64_t tile) {
   extern __shared__ float4 bq_smem[];  // the tile, [tile row][tile col], FP32
   __shared__ uint32_t warp_amax[kBqThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t tiles_c = ceil_div(a.cols, int64_t{kBqTile});
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / tiles_c * kBqTile,
-                c0 = static_cast<int64_t>(blockIdx.x) % tiles_c * kBqTile;
+  const int64_t r0 = tile / tiles_c * kBqTile, c0 = tile % tiles_c * kBqTile;
   const bool skip = a.found_inf && *a.found_inf != 0;
   const float s = a.grad_scale ? *a.grad_scale : 1.0f;
   const AdamWConsts k = a.kd ? *a.kd : a.k;
@@ -239,6 +253,20 @@ static __global__ void __launch_bounds__(kBqThreads, kBqBlocksPerSm)
         out[j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
     }
   }
+}
+
+static __global__ void __launch_bounds__(kBqThreads, kBqBlocksPerSm)
+    adamw_block_quantize_kernel(const __grid_constant__ BlockQuantBatch batch) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = batch.count - 1;  // the last i with first_tile[i] <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (batch.first_tile[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  block_quantize_tile(batch.p[lo], b - batch.first_tile[lo]);
 }
 
 }  // namespace octet::cuda::kernels

@@ -102,22 +102,11 @@ void adamw_step(Context& ctx, const AdamWArgs& a, const AdamWConsts& k) {
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
-void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWConsts& k,
-                               const BlockQuantOutput& o) {
-  // 64 KB of dynamic shared memory per block (above the default 48 KB), and the largest carveout so
-  // that kBqBlocksPerSm blocks fit. Set once per device.
-  static std::atomic<bool> configured[64] = {};
-  OCTET_CHECK(ctx.device_index >= 0 && ctx.device_index < 64, "adamw_step_block_quantize: device ",
-              ctx.device_index, " out of range");
-  if (!configured[ctx.device_index]) {
-    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernels::adamw_block_quantize_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kernels::kBqSmemBytes));
-    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernels::adamw_block_quantize_kernel,
-                                          cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-    configured[ctx.device_index] = true;
-  }
+namespace {
+
+// One parameter's entry of a batched launch.
+kernels::BlockQuantParams block_params(const AdamWArgs& a, const AdamWConsts& k,
+                                       const BlockQuantOutput& o) {
   const int64_t mrows = o.batch_rows > 0 ? o.batch_rows : o.rows;
   kernels::BlockQuantParams p;
   p.p = a.param.data_as<float>();
@@ -140,12 +129,55 @@ void adamw_step_block_quantize(Context& ctx, const AdamWArgs& a, const AdamWCons
              aligned(a.exp_avg, 8) && aligned(a.exp_avg_sq, 8);
   p.vec_rows = o.cols % 4 == 0 && aligned(o.data, 4);
   p.vec_cols = mrows % 16 == 0 && aligned(o.columnwise_data, 16);
-  const int64_t tiles = ceil_div(o.rows, int64_t{kGroup}) * ceil_div(o.cols, int64_t{kGroup});
-  OCTET_CHECK(tiles <= 0x7FFFFFFF, "adamw_step_block_quantize: ", tiles,
-              " tiles exceed the grid limit");
-  kernels::adamw_block_quantize_kernel<<<static_cast<unsigned>(tiles), kernels::kBqThreads,
-                                         kernels::kBqSmemBytes, stream_of(ctx)>>>(p);
-  OCTET_CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+int64_t block_tiles(const BlockQuantOutput& o) {
+  return ceil_div(o.rows, int64_t{kGroup}) * ceil_div(o.cols, int64_t{kGroup});
+}
+
+}  // namespace
+
+void adamw_step_block_quantize_many(Context& ctx, const std::vector<BlockQuantStep>& steps,
+                                    const std::vector<AdamWConsts>& k) {
+  // 64 KB of dynamic shared memory per block (above the default 48 KB), and the largest carveout so
+  // that kBqBlocksPerSm blocks fit. Set once per device.
+  static std::atomic<bool> configured[64] = {};
+  OCTET_CHECK(ctx.device_index >= 0 && ctx.device_index < 64, "adamw_step_block_quantize: device ",
+              ctx.device_index, " out of range");
+  if (!configured[ctx.device_index]) {
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernels::adamw_block_quantize_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kernels::kBqSmemBytes));
+    OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernels::adamw_block_quantize_kernel,
+                                          cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    configured[ctx.device_index] = true;
+  }
+  // The largest parameters first, so that the small ones fill the last wave's idle SMs.
+  std::vector<size_t> order(steps.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return block_tiles(steps[x].out) > block_tiles(steps[y].out);
+  });
+  kernels::BlockQuantBatch batch{};
+  auto launch = [&] {
+    if (batch.count == 0) return;
+    const int64_t tiles = batch.first_tile[batch.count];
+    OCTET_CHECK(tiles <= 0x7FFFFFFF, "adamw_step_block_quantize: ", tiles,
+                " tiles exceed the grid limit");
+    kernels::adamw_block_quantize_kernel<<<static_cast<unsigned>(tiles), kernels::kBqThreads,
+                                           kernels::kBqSmemBytes, stream_of(ctx)>>>(batch);
+    OCTET_CUDA_CHECK_LAUNCH();
+    batch.count = 0;
+  };
+  for (const size_t i : order) {
+    if (batch.count == kernels::kBqMaxBatch) launch();
+    batch.p[batch.count] = block_params(steps[i].args, k[i], steps[i].out);
+    batch.first_tile[batch.count + 1] = batch.first_tile[batch.count] + block_tiles(steps[i].out);
+    ++batch.count;
+  }
+  launch();
 }
 
 void adamw_device_consts(Context& ctx, const AdamWDeviceConstsArgs& a) {
