@@ -2,6 +2,7 @@
 #include "model/grouped_linear.h"
 
 #include <memory>
+#include <utility>
 
 #include "backend/backend.h"
 #include "ops/cast/cast.h"
@@ -268,6 +269,20 @@ GroupedLinearLayer::Saved GroupedLinearLayer::wgrad_saved(Context& ctx, const Pr
   return s;
 }
 
+namespace {
+
+// How a backward's Wgrad writes the parameter's gradient: += as a rule; when the gradient is fresh
+// (the trainer left it unzeroed for its first writer: Parameter::first_writer), = where the GEMM
+// can overwrite, else zeroed here first and added to.
+Accumulate first_write(Context& ctx, Parameter& param, bool can_overwrite) {
+  if (!std::exchange(param.grad_fresh, false)) return Accumulate::kAdd;
+  if (can_overwrite) return Accumulate::kOverwrite;
+  ctx.be().memset(param.grad.data(), 0, param.grad.nbytes());
+  return Accumulate::kAdd;
+}
+
+}  // namespace
+
 Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
                                     const GroupLayoutRef& layout, const Saved& s) {
   const AmaxGroupScope amax_scope(ctx, amax_group);
@@ -275,7 +290,8 @@ Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tens
   const int64_t R = dy.rows(), E = experts();
   if (p.probe != nullptr && r.precision != GemmPrecision::kFp8Tensor)
     p.probe->record(ctx, site, GemmOperand::kGradient, dy, r, nullptr);
-  const Tensor grad3 = param->grad;  // (E, Out, In) f32
+  const Tensor grad3 = param->grad;                                              // (E, Out, In) f32
+  if (r.precision != GemmPrecision::kFp8Block) first_write(ctx, *param, false);  // then +=
   if (r.precision == GemmPrecision::kBf16) {
     Tensor dx = Tensor::empty(ctx, {R, in()}, dy.dtype());
     // dX = dY W
@@ -364,12 +380,14 @@ Tensor GroupedLinearLayer::backward_data(Context& ctx, const QuantTensor& qdy,
 
 void GroupedLinearLayer::backward_weight(Context& ctx, const QuantTensor& qdy,
                                          const GroupLayoutRef& layout, const Saved& s) {
-  // dW += dY^T X
-  grouped_wgrad_fp8(ctx, {.a = columnwise_operand(qdy),
-                          .b = columnwise_operand(s.qx),
-                          .group_sizes = layout.sizes,
-                          .d = param->grad,  // (E, Out, In) f32
-                          .accumulate = Accumulate::kAdd});
+  // dW += dY^T X (dW = for a fresh gradient's first writer)
+  GroupedWgradFp8Args a{.a = columnwise_operand(qdy),
+                        .b = columnwise_operand(s.qx),
+                        .group_sizes = layout.sizes,
+                        .d = param->grad,  // (E, Out, In) f32
+                        .accumulate = Accumulate::kAdd};
+  a.accumulate = first_write(ctx, *param, grouped_wgrad_fp8_overwrites(ctx, a));
+  grouped_wgrad_fp8(ctx, a);
 }
 
 // fp8-tensor on CUDA. The per-expert preparations (their W histories) made each expert's FP8 copies

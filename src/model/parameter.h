@@ -32,8 +32,16 @@ struct Parameter {
   std::string name;
   Tensor value;  // f32 master, on the model's device
   Tensor grad;   // f32, value's shape; accumulated (+=) by backward, zeroed by the trainer
+                 // (or overwritten by its first writer: first_writer below)
   bool weight_decay = true;  // false for norms, biases and embeddings-free vectors
   bool trainable = true;     // false: e_score_correction_bias moves by the balancing rule only
+  // The first writer of the step's gradient overwrites it (the trainer's one-micro-batch steps, for
+  // the routed experts' stacks: train/run_state.h): zero_grad leaves such a gradient as it is, and
+  // grad_fresh says it holds nothing of this step yet. The layer's backward then writes it with =
+  // where its Wgrad can (else zeroes it first) and clears grad_fresh; the trainer clears it after a
+  // replayed micro-batch graph too (whose capture already chose =).
+  bool first_writer = false;
+  bool grad_fresh = false;
 };
 
 // Everything a forward/backward needs to know about the numbers it runs in.

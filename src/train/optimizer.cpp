@@ -182,8 +182,9 @@ StepStats AdamWOptimizer::finish_step(Context& ctx) {
 }
 
 void AdamWOptimizer::zero_grad(Context& ctx) {
-  for (const Parameter* p : params_)
-    if (p->grad.data() && p->grad.nbytes()) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
+  for (const Parameter* p : params_)  // a first writer's gradient is overwritten (parameter.h)
+    if (p->grad.data() && p->grad.nbytes() && !p->first_writer)
+      ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
 }
 
 io::NamedTensors AdamWOptimizer::state_dict(Context& ctx) {

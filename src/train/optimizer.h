@@ -108,7 +108,8 @@ class AdamWOptimizer {
   // Reads the last step's norm, coefficient and flag to the host (synchronises) and advances the
   // step count when the update was applied. Idempotent; a no-op before the first step.
   StepStats finish_step(Context& ctx);
-  // grad = 0 for every parameter that has a gradient (trainable or not).
+  // grad = 0 for every parameter that has a gradient (trainable or not), but a first writer's
+  // (Parameter::first_writer: its backward overwrites it; the caller marks it grad_fresh).
   void zero_grad(Context& ctx);
 
   // Applied steps so far (AdamW's t after the last applied update).

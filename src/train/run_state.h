@@ -130,8 +130,13 @@ struct Run {
       // The last micro-batch's backward sends each gradient bucket as soon as it is final.
       model->set_grad_ready(
           [this](const std::vector<Parameter*>& ps) { zero->grads_ready(ctx, ps); });
-    } else
+    } else {
       optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
+      // One micro-batch a step: the experts' Wgrad writes their gradients with = (the largest
+      // part of the model), so the optimizer's zero_grad leaves them (Parameter::first_writer).
+      if (cfg.grad_accum == 1)
+        for (Parameter* p : model->expert_parameters()) p->first_writer = true;
+    }
     graphs = graphs_apply();
     if (optim) optim->set_graphs(graphs);
     if (optim) optim->set_lagged_reads(true);  // the trainer reads each step's stats a step late
@@ -274,6 +279,13 @@ struct Run {
   // optim.fused_prepare the optimizer wrote most of them in its update (Model::weight_outputs);
   // only the rest is prepared here. Graphed after the first time (train/step_graph.h).
   void prepare_weights() {
+    prepare_weights_and_zero_grads();
+    // The first writers' gradients hold nothing of this step: their first backward overwrites them.
+    for (Parameter* p : model->parameters())
+      if (p->first_writer) p->grad_fresh = true;
+  }
+
+  void prepare_weights_and_zero_grads() {
     auto zero_grads = [&] {
       if (ep_opt)
         ep_opt->zero_grad(ctx);

@@ -1,6 +1,7 @@
 // GraphedSection and MicroBatchGraphs (step_graph.h).
 #include "train/step_graph.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "backend/backend.h"
@@ -134,9 +135,13 @@ ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
                 " is outside the vocabulary [0, ", vocab, ")");
   uploader_.upload(ctx, ids_, in);
   uploader_.upload(ctx, targets_, host_batch.targets);
+  // The gradients a first writer overwrites (Parameter::grad_fresh): a capture bakes = or +=.
+  const std::vector<Parameter*> params = model.parameters();
+  const auto fresh =
+      std::count_if(params.begin(), params.end(), [](const Parameter* p) { return p->grad_fresh; });
   std::ostringstream key;
   key << shape_str(in.shape()) << " scale " << grad_scale << " weights " << weights_key << " model "
-      << static_cast<const void*>(&model);
+      << static_cast<const void*>(&model) << " fresh " << fresh;
   ModelLosses out;
   const GraphedSection::Ran ran = section_.run(
       ctx, graphs, key.str(),
@@ -144,6 +149,8 @@ ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
         out = model.step(ctx, {ids_, targets_}, Pass::kForwardBackward, grad_scale);
       },
       first_of_step);
+  // A replay wrote the gradients as its capture did; after any pass none is fresh any more.
+  for (Parameter* p : params) p->grad_fresh = false;
   if (ran == GraphedSection::Ran::kEager) return out;
   if (ran == GraphedSection::Ran::kCaptured) captured_ = std::move(out);
   ModelLosses l;

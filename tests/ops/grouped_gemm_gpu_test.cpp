@@ -257,6 +257,30 @@ TEST(GroupedGemmGpu, Fp8WgradFromScalingAwareTransposeModelShapes) {
                               static_cast<size_t>(n * k * 4)),
                   0)
             << "expert " << e << " has no tokens but its dW changed";
+    // dW = (the step's first writer of the gradient: the E4M3 instantiation without C), over a dW
+    // of NaN bytes: nothing of it is read, and the empty experts' dW_e become 0.
+    Tensor oc = make_output(experts * n, k, DType::kF32);
+    Tensor og = dev(make_output(experts * n, k, DType::kF32, 0xFF));
+    const GroupedWgradFp8Args over{.a = to_gpu(columnwise_operand(qdy)),
+                                   .b = to_gpu(columnwise_operand(qx)),
+                                   .group_sizes = dev(sizes_t),
+                                   .d = og.reshape({experts, n, k}),
+                                   .accumulate = Accumulate::kOverwrite};
+    ASSERT_TRUE(grouped_wgrad_fp8_overwrites(gpu(), over)) << "the CUTLASS dW = path";
+    grouped_wgrad_fp8(cpu(), {.a = columnwise_operand(qdy),
+                              .b = columnwise_operand(qx),
+                              .group_sizes = sizes_t,
+                              .d = oc.reshape({experts, n, k}),
+                              .accumulate = Accumulate::kOverwrite});
+    grouped_wgrad_fp8(gpu(), over);
+    expect_close(oc, og, kFp8Tol,
+                 "fp8 wgrad = (128x128 B) E=32 N=" + std::to_string(n) + " K=" + std::to_string(k));
+    const Tensor over_got = og.to_host(gpu());
+    for (int64_t e = 0; e < experts; ++e)
+      if (sizes[static_cast<size_t>(e)] == 0)
+        for (int64_t i = 0; i < n * k; ++i)
+          ASSERT_EQ(over_got.data_as<float>()[e * n * k + i], 0.0f)
+              << "expert " << e << " has no tokens: dW = 0, element " << i;
   }
 }
 

@@ -191,6 +191,17 @@ bool grouped_fp8_blockwise_counts_on_device(const Context& ctx) {
   return OCTET_WITH_CUTLASS && ctx.device == Device::kCuda;
 }
 
+bool grouped_wgrad_fp8_overwrites(const Context& ctx, const GroupedWgradFp8Args& args) {
+  if (ctx.device == Device::kCpu) return true;
+#if OCTET_WITH_CUTLASS
+  GroupedWgradFp8Args a = args;
+  a.accumulate = Accumulate::kOverwrite;
+  return cuda::grouped_wgrad_fp8_sm90_supports(a);
+#else
+  return false;
+#endif
+}
+
 bool grouped_bf16_counts_on_device(const Context& ctx) {
   return OCTET_WITH_CUTLASS && ctx.device == Device::kCuda;
 }

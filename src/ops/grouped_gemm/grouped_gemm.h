@@ -99,4 +99,10 @@ bool grouped_fp8_blockwise_counts_on_device(const Context& ctx);
 // 8 (16-byte rows).
 bool grouped_bf16_counts_on_device(const Context& ctx);
 
+// True when grouped_wgrad_fp8 with these arguments and accumulate = kOverwrite runs without a host
+// read: on the CPU, and on CUDA the CUTLASS E4M3 Wgrad (which has a dW = instantiation, for the
+// step's first writer of a gradient). The weight layers overwrite only then, and otherwise zero the
+// gradient and add.
+bool grouped_wgrad_fp8_overwrites(const Context& ctx, const GroupedWgradFp8Args& args);
+
 }  // namespace octet

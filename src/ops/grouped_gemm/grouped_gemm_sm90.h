@@ -19,8 +19,9 @@ void grouped_gemm_fp8_sm90(Context& ctx, const GroupedGemmFp8Args& args);
 void grouped_gemm_fp8_sm90_e5m2(Context& ctx, const GroupedGemmFp8Args& args);
 
 // True for DeepSeek-V3's Wgrad pairing: A (dY's column-wise copy) 1x128 along tokens, B (X's,
-// from the scaling-aware transpose) 128x128, both E4M3 (or A E5M2: the per-tensor recipes), dW F32 accumulated (+=), the token count a
-// multiple of 16 and K of 4 (16-byte rows).
+// from the scaling-aware transpose) 128x128, both E4M3 (or A E5M2: the per-tensor recipes), dW F32
+// accumulated (+=) or, with E4M3 A, overwritten (=), the token count a multiple of 16 and K of 4
+// (16-byte rows).
 bool grouped_wgrad_fp8_sm90_supports(const GroupedWgradFp8Args& args);
 
 // Wgrad of grouped_gemm.h in one launch, the counts read on the device. Every non-empty expert must

@@ -16,10 +16,13 @@
 // group's scale layout from the problem shape (compact: row stride ceil(M_e / 128)), so the setup
 // kernel also copies each expert's scale columns into compact per-expert blocks (the scales are
 // 1/128 of the data per row, a small pass in the same launch). An expert without tokens is an
-// empty problem (no tiles): its dW_e is left as it was.
+// empty problem (no tiles): its dW_e is left as it was (+=), or zeroed by the setup kernel when
+// dW is overwritten (=: the step's first writer of the gradient, without C: a kernel instantiation
+// of its own, so that no stale value of dW is read).
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/backend.h"
 #include "backend/cuda_check.h"
@@ -42,6 +45,7 @@ struct WgradSetupParams {
   const float* sfb_src;
   float* sfa;  // their compact per-expert copies, the same sizes
   float* sfb;
+  bool overwrite;  // dW = (zero the empty experts' dW_e) or dW +=
 };
 
 // Blocks (x, e) serve expert e (group_span: its first token o_e and count M_e): block (0, e) writes
@@ -70,6 +74,13 @@ __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
     out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1));
     out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
   }
+  if (p.overwrite && g.rows == 0) {  // an empty sum: dW_e = 0, by expert e's blocks
+    float* d = p.d + static_cast<int64_t>(e) * p.n * p.k;
+    const int64_t count = static_cast<int64_t>(p.n) * p.k;
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count;
+         i += int64_t{gridDim.x} * blockDim.x)
+      d[i] = 0.0f;
+  }
   // Scale rows 0 .. n - 1 are A's, n .. n + kblocks - 1 B's.
   auto copy = [&](int64_t r, int64_t j) {
     if (r < p.n)
@@ -93,11 +104,12 @@ __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
     copy(i / mb, i % mb);
 }
 
-// Wgrad in one launch for A of ElementA (grouped_gemm_sm90.h's grouped_wgrad_fp8_sm90).
-template <typename ElementA>
+// Wgrad in one launch for A of ElementA (grouped_gemm_sm90.h's grouped_wgrad_fp8_sm90): dW += dY^T
+// X, or with kOverwrite dW = dY^T X (no C).
+template <typename ElementA, bool kOverwrite = false>
 void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   using ElementD = float;
-  using Config = Sm90GroupedFp8<ElementD, float, ElementA>;
+  using Config = Sm90GroupedFp8<ElementD, std::conditional_t<kOverwrite, void, float>, ElementA>;
   using Gemm = typename Config::Gemm;
   static_assert(strides_match<Config>(), "the argument arrays' stride types are the kernel's");
   const int64_t experts = args.group_sizes.numel(), n = args.a.rows(), k = args.b.rows();
@@ -122,20 +134,25 @@ void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   sp.sfb_src = args.b.scale_inv.data_as<const float>();
   sp.sfa = sfa.data_as<float>();
   sp.sfb = sfb.data_as<float>();
+  sp.overwrite = kOverwrite;
   // About two waves of blocks over the experts' scale copies; the grid's y is the expert.
   const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, ceil_div(264, experts))),
                   static_cast<unsigned>(experts));
   if (experts > 0) grouped_wgrad_setup_kernel<<<grid, 256, 0, stream>>>(sp, dev);
   OCTET_CUDA_CHECK_LAUNCH();
 
+  // C = D (dW +=), or no C (dW =).
+  using ElementC = std::conditional_t<kOverwrite, void, float>;
+  const ElementC** c = nullptr;
+  if constexpr (!kOverwrite) c = const_cast<const ElementD**>(dev.d);
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {static_cast<int>(experts), dev.shapes, nullptr},  // problem shapes on the device only
       {dev.a, dev.stride_a, dev.b, dev.stride_b, dev.sfa, dev.layout_sfa, dev.sfb, dev.layout_sfb},
-      {{}, const_cast<const ElementD**>(dev.d), dev.stride_d, dev.d, dev.stride_d},
+      {{}, c, dev.stride_d, dev.d, dev.stride_d},
       hardware_info<typename Config::GemmKernel>(ctx.device_index)};
   arguments.epilogue.thread.alpha = 1.0f;
-  arguments.epilogue.thread.beta = 1.0f;  // dW += dY^T X
+  arguments.epilogue.thread.beta = kOverwrite ? 0.0f : 1.0f;
   Gemm gemm;
   OCTET_CHECK(gemm.can_implement(arguments) == cutlass::Status::kSuccess,
               "grouped wgrad (CUTLASS sm90 FP8 blockwise): cannot implement N = ", n, ", K = ", k,

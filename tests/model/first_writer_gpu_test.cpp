@@ -1,0 +1,14 @@
+// The routed experts' gradients written by their first writer (=) instead of zeroed and added to,
+// on CUDA: the CUTLASS Wgrad's dW = instantiation for the FP8 recipes (first_writer_check.h).
+#include "first_writer_check.h"
+
+namespace octet {
+namespace {
+
+TEST(FirstWriterGpu, GradientsMatchZeroGrad) {
+  OCTET_REQUIRE_GPU();
+  test::expect_first_writer_grads_match(Device::kCuda);
+}
+
+}  // namespace
+}  // namespace octet
