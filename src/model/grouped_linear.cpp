@@ -260,7 +260,16 @@ Tensor GroupedLinearLayer::forward(Context& ctx, const Precision& p, const Group
 GroupedLinearLayer::Saved GroupedLinearLayer::wgrad_saved(Context& ctx, const Precision& p,
                                                           QuantTensor qx) const {
   check_prequantized(qx, site, "input");
-  add_columnwise(ctx, qx, p.recipe.fp8_transpose, Granularity::k128x128);
+  // The column-wise copy may come with the row-wise one (moe_permute_quantize_transposed).
+  if (qx.columnwise_data.defined()) {
+    OCTET_CHECK(qx.columnwise_granularity == Granularity::k128x128 &&
+                    p.recipe.fp8_transpose == Fp8Transpose::kScalingAware,
+                "grouped linear ", gemm_site_name(site),
+                ": a pre-made column-wise input must be the scaling-aware transpose in 128x128 "
+                "tiles");
+  } else {
+    add_columnwise(ctx, qx, p.recipe.fp8_transpose, Granularity::k128x128);
+  }
   // Wgrad reads only the column-wise copy.
   qx.data = Tensor::wrap(nullptr, {qx.rows(), in()}, qx.data.dtype(), ctx.device);
   qx.scale_inv = Tensor();

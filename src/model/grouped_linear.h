@@ -87,7 +87,8 @@ struct GroupedLinearLayer {
   Tensor forward(Context& ctx, const Precision& p, const GroupedInput& in,
                  const GroupLayoutRef& layout, Saved& s);
   // What forward keeps for a pre-quantized input qx (fp8-block, 1x128 power-of-2 row-wise): its
-  // column-wise copy by the recipe's fp8_transpose, the row-wise data released.
+  // column-wise copy by the recipe's fp8_transpose (or the one qx already holds, the scaling-aware
+  // transpose in 128x128 tiles made by the dispatch's pass), the row-wise data released.
   Saved wgrad_saved(Context& ctx, const Precision& p, QuantTensor qx) const;
   // fp8-tensor: the per-expert Linear layers (their delayed-scaling state); empty otherwise.
   std::vector<LinearLayer>& per_expert() { return per_expert_; }

@@ -93,9 +93,17 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
     // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
     // power-of-2 scales: Recipe::validate), fused with the permute: each token's row is read and
     // quantized once and written to its k rows.
-    xp.qx = moe_permute_quantize(
-        ctx, s.map,
-        quantize_args(up_r, GemmOperand::kActivation, x.reshape({T, D}), QuantizeOutput::kRowwise));
+    const QuantizeArgs qa =
+        quantize_args(up_r, GemmOperand::kActivation, x.reshape({T, D}), QuantizeOutput::kRowwise);
+    if (up_r.precision == GemmPrecision::kFp8Block &&
+        p.recipe.fp8_transpose == Fp8Transpose::kScalingAware) {
+      // gate_up's Wgrad copy (the scaling-aware transpose of the dispatched rows, 128x128 tiles)
+      // from the dispatch's own pass: each tile of dispatched rows is transposed by the block that
+      // quantized it, so the dispatched rows are never read back (the same bytes).
+      xp.qx = moe_permute_quantize_transposed(ctx, s.map, qa, Granularity::k128x128);
+    } else {
+      xp.qx = moe_permute_quantize(ctx, s.map, qa);
+    }
   } else {
     xp.x = moe_permute(ctx, s.map, x.reshape({T, D}));
   }
