@@ -29,12 +29,17 @@ Tensor DecoderLayer::forward(Context& ctx, const Precision& p, const RopeTable& 
                              const Tensor& x, int64_t B, int64_t T, Saved& s) {
   Tensor h = attn.forward(ctx, p, rope, input_norm.forward(ctx, x, s.input_norm), B, T, s.attn);
   const Tensor hn = post_norm.forward(ctx, h, s.post_norm, x);  // h += x (residual), then the norm
-  Tensor y = mlp ? mlp->forward(ctx, p, hn, s.mlp) : moe->forward(ctx, p, hn, B, s.moe);
+  if (mlp) {
+    Tensor y = mlp->forward(ctx, p, hn, s.mlp);
+    add_into(ctx, y, h);  // residual
+    return y;
+  }
+  // The residual is added in the MoE's combine pass (the same bits as add_into after it).
+  Tensor y = moe->forward(ctx, p, hn, B, s.moe, h);
   // The MoE keeps its input for the router's (BF16) Wgrad; the backward recomputes it from the
   // post-norm's saved input instead (the same op on the same bits: rmsnorm.h), so that no BF16
   // copy of it lives across the step.
-  if (moe) s.moe.x = Tensor();
-  add_into(ctx, y, h);  // residual
+  s.moe.x = Tensor();
   return y;
 }
 

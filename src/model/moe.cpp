@@ -2,6 +2,7 @@
 #include "model/moe.h"
 
 #include <utility>
+#include <vector>
 
 #include "core/cast_counter.h"
 #include "model/linear.h"
@@ -47,7 +48,7 @@ void MoeLayer::prepare(Context& ctx, const Precision& p, PrepareScope scope) {
 }
 
 Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences,
-                         Saved& s) {
+                         Saved& s, const Tensor& residual) {
   const Recipe& r = p.recipe;
   const GemmRecipe& up_r = r.at(GemmSite::kExpertGateUp);
   const GemmRecipe& down_r = r.at(GemmSite::kExpertDown);
@@ -78,16 +79,19 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   if (ep_on) {  // moe_ep.cpp: one device-to-host read of the counts per layer and pass
     Tensor y = ep_forward(ctx, p, x.reshape({T, D}), s);
     if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+    if (residual.defined()) add_into(ctx, y, residual.reshape({T, D}));
     return y.reshape(x.shape());
   }
+  // The shared experts' output and the residual go into the combine's pass (then_add: the bits of
+  // add_into after it, in that order), so the shared experts run first.
+  std::vector<Tensor> then_add;
+  if (shared) then_add.push_back(shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
+  if (residual.defined()) then_add.push_back(residual.reshape({T, D}));
   // The counts stay on the device in every recipe: the grouped GEMMs (and the per-tensor recipes'
   // grouped quantization) read them there, so the layer never synchronises.
   s.layout.sizes = s.map.group_sizes;
-  if (r.fp8_flow) {  // moe_flow.cpp
-    Tensor y = flow_forward(ctx, p, x.reshape({T, D}), s);
-    if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
-    return y.reshape(x.shape());
-  }
+  if (r.fp8_flow)  // moe_flow.cpp
+    return flow_forward(ctx, p, x.reshape({T, D}), s, then_add).reshape(x.shape());
   GroupedInput xp;
   if (r.moe_dispatch == Storage::kFp8) {
     // Quantized once, before the dispatch (DeepSeek-V3), as gate_up quantizes its input (1x128,
@@ -115,14 +119,15 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
   s.expert_out = expert_down(ctx, p, s.gu, QuantTensor{}, s.gu.dtype(), s.layout, s.down,
                              !s.recomputed_down, cache_fp8 ? &s.gu_fp8 : nullptr);  // (R, D)
   if (cache_fp8) s.gu = Tensor();
-  Tensor y = moe_combine(
-      ctx, s.map,
-      {.expert_out = s.expert_out, .topk_weight = s.route.topk_weight, .out_dtype = x.dtype()});
+  Tensor y = moe_combine(ctx, s.map,
+                         {.expert_out = s.expert_out,
+                          .topk_weight = s.route.topk_weight,
+                          .out_dtype = x.dtype(),
+                          .then_add = std::move(then_add)});
   if (s.recomputed_down) {
     s.expert_out = Tensor();
     s.down = GroupedLinearLayer::Saved{};
   }
-  if (shared) add_into(ctx, y, shared_forward(ctx, p, *shared, x.reshape({T, D}), s.shared));
   return y.reshape(x.shape());
 }
 
@@ -170,11 +175,18 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   const Tensor dy2 = dy.reshape({T, D});
   CastScope scope(ctx, "moe.routed");
   Tensor dx, d_topk_weight;
+  // One rank, not fp8-flow: the routed path's permuted dx, gathered last, with the router's and
+  // the shared experts' dx added in that gather's pass (then_add: add_into's bits, same order).
+  Tensor dxp, dx_shared;
   if (s.ep) {
     std::tie(dx, d_topk_weight) = ep_backward(ctx, p, dy2, s);  // moe_ep.cpp
   } else if (p.recipe.fp8_flow) {
     std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
+    if (shared) {  // first: they read dy alone, and their dx then waits beside the routed path
+      CastScope shared_scope(ctx, "moe.shared");
+      dx_shared = shared->backward(ctx, p, dy2, s.shared);
+    }
     // The SwiGLU output and the down projection again, as the forward computed them (the same
     // ops on the same gu: the same bits), unprobed (the forward recorded them). Each (R, *)
     // temporary is released as soon as its last reader is done, so that gate_up's backward runs
@@ -205,9 +217,8 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
       dgu = Tensor::empty(ctx, {dh.rows(), 2 * dh.cols()}, dh.dtype());
       swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu, .gate_up_fp8 = s.gu_fp8});
     }
-    Tensor dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
     dgu = Tensor();
-    dx = moe_permute_backward(ctx, s.map, dxp, dy.dtype());
   }
 
   // Router: through the combine weights (and the balance loss), not the selection or the bias.
@@ -236,6 +247,11 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
                   .accumulate = Accumulate::kAdd,
                   .a_layout = OperandLayout::kMNMajor,
                   .b_layout = OperandLayout::kMNMajor});  // dW_gate += d_logits^T x
+  if (dxp.defined()) {
+    std::vector<Tensor> then_add{dx_router};
+    if (dx_shared.defined()) then_add.push_back(dx_shared);
+    return moe_permute_backward(ctx, s.map, dxp, dy.dtype(), then_add).reshape(dy.shape());
+  }
   add_into(ctx, dx, dx_router);
   if (shared) {
     CastScope shared_scope(ctx, "moe.shared");

@@ -12,6 +12,12 @@
 //                                                with power-of-2 scales by the fused kernel
 //   y      = combine(experts' down(h), w)  +  shared_experts(x)     BF16 combine, FP32 sums
 //
+// The shared experts run first; their output (and the decoder layer's residual, forward's
+// `residual`) is added in the combine's own pass, with add_into's bits in that order
+// (moe_permute.h then_add). In the backward (one rank, not fp8-flow) the shared experts' dx and
+// the router's likewise go into the permutation backward's pass; fp8-flow's permutation backward
+// makes the routing weights' gradient the router's backward needs, so there they are added after.
+//
 // Saved across the step: gu (the SwiGLU input, BF16) and the column-wise FP8 copies of the
 // experts' inputs. With recompute_down (the default, for every recipe without delayed scaling at
 // the down site) the SwiGLU output h (FP8 in fp8-block) and the experts' outputs (R, D) are not
@@ -65,6 +71,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "model/dense_mlp.h"
 #include "model/grouped_linear.h"
@@ -111,15 +118,18 @@ struct MoeLayer {
 
   void init_state(Context& ctx, const Recipe& recipe);
   void prepare(Context& ctx, const Precision& p, PrepareScope scope = PrepareScope::kAll);
-  // x (T, D), T = sequences x sequence length -> (T, D).
-  Tensor forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences, Saved& s);
+  // x (T, D), T = sequences x sequence length -> (T, D). With residual (x's shape and dtype) the
+  // result is the layer's output + residual, added as add_into would (in the combine's pass).
+  Tensor forward(Context& ctx, const Precision& p, const Tensor& x, int64_t sequences, Saved& s,
+                 const Tensor& residual = Tensor());
   Tensor backward(Context& ctx, const Precision& p, const Tensor& dy, const Saved& s);
 
  private:
-  // The routed experts between the router and the shared experts (moe_flow.cpp): fp8-flow's
-  // dataflow. forward returns the combined routed output (T, D); backward returns dx of the routed
-  // path (T, D) and the routing weights' gradient (T, k) f32.
-  Tensor flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
+  // The routed experts after the router (moe_flow.cpp): fp8-flow's dataflow. forward returns the
+  // combined routed output (T, D) with then_add added in the combine's pass; backward returns dx
+  // of the routed path (T, D) and the routing weights' gradient (T, k) f32.
+  Tensor flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s,
+                      const std::vector<Tensor>& then_add);
   std::pair<Tensor, Tensor> flow_backward(Context& ctx, const Precision& p, const Tensor& dy2,
                                           const Saved& s);
   // fp8-flow's experts backward from the dispatched FP8 dy (R rows of s.layout): the down

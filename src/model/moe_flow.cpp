@@ -1,8 +1,9 @@
 // The routed experts of fp8-flow (FP8-Flow-MoE's casting-free dataflow; moe.h has the math and
 // what is saved): forward, then backward in reverse order. Called by MoeLayer::forward / backward
-// (moe.cpp) after the router and the permutation map, before the shared experts, when the recipe's
-// fp8_flow is set.
+// (moe.cpp) after the router and the permutation map when the recipe's fp8_flow is set; the
+// forward's combine adds the shared experts' output (computed first) in its pass.
 #include <utility>
+#include <vector>
 
 #include "model/linear.h"
 #include "model/moe.h"
@@ -34,7 +35,8 @@ QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
 
 }  // namespace
 
-Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s) {
+Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s,
+                              const std::vector<Tensor>& then_add) {
   const GemmRecipe& up_r = p.recipe.at(GemmSite::kExpertGateUp);
   // Cast 1 of 2: x quantized once (1x128, power-of-2 scales: Recipe::validate) and dispatched in
   // FP8, in one pass that also writes the T quantized rows themselves: those are what gate_up's
@@ -63,8 +65,8 @@ Tensor MoeLayer::flow_forward(Context& ctx, const Precision& p, const Tensor& x2
   }();
   if (cache_fp8) s.gu = Tensor();
   // The combine: the routing weights are already in, so an unweighted sum of each token's k rows
-  // (FP32, slot order, one rounding): the permutation's backward.
-  return moe_permute_backward(ctx, s.map, expert_out, x2.dtype());
+  // (FP32, slot order, one rounding): the permutation's backward; then_add in the same pass.
+  return moe_permute_backward(ctx, s.map, expert_out, x2.dtype(), then_add);
 }
 
 std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision& p,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <sstream>
 
@@ -371,6 +372,51 @@ TEST(MoePermuteGpuMisc, TransposedDispatchAmaxCoversDroppedTokens) {
   EXPECT_TRUE(bitwise_equal(to_cpu(two.permuted.scale_inv), to_cpu(t.scale_inv)));
   EXPECT_TRUE(bitwise_equal(to_cpu(tt.columnwise_data), to_cpu(t.columnwise_data)));
   EXPECT_TRUE(bitwise_equal(to_cpu(tt.columnwise_scale_inv), to_cpu(t.columnwise_scale_inv)));
+}
+
+// The gathers' then_add (the MoE layer's shared experts and residual added in the combine's pass)
+// against the CPU's op, bit for bit: both out dtypes, the 16-byte path (D % 8 == 0) and the
+// element path, padded and unpadded maps, and an inf - inf whose NaN both make canonical.
+TEST(MoePermuteGpuMisc, GatherThenAddMatchesCpuBitwise) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const int64_t T = 301, k = 4, E = 16;
+  const Tensor idx = random_routing(T, k, E, 61, 3);
+  for (PermutePadding pad : {PermutePadding::kNone, PermutePadding::kTo128}) {
+    const PermuteMap want =
+        moe_permute_map(cpu, {.topk_idx = idx, .num_experts = E, .padding = pad});
+    const PermuteMap got = gpu_map(idx, E, pad);
+    for (int64_t D : {int64_t{1024}, int64_t{36}}) {
+      const Tensor y = test::random_tensor({want.num_rows, D}, DType::kBF16, 62);
+      const Tensor w = test::random_tensor({T, k}, DType::kF32, 63);
+      for (DType dt : {DType::kBF16, DType::kF32}) {
+        Tensor a0 = test::random_tensor({T, D}, dt, 64), a1 = test::random_tensor({T, D}, dt, 65);
+        if (dt == DType::kBF16) {
+          a0.data_as<uint16_t>()[5] = 0x7F80;  // +inf, then -inf: NaN
+          a1.data_as<uint16_t>()[5] = 0xFF80;
+        } else {
+          a0.data_as<float>()[5] = INFINITY;
+          a1.data_as<float>()[5] = -INFINITY;
+        }
+        const Tensor ga0 = to_gpu(a0), ga1 = to_gpu(a1);
+        const std::string what = describe({T, k, E, 3, D}, pad) + " " + std::string(dtype_name(dt));
+        const Tensor cw = moe_combine(
+            cpu, want, {.expert_out = y, .topk_weight = w, .out_dtype = dt, .then_add = {a0, a1}});
+        const Tensor cg = moe_combine(gpu, got,
+                                      {.expert_out = to_gpu(y),
+                                       .topk_weight = to_gpu(w),
+                                       .out_dtype = dt,
+                                       .then_add = {ga0, ga1}});
+        ASSERT_TRUE(bitwise_equal(cw, to_cpu(cg))) << "combine " << what;
+        const Tensor bw = moe_permute_backward(cpu, want, y, dt, {a0, a1});
+        const Tensor bg = moe_permute_backward(gpu, got, to_gpu(y), dt, {ga0, ga1});
+        ASSERT_TRUE(bitwise_equal(bw, to_cpu(bg))) << "gather back " << what;
+        const Tensor b1 = moe_permute_backward(gpu, got, to_gpu(y), dt, {ga1});
+        ASSERT_TRUE(bitwise_equal(moe_permute_backward(cpu, want, y, dt, {a1}), to_cpu(b1)))
+            << "one addend " << what;
+      }
+    }
+  }
 }
 
 TEST(MoePermuteGpuMisc, InvalidIdsAreDroppedNotWritten) {

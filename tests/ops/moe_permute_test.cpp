@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/cast_counter.h"
+#include "ops/cast/cast.h"
 #include "ops/moe_permute/moe_permute.h"
 #include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize.h"
@@ -236,6 +237,49 @@ TEST(MoePermute, CombineAndGatherBackMatchFp64) {
       }
     }
   }
+}
+
+TEST(MoePermute, GatherThenAddIsGatherThenAddInto) {
+  // then_add gives the bits of the op followed by add_into with each tensor in order, in both out
+  // dtypes, for the combine and the permutation's backward; bad addends are rejected.
+  const int64_t T = 53, k = 4, E = 8, D = 40;
+  const PermuteMap m = moe_permute_map(cpu(), {.topk_idx = random_routing(T, k, E, 51, 1),
+                                               .num_experts = E,
+                                               .padding = PermutePadding::kTo128});
+  const Tensor y = test::random_tensor({m.num_rows, D}, DType::kBF16, 52);
+  const Tensor w = test::random_tensor({T, k}, DType::kF32, 53);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const Tensor a0 = test::random_tensor({T, D}, dt, 54), a1 = test::random_tensor({T, D}, dt, 55);
+    Tensor want_c = moe_combine(cpu(), m, {.expert_out = y, .topk_weight = w, .out_dtype = dt});
+    Tensor want_b = moe_permute_backward(cpu(), m, y, dt);
+    for (Tensor* t : {&want_c, &want_b}) {
+      add_into(cpu(), *t, a0);
+      add_into(cpu(), *t, a1);
+    }
+    const Tensor got_c = moe_combine(
+        cpu(), m, {.expert_out = y, .topk_weight = w, .out_dtype = dt, .then_add = {a0, a1}});
+    const Tensor got_b = moe_permute_backward(cpu(), m, y, dt, {a0, a1});
+    EXPECT_TRUE(test::bitwise_equal(want_c, got_c)) << dtype_name(dt);
+    EXPECT_TRUE(test::bitwise_equal(want_b, got_b)) << dtype_name(dt);
+    // One addend: the first alone.
+    Tensor one = moe_permute_backward(cpu(), m, y, dt);
+    add_into(cpu(), one, a0);
+    EXPECT_TRUE(test::bitwise_equal(one, moe_permute_backward(cpu(), m, y, dt, {a0})));
+    // In BF16 the adds do not commute in rounding: the order is part of the contract.
+    if (dt == DType::kBF16)
+      EXPECT_FALSE(test::bitwise_equal(got_b, moe_permute_backward(cpu(), m, y, dt, {a1, a0})));
+  }
+  const Tensor a = test::random_tensor({T, D}, DType::kBF16, 56);
+  EXPECT_THROW(moe_permute_backward(cpu(), m, y, DType::kBF16, {a, a, a}), Error);
+  EXPECT_THROW(moe_permute_backward(cpu(), m, y, DType::kF32, {a}), Error);  // dtype
+  EXPECT_THROW(moe_permute_backward(cpu(), m, y, DType::kBF16,
+                                    {test::random_tensor({T, D + 8}, DType::kBF16, 57)}),
+               Error);  // shape
+  EXPECT_THROW(
+      moe_combine(
+          cpu(), m,
+          {.expert_out = y, .topk_weight = w, .out_dtype = DType::kBF16, .then_add = {Tensor()}}),
+      Error);
 }
 
 TEST(MoePermute, PermuteBackwardIsTheAdjoint) {

@@ -230,10 +230,34 @@ QuantTensor moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map,
 
 namespace {
 
+// The then_add tensors of a gather (moe_permute.h): at most two, each (T, cols) in out_dtype on
+// the context's device.
+struct Addends {
+  Tensor first, second;
+};
+Addends gather_addends(Context& ctx, const PermuteMap& map, int64_t cols, DType out_dtype,
+                       const std::vector<Tensor>& then_add, const char* what) {
+  OCTET_CHECK(then_add.size() <= 2, what, ": at most two tensors to add, got ", then_add.size());
+  for (const Tensor& a : then_add) {
+    OCTET_CHECK(a.defined(), what, ": a tensor to add is undefined");
+    OCTET_CHECK(a.dtype() == out_dtype, what, ": a tensor to add must have the output's dtype ",
+                dtype_name(out_dtype), ", got ", dtype_name(a.dtype()));
+    check_device(a, what, ctx.device);
+    OCTET_CHECK((a.shape() == Shape{map.num_tokens, cols}), what,
+                ": a tensor to add must have the output's shape (", map.num_tokens, ", ", cols,
+                "), got ", shape_str(a.shape()));
+  }
+  Addends r;
+  if (!then_add.empty()) r.first = then_add[0];
+  if (then_add.size() > 1) r.second = then_add[1];
+  return r;
+}
+
 // moe_permute_backward, and with d_rows defined also moe_permute_weights_backward in its pass.
 PermuteBackwardResult permute_backward(Context& ctx, const PermuteMap& map,
                                        const Tensor& d_permuted, DType out_dtype,
-                                       const Tensor& d_rows) {
+                                       const Tensor& d_rows,
+                                       const std::vector<Tensor>& then_add = {}) {
   check_map(ctx, map);
   check_dtype(d_permuted, "permute backward d_permuted", {DType::kBF16, DType::kF32});
   check_rows(d_permuted, "permute backward d_permuted", map.num_rows, ctx.device);
@@ -248,16 +272,18 @@ PermuteBackwardResult permute_backward(Context& ctx, const PermuteMap& map,
                 shape_str(d_rows.shape()));
     r.d_topk_weight = Tensor::empty(ctx, {map.num_tokens, map.top_k}, DType::kF32);
   }
+  const Addends add =
+      gather_addends(ctx, map, d_permuted.cols(), out_dtype, then_add, "permute backward");
   OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, d_permuted, Tensor(), r.d_x, d_rows,
-                 r.d_topk_weight);
+                 r.d_topk_weight, add.first, add.second);
   return r;
 }
 
 }  // namespace
 
 Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
-                            DType out_dtype) {
-  return permute_backward(ctx, map, d_permuted, out_dtype, Tensor()).d_x;
+                            DType out_dtype, const std::vector<Tensor>& then_add) {
+  return permute_backward(ctx, map, d_permuted, out_dtype, Tensor(), then_add).d_x;
 }
 
 PermuteBackwardResult moe_permute_backward_with_weights(Context& ctx, const PermuteMap& map,
@@ -278,9 +304,11 @@ Tensor moe_combine(Context& ctx, const PermuteMap& map, const CombineArgs& args)
               shape_str(args.topk_weight.shape()));
   check_out_dtype(args.out_dtype, "combine");
   Tensor out = Tensor::empty(ctx, {map.num_tokens, args.expert_out.cols()}, args.out_dtype);
+  const Addends add =
+      gather_addends(ctx, map, args.expert_out.cols(), args.out_dtype, args.then_add, "combine");
   Tensor none;
   OCTET_DISPATCH(ctx, moe_weighted_gather, ctx, map, args.expert_out, args.topk_weight, out,
-                 Tensor(), none);
+                 Tensor(), none, add.first, add.second);
   return out;
 }
 

@@ -15,6 +15,8 @@
 // reduction runs in the fixed order stated here with one rounding per FP32 operation.
 #pragma once
 
+#include <vector>
+
 #include "core/context.h"
 #include "core/quant_tensor.h"
 #include "ops/quantize/quantize.h"
@@ -107,8 +109,13 @@ QuantTensor moe_permute_quantize_transposed(Context& ctx, const PermuteMap& map,
 // Backward of moe_permute (gather back): d_x[t] = sum_{j = 0..k-1} d_permuted[row_of[t, j]],
 // accumulated in FP32 in slot order j (from 0.0), rounded once to out_dtype (nearest even for
 // bf16). d_permuted: (R, D) bf16 | f32 -> (T, D) out_dtype (bf16 | f32).
+//
+// then_add (here and in CombineArgs): at most two (T, D) tensors of out_dtype, added to the result
+// in order in the same pass, each as add_into (ops/cast/cast.h) adds: out = round(round(out) + a0),
+// then round(out + a1). Bit for bit the op followed by add_into(out, a0) and add_into(out, a1),
+// without their passes over the (T, D) result (the MoE layer's shared experts and residual).
 Tensor moe_permute_backward(Context& ctx, const PermuteMap& map, const Tensor& d_permuted,
-                            DType out_dtype);
+                            DType out_dtype, const std::vector<Tensor>& then_add = {});
 
 // moe_permute_backward and moe_permute_weights_backward(map, d_rows) (moe_row_weight.h) in one
 // pass, bit for bit both: fp8-flow's combine backward, which also takes the routing weights'
@@ -124,7 +131,8 @@ PermuteBackwardResult moe_permute_backward_with_weights(Context& ctx, const Perm
 struct CombineArgs {
   Tensor expert_out;   // (R, D) bf16 | f32: outputs of the expert FFNs in the permuted layout
   Tensor topk_weight;  // (T, k) f32: router weights
-  DType out_dtype = DType::kBF16;  // bf16 | f32
+  DType out_dtype = DType::kBF16;     // bf16 | f32
+  std::vector<Tensor> then_add = {};  // added after the rounding (moe_permute_backward's)
 };
 
 // Unpermute and combine: out[t] = sum_{j = 0..k-1} w[t, j] * expert_out[row_of[t, j]]:

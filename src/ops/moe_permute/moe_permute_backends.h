@@ -12,10 +12,11 @@ namespace octet {
   void moe_gather_rows(Context& ctx, const PermuteMap& map, const Tensor& src, int64_t row_bytes, \
                        uint32_t fill_word, Tensor& out);                                          \
   /* out[t] = sum_j w[t, j] src[row_of[t, j]] (w = 1 without weight), FP32, slot order; with */   \
-  /* d_rows defined also d_topk[t, j] = d_rows[row_of[t, j]] (moe_permute_weights_backward) */    \
+  /* d_rows defined also d_topk[t, j] = d_rows[row_of[t, j]] (moe_permute_weights_backward); */   \
+  /* then add0 and add1 (each if defined, out's dtype and shape) as add_into adds them */         \
   void moe_weighted_gather(Context& ctx, const PermuteMap& map, const Tensor& src,                \
                            const Tensor& weight, Tensor& out, const Tensor& d_rows,               \
-                           Tensor& d_topk);                                                       \
+                           Tensor& d_topk, const Tensor& add0, const Tensor& add1);               \
   void moe_combine_backward(Context& ctx, const PermuteMap& map, const CombineBackwardArgs& args, \
                             CombineGrads& grads);                                                 \
   /* moe_permute_quantize: out's data, scale_inv and amax allocated, written here; rows_out */    \

@@ -5,6 +5,7 @@
 
 #include "core/cast_counter.h"
 #include "numerics/fp32_rn.h"
+#include "ops/cast/cast_backends.h"  // add_element: add_into's element
 #include "ops/cpu_elements.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 #include "ops/moe_permute/moe_row_weight.h"
@@ -66,7 +67,8 @@ void moe_gather_rows(Context&, const PermuteMap& m, const Tensor& src, int64_t r
 }
 
 void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const Tensor& weight,
-                         Tensor& out, const Tensor& d_rows, Tensor& d_topk) {
+                         Tensor& out, const Tensor& d_rows, Tensor& d_topk, const Tensor& add0,
+                         const Tensor& add1) {
   if (d_rows.defined()) moe_permute_weights_backward(ctx, m, d_rows, d_topk);
   const int64_t T = m.num_tokens, k = m.top_k, D = src.cols();
   const int32_t* row_of = m.row_of.data_as<const int32_t>();
@@ -79,6 +81,10 @@ void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, c
         acc = rn::add(acc, w ? rn::mul(w[t * k + j], x) : x);
       }
       store(out, t * D + d, acc);
+      // then add_into's element for each addend, on the stored (rounded) value
+      for (const Tensor* a : {&add0, &add1})
+        if (a->data() != nullptr)
+          store(out, t * D + d, add_element(load(out, t * D + d), load(*a, t * D + d)));
     }
   }
 }

@@ -76,22 +76,25 @@ unsigned grid_of(int64_t blocks) {
 
 template <typename InT, typename OutT>
 void launch_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const float* w,
-                            Tensor& out, const float* d_rows, float* d_topk) {
+                            Tensor& out, const float* d_rows, float* d_topk, const Tensor& add0,
+                            const Tensor& add1) {
   const int64_t cols = src.cols();
   const auto* s = src.data_as<const InT>();
   auto* o = out.data_as<OutT>();
+  const auto* a0 = add0.data() != nullptr ? add0.data_as<const OutT>() : nullptr;
+  const auto* a1 = add1.data() != nullptr ? add1.data_as<const OutT>() : nullptr;
   const unsigned grid = row_blocks(m.num_tokens);
   // 8 columns per thread; at most 128 threads, fewer for narrow rows.
   const int threads = static_cast<int>(
       std::clamp<int64_t>(ceil_div(ceil_div(cols, 8), 32) * 32, 32, kernels::kRowThreads));
   const int32_t* row_of = m.row_of.data_as<const int32_t>();
   const int k = static_cast<int>(m.top_k);
-  if (vec8(cols, {s, o})) {
+  if (vec8(cols, {s, o, a0, a1})) {
     kernels::weighted_gather_kernel<InT, OutT, true><<<grid, threads, 0, stream_of(ctx)>>>(
-        s, w, row_of, m.num_tokens, k, cols, o, d_rows, d_topk);
+        s, w, row_of, m.num_tokens, k, cols, o, d_rows, d_topk, a0, a1);
   } else {
     kernels::weighted_gather_kernel<InT, OutT, false><<<grid, threads, 0, stream_of(ctx)>>>(
-        s, w, row_of, m.num_tokens, k, cols, o, d_rows, d_topk);
+        s, w, row_of, m.num_tokens, k, cols, o, d_rows, d_topk, a0, a1);
   }
   OCTET_CUDA_CHECK_LAUNCH();
 }
@@ -184,7 +187,8 @@ void moe_gather_rows(Context& ctx, const PermuteMap& m, const Tensor& src, int64
 }
 
 void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, const Tensor& weight,
-                         Tensor& out, const Tensor& d_rows, Tensor& d_topk) {
+                         Tensor& out, const Tensor& d_rows, Tensor& d_topk, const Tensor& add0,
+                         const Tensor& add1) {
   if (m.num_tokens == 0) return;
   const float* dr = d_rows.defined() ? d_rows.data_as<const float>() : nullptr;
   float* dt = d_rows.defined() ? d_topk.data_as<float>() : nullptr;
@@ -195,13 +199,13 @@ void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, c
   const float* w = weight.data() ? weight.data_as<const float>() : nullptr;
   const bool in_f32 = src.dtype() == DType::kF32, out_f32 = out.dtype() == DType::kF32;
   if (in_f32 && out_f32)
-    launch_weighted_gather<float, float>(ctx, m, src, w, out, dr, dt);
+    launch_weighted_gather<float, float>(ctx, m, src, w, out, dr, dt, add0, add1);
   else if (in_f32)
-    launch_weighted_gather<float, uint16_t>(ctx, m, src, w, out, dr, dt);
+    launch_weighted_gather<float, uint16_t>(ctx, m, src, w, out, dr, dt, add0, add1);
   else if (out_f32)
-    launch_weighted_gather<uint16_t, float>(ctx, m, src, w, out, dr, dt);
+    launch_weighted_gather<uint16_t, float>(ctx, m, src, w, out, dr, dt, add0, add1);
   else
-    launch_weighted_gather<uint16_t, uint16_t>(ctx, m, src, w, out, dr, dt);
+    launch_weighted_gather<uint16_t, uint16_t>(ctx, m, src, w, out, dr, dt, add0, add1);
 }
 
 void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwardArgs& a,

@@ -8,6 +8,7 @@
 #include "numerics/fp32_rn.h"
 #include "numerics/fp8.h"
 #include "numerics/scale.h"
+#include "ops/cast/cast_backends.h"  // add_element: add_into's element
 #include "ops/quantize/quantize_kernels.cuh"
 
 namespace octet::cuda::kernels {
@@ -170,6 +171,16 @@ __device__ __forceinline__ void load8(const T* __restrict__ row, int64_t c, int6
   }
 }
 
+// v rounded to T and back (the value store8 would write): nearest even for BF16, v for FP32.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  if constexpr (sizeof(T) == 2) {
+    return bits_float(static_cast<uint32_t>(float_to_bf16(v)) << 16);
+  } else {
+    return v;
+  }
+}
+
 template <bool kVec, typename T>
 __device__ __forceinline__ void store8(T* __restrict__ row, int64_t c, int64_t cols,
                                        const float (&v)[8]) {
@@ -215,8 +226,9 @@ __global__ void weighted_gather_kernel(const InT* __restrict__ src,
                                        const float* __restrict__ weight,
                                        const int32_t* __restrict__ row_of, int64_t tokens,
                                        int top_k, int64_t cols, OutT* __restrict__ out,
-                                       const float* __restrict__ d_rows,
-                                       float* __restrict__ d_topk) {
+                                       const float* __restrict__ d_rows, float* __restrict__ d_topk,
+                                       const OutT* __restrict__ add0,
+                                       const OutT* __restrict__ add1) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int32_t* rows = row_of + t * top_k;
     if (d_topk != nullptr)  // moe_permute_weights_backward's copy, token t's slots
@@ -241,6 +253,15 @@ __global__ void weighted_gather_kernel(const InT* __restrict__ src,
           for (int v = 0; v < 8; ++v) acc[v] = rn::add(acc[v], x[v]);
         }
       }
+      // The addends as add_into adds them: each to the value rounded to OutT.
+      const auto add = [&](const OutT* __restrict__ a) {
+        float x[8];
+        load8<kVec>(a + t * cols, c, cols, x);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) acc[v] = add_element(round_to<OutT>(acc[v]), x[v]);
+      };
+      if (add0 != nullptr) add(add0);
+      if (add1 != nullptr) add(add1);
       store8<kVec>(out + t * cols, c, cols, acc);
     }
   }
