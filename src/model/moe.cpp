@@ -175,18 +175,19 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   const Tensor dy2 = dy.reshape({T, D});
   CastScope scope(ctx, "moe.routed");
   Tensor dx, d_topk_weight;
-  // One rank, not fp8-flow: the routed path's permuted dx, gathered last, with the router's and
-  // the shared experts' dx added in that gather's pass (then_add: add_into's bits, same order).
+  // One rank: the routed path's permuted dx, gathered last, with the router's and the shared
+  // experts' dx added in that gather's pass (then_add: add_into's bits, in the same order).
   Tensor dxp, dx_shared;
+  if (!s.ep &&
+      shared) {  // first: they read dy alone, and their dx then waits beside the routed path
+    CastScope shared_scope(ctx, "moe.shared");
+    dx_shared = shared->backward(ctx, p, dy2, s.shared);
+  }
   if (s.ep) {
     std::tie(dx, d_topk_weight) = ep_backward(ctx, p, dy2, s);  // moe_ep.cpp
   } else if (p.recipe.fp8_flow) {
-    std::tie(dx, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
+    std::tie(dxp, d_topk_weight) = flow_backward(ctx, p, dy2, s);  // moe_flow.cpp
   } else {
-    if (shared) {  // first: they read dy alone, and their dx then waits beside the routed path
-      CastScope shared_scope(ctx, "moe.shared");
-      dx_shared = shared->backward(ctx, p, dy2, s.shared);
-    }
     // The SwiGLU output and the down projection again, as the forward computed them (the same
     // ops on the same gu: the same bits), unprobed (the forward recorded them). Each (R, *)
     // temporary is released as soon as its last reader is done, so that gate_up's backward runs

@@ -14,9 +14,8 @@
 //
 // The shared experts run first; their output (and the decoder layer's residual, forward's
 // `residual`) is added in the combine's own pass, with add_into's bits in that order
-// (moe_permute.h then_add). In the backward (one rank, not fp8-flow) the shared experts' dx and
-// the router's likewise go into the permutation backward's pass; fp8-flow's permutation backward
-// makes the routing weights' gradient the router's backward needs, so there they are added after.
+// (moe_permute.h then_add). In the backward (one rank) the router's and the shared experts' dx
+// likewise go into the permutation backward's pass, which therefore runs last.
 //
 // Saved across the step: gu (the SwiGLU input, BF16) and the column-wise FP8 copies of the
 // experts' inputs. With recompute_down (the default, for every recipe without delayed scaling at
@@ -126,8 +125,9 @@ struct MoeLayer {
 
  private:
   // The routed experts after the router (moe_flow.cpp): fp8-flow's dataflow. forward returns the
-  // combined routed output (T, D) with then_add added in the combine's pass; backward returns dx
-  // of the routed path (T, D) and the routing weights' gradient (T, k) f32.
+  // combined routed output (T, D) with then_add added in the combine's pass; backward returns the
+  // routed path's dx in the permuted layout (R, D), before the permutation's backward (the
+  // caller's), and the routing weights' gradient (T, k) f32.
   Tensor flow_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s,
                       const std::vector<Tensor>& then_add);
   std::pair<Tensor, Tensor> flow_backward(Context& ctx, const Precision& p, const Tensor& dy2,

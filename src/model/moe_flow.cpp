@@ -8,6 +8,7 @@
 #include "model/linear.h"
 #include "model/moe.h"
 #include "ops/moe_permute/moe_permute.h"
+#include "ops/moe_permute/moe_row_weight.h"
 #include "ops/quantize/quantize.h"
 #include "ops/swiglu/swiglu.h"
 
@@ -86,11 +87,12 @@ std::pair<Tensor, Tensor> MoeLayer::flow_backward(Context& ctx, const Precision&
   } else {
     dyp.qx = moe_permute_quantize(ctx, s.map, qa);
   }
-  const auto [dxp, d_row_weight] = flow_experts_backward(ctx, p, std::move(dyp), s);
-  // The permutation's backward, and the routing weights' gradient from the rows in the same pass.
-  PermuteBackwardResult back =
-      moe_permute_backward_with_weights(ctx, s.map, dxp, dy2.dtype(), d_row_weight);
-  return {std::move(back.d_x), std::move(back.d_topk_weight)};
+  auto [dxp, d_row_weight] = flow_experts_backward(ctx, p, std::move(dyp), s);
+  // The routing weights' gradient from the rows (a copy). The permutation's backward is the
+  // caller's, which adds the router's dx (that needs this gradient) and the shared experts' in its
+  // pass.
+  Tensor d_topk_weight = moe_permute_weights_backward(ctx, s.map, d_row_weight);
+  return {std::move(dxp), std::move(d_topk_weight)};
 }
 
 std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Precision& p,
