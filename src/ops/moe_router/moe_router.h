@@ -101,8 +101,11 @@ void moe_router_bias_update(Context& ctx, const RouterBiasUpdateArgs& args);
 //   P_{b,e}  = 1/T * sum_{t in b} s'_{t,e}
 //   loss     = alpha / B * sum_b sum_e f_{b,e} P_{b,e}      (the mean of the per-sequence losses)
 // Arithmetic: S_t = sum_e s_{t,e} in FP32 in expert order; P sums s_{t,e} / S_t (FP32 quotient) in
-// FP64 in token order; f, P, their products and the final sum (b-major, then e) in FP64, rounded to
-// FP32 once. The counts are not differentiated (the selection is discrete).
+// FP64 in kBalanceChunks contiguous chunks of ceil(T / kBalanceChunks) tokens, each in token order
+// from 0.0, then the chunks' sums in chunk order; f, P, their products and the final sum (b-major,
+// then e) in FP64, rounded to FP32 once. The counts are not differentiated (the selection is
+// discrete).
+inline constexpr int64_t kBalanceChunks = 8;
 struct SeqBalanceLossArgs {
   Tensor logits;              // (B * T, E) f32, sequence b owns rows [b T, (b + 1) T)
   Tensor topk_idx;            // (B * T, k) int32 from the router forward

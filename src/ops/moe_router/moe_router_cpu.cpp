@@ -169,10 +169,15 @@ void moe_seq_balance_loss_forward(Context&, const SeqBalanceLossArgs& args, Tens
   double total = 0.0;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t e = 0; e < E; ++e) {
+      const int64_t chunk = (T + kBalanceChunks - 1) / kBalanceChunks;
       double p = 0.0;
-      for (int64_t t = b * T; t < (b + 1) * T; ++t)
-        p = rn::add(
-            p, static_cast<double>(rn::div(rn::sigmoid_rn(logits[t * E + e]), st.score_sum[t])));
+      for (int64_t c0 = 0; c0 < T; c0 += chunk) {
+        double part = 0.0;
+        for (int64_t t = b * T + c0; t < b * T + std::min(T, c0 + chunk); ++t)
+          part = rn::add(part, static_cast<double>(
+                                   rn::div(rn::sigmoid_rn(logits[t * E + e]), st.score_sum[t])));
+        p = rn::add(p, part);
+      }
       const double f =
           rn::div(rn::mul(static_cast<double>(E), static_cast<double>(st.counts[b * E + e])),
                   rn::mul(static_cast<double>(k), static_cast<double>(T)));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "ops/moe_router/moe_router.h"
 #include "ops/moe_router/moe_router_math.h"
 
 namespace octet::cuda::kernels {
@@ -251,71 +252,42 @@ __global__ void balance_stats_kernel(const float* __restrict__ logits,
       if (hist[i] != 0) atomicAdd(counts + b0 * experts + i, hist[i]);
 }
 
-// Pass 2, one block per (sequence b, 32 experts): f_{b,e} * P_{b,e} in FP64, P summed over the
-// sequence's tokens in token order (the CPU reference's order, so the result is bitwise the same).
-// Warps 1..7 stage the next tile of shares in shared memory while warp 0, lane e, adds the current
-// tile's in order: the sequential FP64 chain is the only serial part. Each loader lane issues all
-// its loads of a tile before storing any (registers), so a tile costs one memory latency.
-inline constexpr int kTermsTile = 128;
-inline constexpr int kTermsFillRows = (kTermsTile + 6) / 7;  // rows per loader warp (7 loaders)
-
-__device__ __forceinline__ void balance_terms_fill(const float* __restrict__ share,
-                                                   float (*__restrict__ buf)[32], int64_t tile,
-                                                   int64_t b, int64_t seq_len, int experts, int e,
-                                                   int first, int stride) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  float v[kTermsFillRows];
-#pragma unroll
-  for (int i = 0; i < kTermsFillRows; ++i) {
-    const int r = first + i * stride;
-    const int64_t tt = tile * kTermsTile + r;
-    v[i] = (r < kTermsTile && tt < seq_len && e < experts) ? share[(b * seq_len + tt) * experts + e]
-                                                           : 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < kTermsFillRows; ++i) {
-    const int r = first + i * stride;
-    if (r < kTermsTile) buf[r][lane] = v[i];
-  }
-}
-
-__global__ void balance_terms_kernel(const float* __restrict__ share,
-                                     const int32_t* __restrict__ counts, int experts, int k,
-                                     int64_t seq_len, double* __restrict__ terms) {
-  __shared__ float buf_smem[2][kTermsTile][32];
+// Pass 2, one block per (sequence b, 32 experts): f_{b,e} * P_{b,e} in FP64, P summed as the CPU
+// reference sums it (moe_router.h): warp w, lane e, adds chunk w's tokens in token order (16 loads
+// in flight, then their adds), then lane e of warp 0 adds the chunks' sums in chunk order.
+__global__ void __launch_bounds__(kBalanceThreads)
+    balance_terms_kernel(const float* __restrict__ share, const int32_t* __restrict__ counts,
+                         int experts, int k, int64_t seq_len, double* __restrict__ terms) {
+  static_assert(kBalanceThreads / 32 == ::octet::kBalanceChunks, "a warp per chunk");
+  __shared__ double part[::octet::kBalanceChunks][32];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int warps = static_cast<int>(blockDim.x / 32);
   const int64_t b = blockIdx.x;
   const int e = static_cast<int>(blockIdx.y) * 32 + lane;
-  const int64_t tiles = (seq_len + kTermsTile - 1) / kTermsTile;
-  // The first tile by all warps (as 7 loaders x kTermsFillRows rows cover it, so do 8).
-  balance_terms_fill(share, buf_smem[0], 0, b, seq_len, experts, e, warp, warps);
-  __syncthreads();
+  const int64_t chunk = (seq_len + ::octet::kBalanceChunks - 1) / ::octet::kBalanceChunks;
+  const int64_t t1 = min(seq_len, (warp + 1) * chunk);
   double p = 0.0;
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int buf = static_cast<int>(tile % 2);
-    if (warp == 0) {
-      const int n = static_cast<int>(
-          seq_len - tile * kTermsTile < kTermsTile ? seq_len - tile * kTermsTile : kTermsTile);
-      for (int r0 = 0; r0 < n; r0 += 16) {
-        float v[16];
+  if (e < experts) {
+    const float* __restrict__ col = share + b * seq_len * experts + e;
+    int64_t t = warp * chunk;
+    for (; t + 16 <= t1; t += 16) {
+      float v[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = buf_smem[buf][(r0 + i) % kTermsTile][lane];
+      for (int i = 0; i < 16; ++i) v[i] = col[(t + i) * experts];
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-          if (r0 + i < n) p = rn::add(p, static_cast<double>(v[i]));
-      }
-    } else if (tile + 1 < tiles) {
-      balance_terms_fill(share, buf_smem[1 - buf], tile + 1, b, seq_len, experts, e, warp - 1,
-                         warps - 1);
+      for (int i = 0; i < 16; ++i) p = rn::add(p, static_cast<double>(v[i]));
     }
-    __syncthreads();
+    for (; t < t1; ++t) p = rn::add(p, static_cast<double>(col[t * experts]));
   }
+  part[warp][lane] = p;
+  __syncthreads();
   if (warp == 0 && e < experts) {
+    double total = 0.0;  // chunks past the sequence's end add 0.0: the same bits
+#pragma unroll
+    for (int c = 0; c < ::octet::kBalanceChunks; ++c) total = rn::add(total, part[c][lane]);
     const int64_t i = b * experts + e;
     const double f = rn::div(rn::mul(static_cast<double>(experts), static_cast<double>(counts[i])),
                              rn::mul(static_cast<double>(k), static_cast<double>(seq_len)));
-    terms[i] = rn::mul(f, rn::div(p, static_cast<double>(seq_len)));
+    terms[i] = rn::mul(f, rn::div(total, static_cast<double>(seq_len)));
   }
 }
 
