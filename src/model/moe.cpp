@@ -178,8 +178,8 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
   // One rank: the routed path's permuted dx, gathered last, with the router's and the shared
   // experts' dx added in that gather's pass (then_add: add_into's bits, in the same order).
   Tensor dxp, dx_shared;
-  if (!s.ep &&
-      shared) {  // first: they read dy alone, and their dx then waits beside the routed path
+  // The shared experts first: they read dy alone, and their dx then waits beside the routed path.
+  if (!s.ep && shared) {
     CastScope shared_scope(ctx, "moe.shared");
     dx_shared = shared->backward(ctx, p, dy2, s.shared);
   }
