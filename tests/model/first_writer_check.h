@@ -28,11 +28,7 @@ inline void expect_first_writer_grads_match(Device device) {
     Context ctx = make_context(device);
     Model m(ctx, c, {recipe_preset(recipe), DType::kBF16});
     m.load(ctx, init_parameters(c, 3));
-    ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
-    for (int64_t i = 0; i < b.inputs.numel(); ++i) {
-      b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-      b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-    }
+    ModelBatch b = test::patterned_batch(c, 2, 64);
     b.inputs = b.inputs.to(ctx, device);
     b.targets = b.targets.to(ctx, device);
     m.prepare(ctx);

@@ -18,15 +18,6 @@
 namespace octet {
 namespace {
 
-ModelBatch batch_for(const ModelConfig& c, int64_t B, int64_t T, int salt) {
-  ModelBatch b{Tensor::empty({B, T}, DType::kI32), Tensor::empty({B, T}, DType::kI32)};
-  for (int64_t i = 0; i < B * T; ++i) {
-    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11 + salt) % c.vocab_size);
-    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5 + salt) % c.vocab_size);
-  }
-  return b;
-}
-
 double rel_frobenius(Context& gpu, const Tensor& a_dev, const Tensor& b_host) {
   const Tensor a = a_dev.to_host(gpu);
   double num = 0, den = 0;
@@ -106,7 +97,7 @@ TEST_P(ModelCudaVsCpu, ForwardAndBackward) {
     mg.prepare(gpu);
     mc.zero_grad(cpu);
     mg.zero_grad(gpu);
-    const ModelBatch b = batch_for(c, 2, 48, step);
+    const ModelBatch b = test::patterned_batch(c, 2, 48, step);
     const ModelLosses rc = mc.step(cpu, b, Pass::kForwardBackward);
     const ModelLosses rg = mg.step(gpu, b, Pass::kForwardBackward);
     const LossValues lc = mc.read_losses(cpu, rc), lg = mg.read_losses(gpu, rg);
@@ -169,7 +160,7 @@ TEST(ModelCuda, LongSequenceDeepseekStep) {
   m.load(gpu, init_parameters(c, 5));
   m.prepare(gpu);
   const LossValues l =
-      m.read_losses(gpu, m.step(gpu, batch_for(c, 1, 8192, 0), Pass::kForwardBackward));
+      m.read_losses(gpu, m.step(gpu, test::patterned_batch(c, 1, 8192, 0), Pass::kForwardBackward));
   EXPECT_TRUE(std::isfinite(l.total));
   EXPECT_NEAR(l.main, std::log(double(c.vocab_size)), 0.5);
 }

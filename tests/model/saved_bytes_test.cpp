@@ -128,11 +128,7 @@ TEST_P(SavedBytesFp8SwigluInput, HalvesGu) {
     m.load(cpu, init_parameters(c, 3));
     m.prepare(cpu);
     m.zero_grad(cpu);
-    ModelBatch b{Tensor::empty({2, 32}, DType::kI32), Tensor::empty({2, 32}, DType::kI32)};
-    for (int64_t i = 0; i < 64; ++i) {
-      b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-      b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-    }
+    const ModelBatch b = test::patterned_batch(c, 2, 32);
     const LossValues l = m.read_losses(cpu, m.step(cpu, b, Pass::kForwardBackward));
     const Tensor x =
         cast(cpu, test::random_tensor({64, c.hidden_size}, DType::kF32, 9), DType::kBF16);

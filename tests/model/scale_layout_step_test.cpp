@@ -22,11 +22,7 @@ TEST(ScaleLayoutStep, DeepseekStepHasNoScaleRelayout) {
   model.load(ctx, init_parameters(c, 3));
   model.prepare(ctx);
   constexpr int64_t kB = 2, kT = 32;
-  ModelBatch batch{Tensor::empty({kB, kT}, DType::kI32), Tensor::empty({kB, kT}, DType::kI32)};
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    batch.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-    batch.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-  }
+  const ModelBatch batch = test::patterned_batch(c, kB, kT);
   ctx.casts = std::make_shared<CastCounter>();
   model.read_losses(ctx, model.step(ctx, batch, Pass::kForwardBackward));
   int64_t quantized = 0, relayouts = 0;

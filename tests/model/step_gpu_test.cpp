@@ -34,11 +34,7 @@ TEST(StepGpu, LaterStepsReserveNoNewDeviceMemory) {
     Context gpu = make_context(Device::kCuda);
     Model m(gpu, c, {recipe_preset(recipe), DType::kBF16});
     m.load(gpu, init_parameters(c, 3));
-    ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
-    for (int64_t i = 0; i < b.inputs.numel(); ++i) {
-      b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-      b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-    }
+    ModelBatch b = test::patterned_batch(c, 2, 64);
     cudaMemPool_t pool;
     ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, gpu.device_index), cudaSuccess);
     auto reserved = [&] {

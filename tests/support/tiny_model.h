@@ -3,7 +3,10 @@
 // 128-blocks with partial blocks, so FP8 scales have several entries.
 #pragma once
 
+#include <cstdint>
+
 #include "model/config.h"
+#include "model/model.h"
 
 namespace octet::test {
 
@@ -30,6 +33,17 @@ inline ModelConfig tiny_model_config() {
   c.num_nextn_predict_layers = 1;
   c.initializer_range = 0.02;
   return c;
+}
+
+// A deterministic (B, T) batch on the host, the one the model tests share: input i is
+// (37 i + 11 + salt) mod vocab, target i (53 i + 5 + salt) mod vocab.
+inline ModelBatch patterned_batch(const ModelConfig& c, int64_t B, int64_t T, int64_t salt = 0) {
+  ModelBatch b{Tensor::empty({B, T}, DType::kI32), Tensor::empty({B, T}, DType::kI32)};
+  for (int64_t i = 0; i < B * T; ++i) {
+    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11 + salt) % c.vocab_size);
+    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5 + salt) % c.vocab_size);
+  }
+  return b;
 }
 
 // The trainer tests' model as `--set` assignments (hidden 32, the default 8 layers and experts with
