@@ -74,7 +74,7 @@ struct ModelConfig {
   // resumes and graph replays) or, false, the faster one that sums dQ with FP32 atomics.
   bool deterministic_attention = true;
   // Attention's backward on CUDA runs in chunks whose cuDNN workspace stays under this many MiB
-  // (ops/attention/attention.h): 0 the default (264 MiB), -1 one call whatever its workspace
+  // (ops/attention/attention.h): 0 the default (520 MiB), -1 one call whatever its workspace
   // (faster at some shapes, at the cost of B H T^2 BF16 of transient memory).
   int64_t attention_workspace_mib = 0;
 

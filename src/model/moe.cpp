@@ -102,9 +102,13 @@ Tensor MoeLayer::forward(Context& ctx, const Precision& p, const Tensor& x, int6
     if (up_r.precision == GemmPrecision::kFp8Block &&
         p.recipe.fp8_transpose == Fp8Transpose::kScalingAware) {
       // gate_up's Wgrad copy (the scaling-aware transpose of the dispatched rows, 128x128 tiles)
-      // from the dispatch's own pass: each tile of dispatched rows is transposed by the block that
-      // quantized it, so the dispatched rows are never read back (the same bytes).
-      xp.qx = moe_permute_quantize_transposed(ctx, s.map, qa, Granularity::k128x128);
+      // is made in the backward from x's T quantized rows, which this pass also writes
+      // (moe_permute_transposed, as fp8-flow does): a quarter of the dispatched rows' bytes at
+      // k = 4 stays across the step instead of their column-wise copy, and the same bits.
+      PermuteQuantizeResult xq = moe_permute_quantize_keeping_rows(ctx, s.map, qa);
+      s.x_fp8 = std::move(xq.rows);
+      xp.qx = std::move(xq.permuted);
+      xp.keep_for_wgrad = false;
     } else {
       xp.qx = moe_permute_quantize(ctx, s.map, qa);
     }
@@ -218,7 +222,9 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
       dgu = Tensor::empty(ctx, {dh.rows(), 2 * dh.cols()}, dh.dtype());
       swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu, .gate_up_fp8 = s.gu_fp8});
     }
-    dxp = gate_up.backward(ctx, p, dgu, s.layout, s.gate_up);
+    GroupedLinearLayer::Saved up_saved = s.gate_up;
+    if (s.x_fp8.data.defined()) up_saved.qx = moe_permute_transposed(ctx, s.map, s.x_fp8);
+    dxp = gate_up.backward(ctx, p, dgu, s.layout, up_saved);
     dgu = Tensor();
   }
 

@@ -18,7 +18,9 @@
 // likewise go into the permutation backward's pass, which therefore runs last.
 //
 // Saved across the step: gu (the SwiGLU input, BF16) and the column-wise FP8 copies of the
-// experts' inputs. With recompute_down (the default, for every recipe without delayed scaling at
+// experts' inputs; with the FP8 dispatch and the scaling-aware transpose on one rank, x's T
+// quantized rows instead of gate_up's copy of the R dispatched ones, which the backward makes
+// again from them (moe_permute_transposed, the same bits). With recompute_down (the default, for every recipe without delayed scaling at
 // the down site) the SwiGLU output h (FP8 in fp8-block) and the experts' outputs (R, D) are not
 // kept: the backward computes h and down(h) again from gu (the same ops on the same inputs, so the
 // same bits) just before the combine's backward, which needs the outputs for the routing weights'
@@ -106,8 +108,9 @@ struct MoeLayer {
     SwigluMlp::Saved shared;
     Tensor aux_loss;  // (1) f32 on the device when seq_aux_alpha > 0
     Tensor w_rows;    // fp8-flow: (R) f32 routing weight of each permuted row (0 on padding)
-    // fp8-flow on one rank: x's 1x128 FP8 row-wise copy before the dispatch (T rows, 1/k of the
-    // dispatched R), from which the backward makes gate_up's Wgrad copy again (gate_up undefined).
+    // One rank, FP8 dispatch with the scaling-aware transpose (deepseek, fp8-flow): x's 1x128 FP8
+    // row-wise copy before the dispatch (T rows, 1/k of the dispatched R), from which the backward
+    // makes gate_up's Wgrad copy again (gate_up undefined).
     QuantTensor x_fp8;
     // Expert parallelism: the exchange's counts and the local layout (map is then the source's
     // map by global expert, layout / gu / w_rows / the GEMMs' saved tensors the local experts',

@@ -1,8 +1,9 @@
 // What fp8-flow's MoE layer keeps for its backward (model/moe.h), counted by the model's own
-// accounting (model/saved_bytes.h) on the CPU: less than deepseek's per MoE layer, because it keeps
-// x's FP8 rows before the dispatch (T rows) instead of the dispatched column-wise copy (R = about k T
-// rows) and, with recompute_down, no copy of h; and the copies the backward makes again are the
-// forward's, bit for bit (the losses and gradients: head_chunk_test's RecomputedDownProjection).
+// accounting (model/saved_bytes.h) on the CPU: x's FP8 rows before the dispatch (T rows) instead of
+// the dispatched column-wise copy (R = about k T rows), as deepseek since the tenth session, and,
+// with recompute_down, no copy of h: deepseek's bytes and the routing weight of each row; and the
+// copies the backward makes again are the forward's, bit for bit (the losses and gradients:
+// head_chunk_test's RecomputedDownProjection).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -57,7 +58,7 @@ bool has(const Tensor& t) {
   return t.data() != nullptr && t.numel() > 0;
 }
 
-TEST(MoeFlowMemory, KeepsLessThanDeepseekPerMoeLayer) {
+TEST(MoeFlowMemory, KeepsDeepseeksRowsAndTheRoutingWeights) {
   struct Case {
     const char* name;
     ModelConfig config;
@@ -77,11 +78,16 @@ TEST(MoeFlowMemory, KeepsLessThanDeepseekPerMoeLayer) {
         static_cast<long long>(bd.mlp), static_cast<long long>(bd.total()),
         static_cast<long long>(bf.mlp), static_cast<long long>(bf.total()),
         static_cast<long long>(bk.mlp), static_cast<long long>(bk.total()));
-    EXPECT_LT(bf.mlp, bd.mlp) << k.name;
-    EXPECT_LT(bf.total(), bd.total()) << k.name;
-    EXPECT_EQ(bf.attention, bd.attention) << k.name;
-    // What fp8-flow keeps of the dispatch: x's T FP8 rows and their scales, no dispatched copy.
+    // Both keep x's T FP8 rows (no dispatched column-wise copy) and gu in FP8, and recompute h;
+    // fp8-flow keeps the routing weight of each permuted row besides (deepseek's combine reads
+    // topk_weight, which both keep).
     const MoeLayer::Saved& m = sf.moe;
+    ASSERT_TRUE(has(m.w_rows)) << k.name;
+    EXPECT_EQ(bf.mlp, bd.mlp + m.w_rows.nbytes()) << k.name;
+    EXPECT_EQ(bf.attention, bd.attention) << k.name;
+    ASSERT_TRUE(has(sd.moe.x_fp8.data)) << k.name;
+    EXPECT_FALSE(has(sd.moe.gate_up.qx.columnwise_data)) << k.name;
+    // What fp8-flow keeps of the dispatch: x's T FP8 rows and their scales, no dispatched copy.
     ASSERT_TRUE(has(m.x_fp8.data)) << k.name;
     EXPECT_EQ(m.x_fp8.rows(), k.B * k.T);
     EXPECT_FALSE(has(m.x_fp8.columnwise_data));

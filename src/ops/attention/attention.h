@@ -50,12 +50,14 @@
 
 namespace octet {
 
-// The default bound on one cuDNN backward call's workspace: 256 MiB of dP scratch plus 8 MiB for
-// cuDNN's FP32 row sums (2/T of the dP part) and alignment, so that a quarter of the baseline's
-// 8 x 2048 x 16 (256.25 MiB) is one chunk rather than an eighth. 256 MiB is under 2% of the
-// trainer's peak on both configurations, and each chunk still spans B*H/n * T/128 >= 256 blocks
-// of 128 keys there (two waves of an H100's 132 SMs), so chunking adds launches, not idle SMs.
-constexpr int64_t kAttentionBackwardWorkspaceCap = int64_t{264} << 20;
+// The default bound on one cuDNN backward call's workspace: 512 MiB of dP scratch plus 8 MiB for
+// cuDNN's FP32 row sums (2/T of the dP part) and alignment, so that half of the baseline's
+// 8 x 2048 x 16 (512.25 MiB) is one chunk rather than a quarter (DeepSeek-V3's 1 x 4096 x 128: 8
+// chunks of 16 heads). Fewer chunks leave fewer tails of unequal causal key blocks: the baseline's
+// deepseek trainer runs 1.7% faster with 2 chunks than with 4, and its peak does not move, being
+// elsewhere in the step since the MoE layer keeps x's token rows (docs/benchmarks.md, tenth
+// session); one call (1 GiB) would raise it.
+constexpr int64_t kAttentionBackwardWorkspaceCap = int64_t{520} << 20;
 
 // A (B, T, H, D) attention operand that may be a column window of a wider tensor: element
 // (b, t, h, d) is base[b, t, h, col + d] for d < D, where base is contiguous (B, T, H, W) and
