@@ -17,18 +17,18 @@
 // (moe_permute.h then_add). In the backward (one rank) the router's and the shared experts' dx
 // likewise go into the permutation backward's pass, which therefore runs last.
 //
-// Saved across the step: gu (the SwiGLU input, BF16) and the column-wise FP8 copies of the
-// experts' inputs; with the FP8 dispatch and the scaling-aware transpose on one rank, x's T
-// quantized rows instead of gate_up's copy of the R dispatched ones, which the backward makes
-// again from them (moe_permute_transposed, the same bits). With recompute_down (the default, for every recipe without delayed scaling at
-// the down site) the SwiGLU output h (FP8 in fp8-block) and the experts' outputs (R, D) are not
-// kept: the backward computes h and down(h) again from gu (the same ops on the same inputs, so the
-// same bits) just before the combine's backward, which needs the outputs for the routing weights'
-// gradient. That costs one more down-projection Fprop per layer and saves (R, F) FP8 + (R, D)
-// BF16 per layer. Delayed scaling would record a second amax, so it keeps them. With the recipe's
-// moe_swiglu_input = fp8 (the default of deepseek and fp8-flow: DeepSeek-V3 caches the SwiGLU
-// input in FP8), gu itself is kept as 1x128 E4M3 with power-of-2 scales (half the bytes), written
-// by the fused SwiGLU + quantize kernel in the pass that reads gu (ops/swiglu
+// Saved across the step: gu (the SwiGLU input, BF16) and the column-wise FP8 copies of the experts'
+// inputs; with the FP8 dispatch and the scaling-aware transpose on one rank, x's T quantized rows
+// instead of gate_up's copy of the R dispatched ones, which the backward makes again from them
+// (moe_permute_transposed, the same bits). With recompute_down (the default, for every recipe
+// without delayed scaling at the down site) the SwiGLU output h (FP8 in fp8-block) and the experts'
+// outputs (R, D) are not kept: the backward computes h and down(h) again from gu (the same ops on
+// the same inputs, so the same bits) just before the combine's backward, which needs the outputs
+// for the routing weights' gradient. That costs one more down-projection Fprop per layer and saves
+// (R, F) FP8 + (R, D) BF16 per layer. Delayed scaling would record a second amax, so it keeps them.
+// With the recipe's moe_swiglu_input = fp8 (the default of deepseek and fp8-flow: DeepSeek-V3
+// caches the SwiGLU input in FP8), gu itself is kept as 1x128 E4M3 with power-of-2 scales (half the
+// bytes), written by the fused SwiGLU + quantize kernel in the pass that reads gu (ops/swiglu
 // swiglu_quantize_caching_input); the backward's SwiGLU recomputation and dSwiGLU read the FP8 copy
 // directly, dequantized in registers (no BF16 gu is made again): h, down(h) and dgu then come from
 // the FP8 gu, no longer bitwise the forward's, and bitwise what dequantizing gu to the activation
