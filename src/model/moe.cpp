@@ -222,9 +222,7 @@ Tensor MoeLayer::backward(Context& ctx, const Precision& p, const Tensor& dy, co
       dgu = Tensor::empty(ctx, {dh.rows(), 2 * dh.cols()}, dh.dtype());
       swiglu_backward(ctx, {.dh = dh, .gate_up = s.gu, .d_gate_up = dgu, .gate_up_fp8 = s.gu_fp8});
     }
-    GroupedLinearLayer::Saved up_saved = s.gate_up;
-    if (s.x_fp8.data.defined()) up_saved.qx = moe_permute_transposed(ctx, s.map, s.x_fp8);
-    dxp = gate_up.backward(ctx, p, dgu, s.layout, up_saved);
+    dxp = gate_up.backward(ctx, p, dgu, s.layout, gate_up_saved(ctx, p, s));
     dgu = Tensor();
   }
 

@@ -140,6 +140,9 @@ struct MoeLayer {
   // dx (R, D) and the routing weights' gradient per row (R) f32. Shared with the EP path.
   std::pair<Tensor, Tensor> flow_experts_backward(Context& ctx, const Precision& p,
                                                   GroupedInput dyp, const Saved& s);
+  // What gate_up's Wgrad reads of its input: the forward's Saved, or, where the forward kept x's T
+  // quantized rows (s.x_fp8), their dispatched column-wise copy made now (moe_flow.cpp).
+  GroupedLinearLayer::Saved gate_up_saved(Context& ctx, const Precision& p, const Saved& s) const;
   // The routed experts across the EP group (moe_ep.cpp), same contracts as the flow pair.
   Tensor ep_forward(Context& ctx, const Precision& p, const Tensor& x2, Saved& s);
   std::pair<Tensor, Tensor> ep_backward(Context& ctx, const Precision& p, const Tensor& dy2,

@@ -124,8 +124,15 @@ std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Pr
   down.backward_weight(ctx, qdy, s.layout,
                        s.recomputed_down ? down.wgrad_saved(ctx, p, std::move(dg.h)) : s.down);
   qdy = QuantTensor{};
-  // gate_up's Wgrad copy of x: from the T quantized rows (one rank), or kept by the forward (expert
-  // parallelism). The scaling-aware transpose reads the dispatched rows from their tokens' rows
+  Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = std::move(dg.d_gate_up)},
+                                s.layout, gate_up_saved(ctx, p, s));  // grad +=
+  return {dxp, dg.d_row_weight};
+}
+
+GroupedLinearLayer::Saved MoeLayer::gate_up_saved(Context& ctx, const Precision& p,
+                                                  const Saved& s) const {
+  // From the T quantized rows (one rank), or kept by the forward (expert parallelism). The
+  // scaling-aware transpose reads the dispatched rows from their tokens' rows
   // (moe_permute_transposed: the dispatch is never stored); the requantize paths dispatch first.
   GroupedLinearLayer::Saved up_saved = s.gate_up;
   if (s.x_fp8.data.defined()) {
@@ -134,9 +141,7 @@ std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Pr
     else
       up_saved = gate_up.wgrad_saved(ctx, p, moe_permute(ctx, s.map, s.x_fp8));
   }
-  Tensor dxp = gate_up.backward(ctx, p, GroupedInput{.x = Tensor(), .qx = std::move(dg.d_gate_up)},
-                                s.layout, up_saved);  // grad +=
-  return {dxp, dg.d_row_weight};
+  return up_saved;
 }
 
 }  // namespace octet
