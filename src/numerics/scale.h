@@ -55,8 +55,30 @@ struct ScaleRule {
   int margin = 0;        // delayed scaling: scale / 2^margin
 };
 
+// The power-of-two scale of a normal amax without the division (margin 0), the same bits as
+// compute_scale's division path: amax = m 2^e (m in [1, 2)) and fp8_max = 1.75 2^k (448 = 1.75 2^8,
+// 57344 = 1.75 2^15), so fp8_max / amax = (1.75 / m) 2^(k - e), which lies in [1, 1.75] 2^(k - e)
+// for m <= 1.75 and in (0.875, 1) 2^(k - e) for m > 1.75. Rounding cannot carry it into the next
+// binade: the largest quotient below 1, 1.75 / (1.75 + 2^-23), is more than half an ulp under 1.
+// Its exponent is therefore k - e - (m > 1.75), and the power of two it rounds down to is that,
+// capped at 2^127 (the overflow to inf becomes FLT_MAX, whose power of two is 2^127). No margin
+// means no result below 2^-126. The quantizers of the pow2 recipes (every 1x128 kernel) take this
+// path; a subnormal amax (only below a subnormal epsilon) takes the division.
+OCTET_HD float pow2_scale_of_normal(uint32_t amax_bits, Fp8Format f) {
+  const int e = static_cast<int>(amax_bits >> 23) - 127;
+  const int k = f == Fp8Format::kE4M3 ? 8 : 15;
+  const int p = k - e - ((amax_bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+  return bits_float(static_cast<uint32_t>((p < 127 ? p : 127) + 127) << 23);
+}
+
 OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   constexpr float kFltMax = 3.40282347e38f;
+  if (r.rounding == ScaleRounding::kPow2 && r.margin == 0) {
+    uint32_t a = abs_bits(amax);
+    if (a >= 0x7F800000u || a == 0) return 1.0f;  // NaN or inf; all-zero group
+    if (bits_float(a) < r.epsilon) a = float_bits(r.epsilon);
+    if (a >= 0x00800000u) return pow2_scale_of_normal(a, r.format);
+  }
   if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
   amax = bits_float(abs_bits(amax));  // a magnitude: a stray sign must not flip the scale
   if (amax == 0.0f)
@@ -74,7 +96,13 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   return s;
 }
 
+// 1 / scale, correctly rounded. A power of two 2^p (every pow2 scale, p in [-126, 127]) has the
+// exact inverse 2^-p, written directly (2^-127 is the subnormal 0x00400000); other scales divide.
 OCTET_HD float scale_inverse(float scale) {
+  const uint32_t b = float_bits(scale);
+  const uint32_t x = b >> 23;  // biased exponent, with the sign bit above it
+  if ((b & 0x7FFFFFu) == 0 && x >= 1 && x <= 254)
+    return bits_float(x == 254 ? 0x00400000u : (254u - x) << 23);
   return rn::div(1.0f, scale);
 }
 

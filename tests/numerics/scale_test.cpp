@@ -130,6 +130,39 @@ TEST(Scale, MarginIsAnExactPowerOfTwo) {
             FLT_MIN);
 }
 
+// The pow2 rule takes the power of two from amax's exponent and one significand compare
+// (pow2_scale_of_normal) instead of dividing; it must give the division's bits for every amax:
+// reference = the exact rule's quotient rounded down to a power of two, as compute_scale did it.
+float pow2_by_division(float amax, Fp8Format f, float eps) {
+  const float s = compute_scale(amax, rule(f, ScaleRounding::kExact, eps));
+  const float p = bits_float(float_bits(s) & 0xFF800000u);
+  return p < FLT_MIN ? FLT_MIN : p;
+}
+
+TEST(Scale, Pow2WithoutDivisionGivesTheDivisionsBits) {
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    for (float eps : {0.0f, 1e-4f, FLT_MIN, 1e-40f}) {
+      const ScaleRule r = rule(f, ScaleRounding::kPow2, eps);
+      int64_t bad = 0;
+      auto check = [&](uint32_t bits) {
+        const float a = bits_float(bits);
+        if (float_bits(compute_scale(a, r)) != float_bits(pow2_by_division(a, f, eps)) &&
+            ++bad <= 5)
+          ADD_FAILURE() << format_name(f) << " eps " << eps << " amax bits 0x" << std::hex << bits
+                        << ": " << compute_scale(a, r) << " vs " << pow2_by_division(a, f, eps);
+      };
+      // Every significand at a few exponents (subnormal, small, 1, large, the top binade).
+      for (uint32_t exp : {0u, 1u, 100u, 127u, 200u, 254u})
+        for (uint32_t m = 0; m < (1u << 23); m += exp == 127u ? 1u : 7u) check(exp << 23 | m);
+      // Every exponent at the significands around 1.75, where the quotient changes binade.
+      for (uint32_t exp = 0; exp <= 254; ++exp)
+        for (uint32_t m : {0u, 1u, 0x5FFFFFu, 0x600000u, 0x600001u, 0x7FFFFEu, 0x7FFFFFu})
+          check(exp << 23 | m);
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
 TEST(Scale, AmaxSignIsIgnored) {
   for (float a : {3.0f, 1e-30f, FLT_TRUE_MIN, 448.0f})
     for (ScaleRounding r : {ScaleRounding::kExact, ScaleRounding::kPow2})
@@ -178,11 +211,15 @@ TEST(Scale, ExactQuotientIsCorrectlyRounded) {
   }
 }
 
+// scale_inverse writes 2^-e for a power of two instead of dividing: the division's bits.
 TEST(Scale, ScaleInverseOfPowersOfTwoIsExact) {
   for (int e = -126; e <= 127; ++e) {
     const float s = std::ldexp(1.0f, e);
     EXPECT_EQ(scale_inverse(s), std::ldexp(1.0f, -e)) << e;  // 2^-127 is subnormal and still exact
+    EXPECT_EQ(float_bits(scale_inverse(s)), float_bits(rn::div(1.0f, s))) << e;
   }
+  for (float s : {3.0f, 448.0f / 3.0f, FLT_MAX, 1e-30f, 0.1f, 1e-40f})
+    EXPECT_EQ(float_bits(scale_inverse(s)), float_bits(rn::div(1.0f, s))) << s;
 }
 
 // No input of any kind gives a NaN, infinite or zero scale or scale_inv.

@@ -43,7 +43,9 @@ struct Lcg {
 // A host (rows, cols) row-wise 1x128 pow2 QuantTensor with K-major scales: random codes, every
 // 7th row all zero codes (+0 and -0), every 5th 1x128 group all zero, the rest random bytes where
 // `dense` (else mostly zeros: sparse groups whose few codes decide S alone).
-QuantTensor random_codes(int64_t rows, int64_t cols, Fp8Format fmt, uint64_t seed) {
+// spread: scale_inv exponents in [-spread, spread]; no_nan: NaN codes drawn become +0.
+QuantTensor random_codes(int64_t rows, int64_t cols, Fp8Format fmt, uint64_t seed, int spread = 40,
+                         bool no_nan = false) {
   Lcg g{seed};
   const int64_t cblocks = (cols + 127) / 128;
   QuantTensor q;
@@ -58,8 +60,11 @@ QuantTensor random_codes(int64_t rows, int64_t cols, Fp8Format fmt, uint64_t see
   auto* s = q.scale_inv.data_as<float>();
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t b = 0; b < cblocks; ++b) {
-      // 2^e, e in [-40, 40]; a tenth of the groups share 2^0 so that ties of S occur.
-      const int e = g.next() % 10 == 0 ? 0 : static_cast<int>(g.next() % 81) - 40;
+      // 2^e, e in [-spread, spread]; a tenth of the groups share 2^0 so that ties of S occur.
+      const int e =
+          g.next() % 10 == 0
+              ? 0
+              : static_cast<int>(g.next() % static_cast<uint32_t>(2 * spread + 1)) - spread;
       s[i * cblocks + b] = bits_float(static_cast<uint32_t>(127 + e) << 23);
       const bool zero = i % 7 == 3 || (i + b) % 5 == 2;
       const bool sparse = (i + 3 * b) % 4 == 1;
@@ -68,6 +73,8 @@ QuantTensor random_codes(int64_t rows, int64_t cols, Fp8Format fmt, uint64_t see
         uint8_t c = static_cast<uint8_t>(r >> 8);
         if (zero) c &= 0x80;  // +0 or -0
         if (sparse && r % 64 != 0) c = 0;
+        const bool nan = fmt == Fp8Format::kE4M3 ? (c & 0x7F) == 0x7F : (c & 0x7F) > 0x7C;
+        if (no_nan && nan) c = 0;
         d[i * cols + j] = c;
       }
     }
@@ -125,6 +132,26 @@ TEST_P(TransposeGpuCodes, MatchesCpuAndLegacyBitwise) {
   EXPECT_TRUE(bitwise_equal(want.columnwise_data, ldata.to_host(gpu))) << "legacy kernel";
   EXPECT_TRUE(bitwise_equal(want.columnwise_scale_inv, lscale.to_host(gpu))) << "legacy kernel";
 #endif
+}
+
+// Without NaN codes and with scales within 2^-12 .. 2^12, most threads' rows move by at most 2^-15
+// and take the half-precision rescale (rescale_fp8x4_f16), the others the FP32 one: both must give
+// the CPU's bits, subnormal results and underflow included.
+TEST_P(TransposeGpuCodes, HalfPrecisionRescaleMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const auto& [shape, fmt] = GetParam();
+  const int64_t rows = shape[0], cols = shape[1];
+  for (int spread : {3, 12}) {
+    QuantTensor want = random_codes(rows, cols, fmt, 7 + rows * 13 + cols + spread, spread, true);
+    QuantTensor got = to_gpu(gpu, want);
+    scaling_aware_transpose(cpu, want);
+    poison_pool(gpu, 2 * rows * cols + (1 << 20));
+    scaling_aware_transpose(gpu, got);
+    ASSERT_TRUE(bitwise_equal(want.columnwise_data, got.columnwise_data.to_host(gpu))) << spread;
+    ASSERT_TRUE(bitwise_equal(want.columnwise_scale_inv, got.columnwise_scale_inv.to_host(gpu)))
+        << spread;
+  }
 }
 
 // The model's MoE shapes (configs/baseline-h100.toml: 16384 tokens, top-4, expert widths 1024 and

@@ -7,8 +7,10 @@
 // below). Both kernels compute exactly that, bit for bit:
 //   - scaling_aware_transpose_tile_kernel, the one the op runs: 16-byte loads and stores, the codes
 //     rescaled in registers (hardware FP8x2 -> F16x2 decode, exact for every code, then the FP32
-//     product and the hardware conversion back), 4x4 byte transposes in registers, the transposed
-//     words staged in a swizzled shared tile and stored as full 16-byte pieces of output rows;
+//     product and the hardware conversion back; or, when every ratio of a thread's rows is a power
+//     of two the half product holds exactly, that product in F16x2: rescale_fp8x4_f16), 4x4 byte
+//     transposes in registers, the transposed words staged in a swizzled shared tile and stored as
+//     full 16-byte pieces of output rows;
 //   - scaling_aware_transpose_legacy_kernel (quantize_transpose_cuda.cu, its only user), the kernel
 //     it replaced (4-byte loads, bytewise shared staging, a shared decode table), kept so that
 //     `octet bench quantize` times both in one run and the GPU tests compare them.
@@ -53,6 +55,50 @@ __device__ __forceinline__ uint32_t rescale_fp8x4(uint32_t w, float ratio) {
                          rn::mul(b.y, ratio));
 }
 
+// The same four codes moved by 2^d with the half-precision pipe: the pair decode to F16x2 (exact),
+// one HMUL2.RN by 2^d and the pair encode cvt.rn.satfinite from F16x2. For 2^d >= 2^-15 (E4M3) or
+// 2^-8 (E5M2) and no NaN code this is rescale_fp8x4's result bit for bit: a code has at most 4
+// (E4M3) or 3 (E5M2) significant bits and its lowest weighs at least 2^-9 (2^-16), so its product
+// by such a 2^d is a half-precision number (lowest weight >= 2^-24), exact, as the FP32 product is;
+// both then round that same value once, to nearest even, with satfinite. (A NaN code would leave as
+// whatever NaN HMUL2 makes, not FMUL's canonical one, so NaN tiles take the FP32 path.)
+template <Fp8Format kFmt>
+__device__ __forceinline__ uint32_t rescale_fp8x4_f16(uint32_t w, __half2 ratio) {
+  constexpr __nv_fp8_interpretation_t kInterp = kFmt == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __half2 a = __hmul2_rn(
+      __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), kInterp)),
+      ratio);
+  const __half2 b = __hmul2_rn(
+      __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), kInterp)),
+      ratio);
+  const uint32_t lo = __nv_cvt_halfraw2_to_fp8x2(__half2_raw(a), __NV_SATFINITE, kInterp);
+  const uint32_t hi = __nv_cvt_halfraw2_to_fp8x2(__half2_raw(b), __NV_SATFINITE, kInterp);
+  return lo | (hi << 16);
+}
+
+// Whether a word of four codes holds a NaN code (E4M3: 0x7F / 0xFF; E5M2: exponent all ones and a
+// non-zero significand, 0x7D-0x7F / 0xFD-0xFF).
+template <Fp8Format kFmt>
+__device__ __forceinline__ bool has_nan_code(uint32_t w) {
+  const uint32_t m = w & 0x7F7F7F7Fu;
+  const uint32_t top = kFmt == Fp8Format::kE4M3 ? m + 0x01010101u : m + 0x03030303u;
+  return (top & 0x80808080u) != 0;
+}
+
+// min(si / smax, 1) for a row's scale_inv si > 0, else 0 (FP32 division, correctly rounded). Both
+// are positive normal powers of two for every pow2 recipe: then the quotient is exactly 2^d, written
+// from the exponents (2^-127 .. 2^-149 subnormal, 0 below, as the division rounds them).
+__device__ __forceinline__ float row_ratio(float si, float smax) {
+  const uint32_t a = float_bits(si), b = float_bits(smax);
+  if (((a | b) & 0x807FFFFFu) == 0 && a != 0 && b != 0) {
+    const int d = static_cast<int>(a >> 23) - static_cast<int>(b >> 23);
+    if (d >= 0) return 1.0f;
+    if (d >= -126) return bits_float(static_cast<uint32_t>(d + 127) << 23);
+    return d >= -149 ? bits_float(1u << (d + 149)) : 0.0f;
+  }
+  return si > 0.0f ? fminf(rn::div(si, smax), 1.0f) : 0.0f;
+}
+
 // The second half of a tile's transpose, shared by scaling_aware_transpose_tile_kernel and the
 // fused dispatch (moe_permute_transpose_kernels.cuh). Block (blockIdx.x, blockIdx.y) is tile column
 // c0 / 128, tile row r0 / 128; thread t holds the codes x[i] of tile rows 4 m + i (m = t / 8) at
@@ -95,21 +141,40 @@ __device__ __forceinline__ void transpose_tile_store(TransposeSmem& s, const uin
   }
   // Capped at 1 for the all-zero rows, whose scale_inv may exceed S (their codes stay zero).
   float ratio[4];
+  bool f16 = true;  // every row's move fits rescale_fp8x4_f16 and no code is NaN
+  constexpr float kF16Floor = kFmt == Fp8Format::kE4M3 ? 0x1p-15f : 0x1p-8f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ratio[i] = si[i] > 0.0f ? fminf(rn::div(si[i], smax), 1.0f) : 0.0f;
+  for (int i = 0; i < 4; ++i) {
+    ratio[i] = row_ratio(si[i], smax);
+    // a power of two at or above the floor, or 0 (a row past the end or far below S)
+    f16 &= (ratio[i] >= kF16Floor && (float_bits(ratio[i]) & 0x7FFFFFu) == 0) || ratio[i] == 0.0f;
+    f16 &= !(has_nan_code<kFmt>(x[i].x) || has_nan_code<kFmt>(x[i].y) ||
+             has_nan_code<kFmt>(x[i].z) || has_nan_code<kFmt>(x[i].w));
+  }
 
   // Rescale, transpose 4x4 bytes per word column j, stage. Chunks past the end hold codes of
   // zeros; no output reads them.
   const int swz = m ^ (cq << 2);
+  auto stage = [&](auto rescale) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    auto word = [&](int i) { return j == 0 ? x[i].x : j == 1 ? x[i].y : j == 2 ? x[i].z : x[i].w; };
-    uint32_t o[4];
-    transpose4x4_bytes(
-        rescale_fp8x4<kFmt>(word(0), ratio[0]), rescale_fp8x4<kFmt>(word(1), ratio[1]),
-        rescale_fp8x4<kFmt>(word(2), ratio[2]), rescale_fp8x4<kFmt>(word(3), ratio[3]), o);
+    for (int j = 0; j < 4; ++j) {
+      auto word = [&](int i) {
+        return j == 0 ? x[i].x : j == 1 ? x[i].y : j == 2 ? x[i].z : x[i].w;
+      };
+      uint32_t o[4];
+      transpose4x4_bytes(rescale(word(0), 0), rescale(word(1), 1), rescale(word(2), 2),
+                         rescale(word(3), 3), o);
 #pragma unroll
-    for (int b = 0; b < 4; ++b) s.t[(cq * 16 + 4 * j + b) * 32 + swz] = o[b];
+      for (int b = 0; b < 4; ++b) s.t[(cq * 16 + 4 * j + b) * 32 + swz] = o[b];
+    }
+  };
+  if (f16) {
+    __half2 r2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r2[i] = __float2half2_rn(ratio[i]);  // 2^d: exact in half
+    stage([&](uint32_t w, int i) { return rescale_fp8x4_f16<kFmt>(w, r2[i]); });
+  } else {
+    stage([&](uint32_t w, int i) { return rescale_fp8x4<kFmt>(w, ratio[i]); });
   }
   __syncthreads();
 

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
       next_u = gate_up.fetch(row, f + k * kChunk);
       next_d = load_raw8(dh + row * f + k * kChunk);
     } else {  // zeros: dg = du = h = 0 past F, computed without a branch
-      next_g = {}, next_u = {}, next_d = {};
+      next_g = Src::zero(), next_u = Src::zero(), next_d = {};
     }
     if (k0 == 0 && weighted) next_w = row_weight[row];
   };
@@ -238,13 +238,18 @@ __global__ void __launch_bounds__(kThreads)
       }
       if constexpr (!kAligned) {
         __syncwarp();
-        for (int64_t q0 = 0; q0 < groups; q0 += 4) {  // groups q0 + half and q0 + 2 + half
-          float v[2][kChunk] = {};
-          uint32_t a[2] = {0, 0};
-          int64_t c[2];
-          bool on[2];
+        // Groups q0 + 2 j + half for j < 4: eight groups a warp a step, whose amax reductions and
+        // scales are independent, so their shuffle and scale chains overlap (a step of two groups
+        // a half-warp left each chain's latency exposed: this loop was most of the kernel's
+        // stalls). Pairs (j = 0, 1) and (2, 3) take their scales from one two_scales each.
+        for (int64_t q0 = 0; q0 < groups; q0 += 8) {
+          constexpr int kQ = 4;
+          float v[kQ][kChunk] = {};
+          uint32_t a[kQ] = {0, 0, 0, 0};
+          int64_t c[kQ];
+          bool on[kQ];
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
+          for (int k = 0; k < kQ; ++k) {
             c[k] = (q0 + 2 * k + half) * kGroup + sub * kChunk;
             on[k] = c[k] < n;
             if (!on[k]) continue;
@@ -255,16 +260,27 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int e = 0; e < kChunk; ++e) a[k] = max(a[k], abs_bits(v[k][e]));
           }
-          a[0] = canonical_amax(half_warp_max(a[0]));
-          a[1] = canonical_amax(half_warp_max(a[1]));
-          running = max(running, max(a[0], a[1]));
-          const TwoScales sc = two_scales(a[0], a[1], rule, sub);
-          const int64_t own = q0 + (sub < 8 ? 0 : 2) + half;
-          if (sub % 8 == 0 && own < groups) scale_inv[r * groups + own] = sc.own_inverse;
 #pragma unroll
-          for (int k = 0; k < 2; ++k)
+          for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+            for (int k = 0; k < kQ; ++k) a[k] = max(a[k], __shfl_xor_sync(0xFFFFFFFFu, a[k], o));
+#pragma unroll
+          for (int k = 0; k < kQ; ++k) {
+            a[k] = canonical_amax(a[k]);
+            running = max(running, a[k]);
+          }
+          const TwoScales sc[2] = {two_scales(a[0], a[1], rule, sub),
+                                   two_scales(a[2], a[3], rule, sub)};
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const int64_t own = q0 + 4 * p + (sub < 8 ? 0 : 2) + half;
+            if (sub % 8 == 0 && own < groups) scale_inv[r * groups + own] = sc[p].own_inverse;
+          }
+#pragma unroll
+          for (int k = 0; k < kQ; ++k)
             if (on[k])
-              *reinterpret_cast<uint2*>(data + r * n + c[k]) = fp8x8(v[k], sc.scale[k], kind);
+              *reinterpret_cast<uint2*>(data + r * n + c[k]) =
+                  fp8x8(v[k], sc[k / 2].scale[k % 2], kind);
         }
         __syncwarp();  // the staging is rewritten by the next row
       }

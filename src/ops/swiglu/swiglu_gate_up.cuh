@@ -74,6 +74,8 @@ struct DenseGateUp {
   __device__ __forceinline__ Raw fetch(int64_t r, int64_t c) const {
     return load_raw8(p + r * n + c);
   }
+  // The raw words of 8 zeros, for lanes past the row (unpacked like any others).
+  __device__ __forceinline__ static Raw zero() { return {}; }
   __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const { unpack8(w, v); }
   __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[kChunk]) const {
     unpack(fetch(r, c), v);
@@ -105,6 +107,9 @@ struct Fp8GateUp {
     return {__ldcs(reinterpret_cast<const uint2*>(data + r * n + c)),
             scale_inv[r * groups + c / kGroup]};
   }
+  // The raw words of 8 zeros, for lanes past the row: scale 1.0 keeps them on unpack's
+  // power-of-two path (a zero scale would send the whole warp through the rounding path).
+  __device__ __forceinline__ static Raw zero() { return {make_uint2(0, 0), 1.0f}; }
   // The vectorised path: each pair of codes decoded by the hardware (cvt.rn.f16x2.e4m3x2 or
   // .e5m2x2, exact for every code: FP16 holds every E4M3 and E5M2 value, NaN and inf included),
   // widened to FP32 (exact), times the scale as value() does; for BF16 the pair is rounded by
