@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_graph.h"
 #include "bench.h"
+#include "kernel_trace.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "model/saved_bytes.h"
@@ -58,7 +59,8 @@ struct StepTimes {
 };
 
 StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
-                          const ModelBatch& batch, bool graphs, int runs) {
+                          const ModelBatch& batch, bool graphs, int runs,
+                          const std::string& trace_csv = "") {
   train::GraphedSection pre("the weight preparation and the gradients' zeroing");
   train::MicroBatchGraphs micro(ctx);
   opt.set_graphs(graphs);
@@ -90,6 +92,16 @@ StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
   std::vector<double> timed(host_ms.end() - runs, host_ms.end());
   std::sort(timed.begin(), timed.end());
   t.host_ms = timed[timed.size() / 2];
+  if (!trace_csv.empty()) {  // one more step, its kernels timed one by one (--trace)
+    const std::vector<bench::KernelSpan> spans = bench::trace_kernels(ctx, step);
+    bench::write_trace_csv(trace_csv, spans);
+    const bench::TraceSummary ts = bench::summarize(spans);
+    std::printf(
+        "trace of one step (%s): %lld kernels, %.2f ms from first start to last end, %.2f ms "
+        "with a kernel running, %.2f ms of kernel time: %s\n",
+        graphs ? "graphed" : "eager", static_cast<long long>(ts.kernels), ts.span_ms, ts.busy_ms,
+        ts.sum_ms, trace_csv.c_str());
+  }
   t.replays = micro.replays() + pre.replays() + opt.graph_replays();
   t.failure = !micro.failure().empty() ? micro.failure()
               : !pre.failure().empty() ? pre.failure()
@@ -107,6 +119,7 @@ int run(const std::vector<std::string>& argv) {
   int runs = 10;
   bool chosen = false;
   std::vector<std::string> sets;
+  std::string trace_dir;
   for (size_t i = 0; i < argv.size(); ++i) {
     if (argv[i] == "--recipe" && i + 1 < argv.size()) {
       if (!chosen) recipes.clear();  // the first --recipe replaces the default list
@@ -116,6 +129,8 @@ int run(const std::vector<std::string>& argv) {
       runs = std::stoi(argv[++i]);
     else if (argv[i] == "--set" && i + 1 < argv.size())
       sets.push_back(argv[++i]);
+    else if (argv[i] == "--trace" && i + 1 < argv.size())
+      trace_dir = argv[++i];
     else
       path = argv[i];
   }
@@ -126,6 +141,8 @@ int run(const std::vector<std::string>& argv) {
   for (const std::string& kv : sets) train::apply_set(cfg, kv);
   const ModelConfig& mc = cfg.model;
   Context ctx = make_context(cuda_device_count() > 0 ? Device::kCuda : Device::kCpu);
+  OCTET_CHECK(trace_dir.empty() || ctx.device == Device::kCuda,
+              "--trace: the kernel timeline needs a CUDA device (this machine has none)");
   const int64_t B = cfg.batch_size, T = cfg.seq_len, N = B * T;
   std::printf("train-step on %s: %s, B %lld x T %lld, %d runs (median ms)\n",
               device_name(ctx.device), path.c_str(), static_cast<long long>(B),
@@ -156,7 +173,10 @@ int run(const std::vector<std::string>& argv) {
     const double host = host_ms[host_ms.size() / 2];
     for (const bool graphs : {false, true}) {
       if (graphs && !cuda_graphs_supported(ctx)) continue;
-      const StepTimes st = time_whole_step(ctx, m, opt, batch, graphs, runs);
+      const std::string trace =
+          trace_dir.empty() ? ""
+                            : trace_dir + "/trace-" + r + (graphs ? "-graphed" : "-eager") + ".csv";
+      const StepTimes st = time_whole_step(ctx, m, opt, batch, graphs, runs, trace);
       step_rows.push_back({r, graphs ? "on" : "off", fmt(st.gpu.median_ms), fmt(st.host_ms),
                            fmt(100.0 * st.host_ms / st.gpu.median_ms, 1),
                            std::to_string(st.replays), st.failure.empty() ? "-" : st.failure});
@@ -298,6 +318,7 @@ Suite train_step_suite() {
   return {
       "train-step", "where a training step's time goes, per recipe",
       "usage: octet bench train-step [CONFIG.toml] [--recipe R]... [--runs N] [--set KEY=VALUE]...\n"
+      "                              [--trace DIR]\n"
       "\n"
       "Times (median of --runs, default 10) the forward + backward of one micro-batch, the host's\n"
       "own time inside that call (enqueueing, and waiting where the step synchronises), the\n"
@@ -306,7 +327,10 @@ Suite train_step_suite() {
       "feed-forward also as replayed CUDA graphs, as the trainer runs them). Several --recipe run "
       "one after the other.\n"
       "--set overrides config keys as `octet train` does (e.g. "
-      "model.num_nextn_predict_layers=0).\n",
+      "model.num_nextn_predict_layers=0).\n"
+      "--trace DIR also runs one more whole step, eager and graphed, with every kernel's device "
+      "start and end recorded (CUPTI, libcupti loaded at run time) into DIR/trace-RECIPE-MODE.csv, "
+      "and prints how much of that step had a kernel running and how much kernel time overlapped.\n",
       run};
 }
 
