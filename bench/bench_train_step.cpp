@@ -173,9 +173,11 @@ int run(const std::vector<std::string>& argv) {
     const double host = host_ms[host_ms.size() / 2];
     for (const bool graphs : {false, true}) {
       if (graphs && !cuda_graphs_supported(ctx)) continue;
-      const std::string trace =
-          trace_dir.empty() ? ""
-                            : trace_dir + "/trace-" + r + (graphs ? "-graphed" : "-eager") + ".csv";
+      std::string trace;
+      if (!trace_dir.empty()) {
+        trace = trace_dir;
+        trace.append("/trace-").append(r).append(graphs ? "-graphed" : "-eager").append(".csv");
+      }
       const StepTimes st = time_whole_step(ctx, m, opt, batch, graphs, runs, trace);
       step_rows.push_back({r, graphs ? "on" : "off", fmt(st.gpu.median_ms), fmt(st.host_ms),
                            fmt(100.0 * st.host_ms / st.gpu.median_ms, 1),

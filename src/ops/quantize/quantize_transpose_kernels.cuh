@@ -146,8 +146,9 @@ __device__ __forceinline__ void transpose_tile_store(TransposeSmem& s, const uin
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     ratio[i] = row_ratio(si[i], smax);
-    // a power of two at or above the floor, or 0 (a row past the end or far below S)
-    f16 &= (ratio[i] >= kF16Floor && (float_bits(ratio[i]) & 0x7FFFFFu) == 0) || ratio[i] == 0.0f;
+    // a power of two at or above the floor, or a row past the end (no scale, zero codes); a row
+    // moved below 2^-149 (ratio 0) takes the FP32 path, where an E5M2 inf times 0 is NaN
+    f16 &= (ratio[i] >= kF16Floor && (float_bits(ratio[i]) & 0x7FFFFFu) == 0) || si[i] == 0.0f;
     f16 &= !(has_nan_code<kFmt>(x[i].x) || has_nan_code<kFmt>(x[i].y) ||
              has_nan_code<kFmt>(x[i].z) || has_nan_code<kFmt>(x[i].w));
   }
