@@ -5,7 +5,9 @@
 # fortunes corpus (data/fortunes-*) into gpu-carry/ (git-ignored), and the libraries of `ldd build/octet`
 # that live in /lib/x86_64-linux-gnu and are not glibc's or libstdc++'s into gpu-carry/lib/ (libmpi,
 # libopen-rte, libopen-pal, libhwloc, libevent_core, libevent_pthreads, libudev); then on the GPU machine, carrying
-# gpu-carry:  bash scripts/gpu_call.sh [attn] [tests] [bench] [ncu] [train] [peer] [slice]
+# gpu-carry:  bash scripts/gpu_call.sh [attn] [tests] [bench] [ncu] [trace] [train] [peer] [slice]
+# (trace: the step's kernel timelines, `octet bench train-step --trace`, into $OUT/trace.tgz; it
+# needs libcupti on LD_LIBRARY_PATH: copy CUDA's libcupti.so.13 into gpu-carry/lib)
 # (env: TEST_TIMEOUT, TEST_SHARDS, GTEST_FILTER, RECIPES, NCU_RECIPES, TRAIN_SET, SLICE_RUNS, SLICE_SET, PEER_SLICE_MODES)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -46,6 +48,7 @@ for what in "$@"; do case $what in
   ncu) for nr in ${NCU_RECIPES:-deepseek}; do timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base --launch-count 9000 $G/octet bench train-step configs/baseline-h100.toml --recipe $nr --runs 1 > /tmp/ncu-$nr.csv 2>/dev/null; python3 scripts/ncu_phases.py /tmp/ncu-$nr.csv --top 60 > $OUT/phases-$nr.txt; gzip -c /tmp/ncu-$nr.csv > $OUT/ncu-$nr.csv.gz; head -4 $OUT/phases-$nr.txt; done;;
   train) for r in ${RECIPES:-bf16 deepseek}; do $G/octet train configs/baseline-h100.toml --set recipe=$r --set run_dir=/tmp/runs/b-$r --set data.shards=$DATA --set steps=30 --set checkpoint_every=-1 ${TRAIN_SET:-} > $OUT/train-$r.log 2>&1; echo "== train $r rc=$?"; grep -E "tokens/s|peak|step time" $OUT/train-$r.log | tail -4; done;;
   attn) $G/octet bench attention --runs 10 2>&1 | tee $OUT/attention.log;;
+  trace) mkdir -p $OUT/trace; for r in ${RECIPES:-deepseek fp8-flow}; do $G/octet bench train-step configs/baseline-h100.toml --runs 3 --recipe $r --trace $OUT/trace > $OUT/trace/bench-$r.log 2>&1; grep "trace of" $OUT/trace/bench-$r.log; done; tar -czf $OUT/trace.tgz -C $OUT trace && rm -rf $OUT/trace;;
   peer) python3 $G/peer_step.py --preset baseline --mode compile 2>&1 | tail -2 | tee $OUT/peer.log;;
   slice) for v in ${SLICE_RUNS:-bf16:1 deepseek:1 deepseek:0}; do set -- ${v/:/ }; $G/octet train configs/dsv3-slice.toml --set recipe=$1 --set model.num_nextn_predict_layers=$2 --set run_dir=/tmp/runs/s-$1-$2 --set data.shards=$DATA --set steps=${SLICE_STEPS:-12} --set log_every=1 --set checkpoint_every=-1 ${SLICE_SET:-} > $OUT/slice-$1-$2.log 2>&1; echo "== slice $1 mtp=$2 rc=$?"; grep -E "tokens/s|peak" $OUT/slice-$1-$2.log | tail -2; done
     for m in ${PEER_SLICE_MODES:-eager compile}; do python3 $G/peer_step.py --preset dsv3-slice --mode $m 2>&1 | tail -2 | tee -a $OUT/peer-slice.log; done;;
