@@ -55,15 +55,16 @@ struct ScaleRule {
   int margin = 0;        // delayed scaling: scale / 2^margin
 };
 
-// The power-of-two scale of a normal amax without the division (margin 0), the same bits as
-// compute_scale's division path: amax = m 2^e (m in [1, 2)) and fp8_max = 1.75 2^k (448 = 1.75 2^8,
+// The power-of-two scale without the division (margin 0), the same bits as compute_scale's
+// division path: amax = m 2^e (m in [1, 2)) and fp8_max = 1.75 2^k (448 = 1.75 2^8,
 // 57344 = 1.75 2^15), so fp8_max / amax = (1.75 / m) 2^(k - e), which lies in [1, 1.75] 2^(k - e)
 // for m <= 1.75 and in (0.875, 1) 2^(k - e) for m > 1.75. Rounding cannot carry it into the next
 // binade: the largest quotient below 1, 1.75 / (1.75 + 2^-23), is more than half an ulp under 1.
 // Its exponent is therefore k - e - (m > 1.75), and the power of two it rounds down to is that,
 // capped at 2^127 (the overflow to inf becomes FLT_MAX, whose power of two is 2^127). No margin
-// means no result below 2^-126. The quantizers of the pow2 recipes (every 1x128 kernel) take this
-// path; a subnormal amax (only below a subnormal epsilon) takes the division.
+// means no result below 2^-126. A subnormal amax (exponent field 0, read here as e = -127) gives
+// an exponent above 127 and so 2^127, as the division does: its quotient overflows. So this holds
+// for every finite nonzero amax.
 OCTET_HD float pow2_scale_of_normal(uint32_t amax_bits, Fp8Format f) {
   const int e = static_cast<int>(amax_bits >> 23) - 127;
   const int k = f == Fp8Format::kE4M3 ? 8 : 15;
@@ -71,14 +72,28 @@ OCTET_HD float pow2_scale_of_normal(uint32_t amax_bits, Fp8Format f) {
   return bits_float(static_cast<uint32_t>((p < 127 ? p : 127) + 127) << 23);
 }
 
+// compute_scale for ScaleRule{f, kPow2, epsilon, margin 0} (epsilon finite) as straight-line code:
+// selects, no branch on the data, so that kernels which fix this rule at compile time (the 1x128
+// quantizers of every FP8 recipe) spend a few integer operations a group on it.
+OCTET_HD float pow2_scale(float amax, float epsilon, Fp8Format f) {
+  uint32_t a = abs_bits(amax);
+  const bool one = a >= 0x7F800000u || a == 0;  // NaN or inf; all-zero group
+  if (bits_float(a) < epsilon) a = float_bits(epsilon);
+  const float s = pow2_scale_of_normal(a, f);
+  return one ? 1.0f : s;
+}
+
+// scale_inverse of a power of two 2^p with p in [-126, 127] (every pow2_scale): 2^-p written
+// directly, 2^-127 being the subnormal 0x00400000.
+OCTET_HD float pow2_scale_inverse(float scale) {
+  const uint32_t x = float_bits(scale) >> 23;  // biased exponent in [1, 254]
+  return bits_float(x == 254 ? 0x00400000u : (254u - x) << 23);
+}
+
 OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
   constexpr float kFltMax = 3.40282347e38f;
-  if (r.rounding == ScaleRounding::kPow2 && r.margin == 0) {
-    uint32_t a = abs_bits(amax);
-    if (a >= 0x7F800000u || a == 0) return 1.0f;  // NaN or inf; all-zero group
-    if (bits_float(a) < r.epsilon) a = float_bits(r.epsilon);
-    if (a >= 0x00800000u) return pow2_scale_of_normal(a, r.format);
-  }
+  if (r.rounding == ScaleRounding::kPow2 && r.margin == 0)
+    return pow2_scale(amax, r.epsilon, r.format);
   if (abs_bits(amax) >= 0x7F800000u) return 1.0f;  // NaN or inf
   amax = bits_float(abs_bits(amax));  // a magnitude: a stray sign must not flip the scale
   if (amax == 0.0f)
@@ -97,12 +112,11 @@ OCTET_HD float compute_scale(float amax, const ScaleRule& r) {
 }
 
 // 1 / scale, correctly rounded. A power of two 2^p (every pow2 scale, p in [-126, 127]) has the
-// exact inverse 2^-p, written directly (2^-127 is the subnormal 0x00400000); other scales divide.
+// exact inverse 2^-p (pow2_scale_inverse); other scales divide.
 OCTET_HD float scale_inverse(float scale) {
   const uint32_t b = float_bits(scale);
   const uint32_t x = b >> 23;  // biased exponent, with the sign bit above it
-  if ((b & 0x7FFFFFu) == 0 && x >= 1 && x <= 254)
-    return bits_float(x == 254 ? 0x00400000u : (254u - x) << 23);
+  if ((b & 0x7FFFFFu) == 0 && x >= 1 && x <= 254) return pow2_scale_inverse(scale);
   return rn::div(1.0f, scale);
 }
 

@@ -131,7 +131,8 @@ TEST(Scale, MarginIsAnExactPowerOfTwo) {
 }
 
 // The pow2 rule takes the power of two from amax's exponent and one significand compare
-// (pow2_scale_of_normal) instead of dividing; it must give the division's bits for every amax:
+// (pow2_scale, subnormal amaxes included) instead of dividing, and its inverse from the exponent
+// (pow2_scale_inverse); both must give the division's bits for every amax and sign:
 // reference = the exact rule's quotient rounded down to a power of two, as compute_scale did it.
 float pow2_by_division(float amax, Fp8Format f, float eps) {
   const float s = compute_scale(amax, rule(f, ScaleRounding::kExact, eps));
@@ -146,10 +147,15 @@ TEST(Scale, Pow2WithoutDivisionGivesTheDivisionsBits) {
       int64_t bad = 0;
       auto check = [&](uint32_t bits) {
         const float a = bits_float(bits);
-        if (float_bits(compute_scale(a, r)) != float_bits(pow2_by_division(a, f, eps)) &&
-            ++bad <= 5)
-          ADD_FAILURE() << format_name(f) << " eps " << eps << " amax bits 0x" << std::hex << bits
-                        << ": " << compute_scale(a, r) << " vs " << pow2_by_division(a, f, eps);
+        const float want = pow2_by_division(a, f, eps);
+        for (float x : {a, -a}) {
+          const float s = compute_scale(x, r);
+          if ((float_bits(s) != float_bits(want) ||
+               float_bits(pow2_scale_inverse(s)) != float_bits(1.0f / want)) &&
+              ++bad <= 5)
+            ADD_FAILURE() << format_name(f) << " eps " << eps << " amax bits 0x" << std::hex
+                          << float_bits(x) << ": " << s << " vs " << want;
+        }
       };
       // Every significand at a few exponents (subnormal, small, 1, large, the top binade).
       for (uint32_t exp : {0u, 1u, 100u, 127u, 200u, 254u})
@@ -158,6 +164,8 @@ TEST(Scale, Pow2WithoutDivisionGivesTheDivisionsBits) {
       for (uint32_t exp = 0; exp <= 254; ++exp)
         for (uint32_t m : {0u, 1u, 0x5FFFFFu, 0x600000u, 0x600001u, 0x7FFFFEu, 0x7FFFFFu})
           check(exp << 23 | m);
+      // Zero, inf and NaNs: scale 1.
+      for (uint32_t bits : {0u, 0x7F800000u, 0x7FC00000u, 0x7F800001u, 0x7FFFFFFFu}) check(bits);
       EXPECT_EQ(bad, 0);
     }
   }

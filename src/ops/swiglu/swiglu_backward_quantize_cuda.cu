@@ -42,11 +42,17 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
   const bool aligned = f % kGroup == 0;
   const int64_t smem = int64_t{kVecThreads / 32} * (256 + (aligned ? 0 : 2 * f)) * 4;
   if (smem > device_attr(ctx, cudaDevAttrMaxSharedMemoryPerBlockOptin)) return false;
-  auto kernel =
-      aligned
-          ? swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads, true>
-          : swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads,
-                                                                      false>;
+  const bool fixed = swiglu_kernels::e4m3_pow2(rule) && src.e4m3() &&
+                     (!a.want_h || swiglu_kernels::e4m3_pow2(h_out.rule));
+  auto kernel = [&] {
+    using swiglu_kernels::swiglu_backward_quantize_1x128_vec_kernel;
+    if (aligned)
+      return fixed
+                 ? swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads, true, true>
+                 : swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads, true, false>;
+    return fixed ? swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads, false, true>
+                 : swiglu_backward_quantize_1x128_vec_kernel<Src, GradT, kVecThreads, false, false>;
+  }();
   if (smem > 48 * 1024)
     OCTET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));

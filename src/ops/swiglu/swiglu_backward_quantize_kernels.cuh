@@ -107,8 +107,9 @@ __global__ void __launch_bounds__(kThreads)
 //   h (want_h, h_out.data set): the window's h columns are two whole 1x128 groups of h (windows start
 //     at multiples of 256 of h's F columns), so each half-warp quantizes its group from registers,
 //     as swiglu_quantize_1x128_vec_kernel does, whatever F.
+// kE4M3Pow2: the outputs' rule fixed at compile time (rule_scale, swiglu_vec_kernels.cuh).
 // Dynamic shared memory: per warp 256 floats of scratch, plus 2F floats of staging unless kAligned.
-template <typename Src, typename GradT, int kThreads, bool kAligned>
+template <typename Src, typename GradT, int kThreads, bool kAligned, bool kE4M3Pow2>
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_quantize_1x128_vec_kernel(const GradT* __restrict__ dh, Src gate_up,
                                               const float* __restrict__ row_weight, int64_t rows,
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t per_warp = 256 + (kAligned ? 0 : n);
   float* scratch = reinterpret_cast<float*>(smem4) + warp * per_warp;
   float* stage = scratch + 256;
-  const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __nv_fp8_interpretation_t kind = rule_kind<kE4M3Pow2>(rule);
   const bool weighted = row_weight != nullptr, with_h = h_out.data != nullptr;
   const int64_t h_groups = ceil_div(f, kGroup);
   uint32_t running = 0, h_running = 0;
@@ -158,8 +159,8 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t k = k0 + lane, c = k * kChunk;
       const bool on = k < cpr;
       float gv[kChunk], uv[kChunk], dv[kChunk], dg[kChunk], du[kChunk], p[kChunk];
-      gate_up.unpack(cur_g, gv);
-      gate_up.unpack(cur_u, uv);
+      gate_up.template unpack<kE4M3Pow2>(cur_g, gv);
+      gate_up.template unpack<kE4M3Pow2>(cur_u, uv);
       unpack8(cur_d, dv);
       float sv[kChunk];
       sigmoid8(gv, sv);
@@ -178,11 +179,12 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < kChunk; ++e) a = max(a, abs_bits(uv[e]));
         a = canonical_amax(half_warp_max(a));
         h_running = max(h_running, a);
-        const float hs = compute_scale(bits_float(a), h_out.rule);
+        const float hs = rule_scale<kE4M3Pow2>(a, h_out.rule);
         if (on) {
-          if (sub == 0) h_out.scale_inv[r * h_groups + k0 / 16 + half] = scale_inverse(hs);
+          if (sub == 0)
+            h_out.scale_inv[r * h_groups + k0 / 16 + half] = rule_inverse<kE4M3Pow2>(hs);
           *reinterpret_cast<uint2*>(h_out.data + r * f + c) =
-              fp8x8(uv, hs, fp8_kind(h_out.rule.format));
+              fp8x8(uv, hs, rule_kind<kE4M3Pow2>(h_out.rule));
         }
       }
       if (weighted) {
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(kThreads)
         a_dg = canonical_amax(half_warp_max(a_dg));
         a_du = canonical_amax(half_warp_max(a_du));
         running = max(running, max(a_dg, a_du));
-        const TwoScales sc = two_scales(a_dg, a_du, rule, sub);
+        const TwoScales sc = two_scales<kE4M3Pow2>(a_dg, a_du, rule, sub);
         if (on && sub % 8 == 0)
           scale_inv[r * groups + (sub < 8 ? c : f + c) / kGroup] = sc.own_inverse;
         if (on) {
@@ -269,8 +271,8 @@ __global__ void __launch_bounds__(kThreads)
             a[k] = canonical_amax(a[k]);
             running = max(running, a[k]);
           }
-          const TwoScales sc[2] = {two_scales(a[0], a[1], rule, sub),
-                                   two_scales(a[2], a[3], rule, sub)};
+          const TwoScales sc[2] = {two_scales<kE4M3Pow2>(a[0], a[1], rule, sub),
+                                   two_scales<kE4M3Pow2>(a[2], a[3], rule, sub)};
 #pragma unroll
           for (int p = 0; p < 2; ++p) {
             const int64_t own = q0 + 4 * p + (sub < 8 ? 0 : 2) + half;

@@ -134,15 +134,17 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int64_t base) {
 }
 
 // two_scales for groups of two outputs with their own rules: a0 (rule r0) on lanes 0-7 of each
-// half-warp, a1 (r1) on lanes 8-15; scale[0] and scale[1] as there.
+// half-warp, a1 (r1) on lanes 8-15; scale[0] and scale[1] as there. With kE4M3Pow2 both rules are
+// that one and differ at most in epsilon.
+template <bool kE4M3Pow2>
 __device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0, uint32_t a1,
                                                 const ScaleRule& r1, int sub) {
-  const float s = compute_scale(bits_float(sub < 8 ? a0 : a1), sub < 8 ? r0 : r1);
+  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, sub < 8 ? r0 : r1);
   const int base = static_cast<int>(threadIdx.x % 32) & 16;
   TwoScales t;
   t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
   t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
-  t.own_inverse = sub % 8 == 0 ? scale_inverse(s) : 0.0f;
+  t.own_inverse = sub % 8 == 0 ? rule_inverse<kE4M3Pow2>(s) : 0.0f;
   return t;
 }
 
@@ -160,8 +162,11 @@ __device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0
 // h and the gate are stored at their step (the up's share of group gb is known from step 0 on);
 // the up half once every step has its maxima. Lanes past the row hold zeros, which leave every
 // amax as it is, and store nothing.
-template <typename InT, int kThreads, int kIt>
-__global__ void __launch_bounds__(kThreads)
+// Up to kIt = 3 (F <= 768) at most 128 registers a thread, so that two blocks of 256 share an SM
+// (ptxas gave kE4M3Pow2's straight-line code 148 otherwise, one block an SM); longer rows would
+// spill under that bound.
+template <typename InT, int kThreads, int kIt, bool kE4M3Pow2>
+__global__ void __launch_bounds__(kThreads, kIt <= 3 ? 65536 / (128 * kThreads) : 1)
     swiglu_quantize_cache_1x128_row_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
                                            const float* __restrict__ row_weight, QuantOut h_out,
                                            QuantOut gu_out) {
@@ -170,8 +175,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n = 2 * f, cpr = f / kChunk, gu_groups = ceil_div(n, kGroup);
   const int64_t h_groups = ceil_div(f, kGroup), gb = cpr / 16;
   const bool straddle = cpr % 16 != 0;  // group gb holds gate and up chunks
-  const __nv_fp8_interpretation_t h_kind = fp8_kind(h_out.rule.format);
-  const __nv_fp8_interpretation_t gu_kind = fp8_kind(gu_out.rule.format);
+  const __nv_fp8_interpretation_t h_kind = rule_kind<kE4M3Pow2>(h_out.rule);
+  const __nv_fp8_interpretation_t gu_kind = rule_kind<kE4M3Pow2>(gu_out.rule);
   uint32_t gu_running = 0, h_running = 0;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -213,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
         gate_tail = __shfl_sync(0xFFFFFFFFu, b, 16 * static_cast<int>(gb % 2));
         if (q == gb) b = max(b, up_head);
       }
-      const TwoScales sc = two_scales(a, h_out.rule, b, gu_out.rule, sub);
+      const TwoScales sc = two_scales<kE4M3Pow2>(a, h_out.rule, b, gu_out.rule, sub);
       if (sub == 0 && q < h_groups) h_out.scale_inv[r * h_groups + q] = sc.own_inverse;
       if (sub == 8 && q < h_groups) gu_out.scale_inv[r * gu_groups + q] = sc.own_inverse;
       if (on[i]) {
@@ -244,9 +249,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kIt; ++i) {
       const int64_t k = 32 * i + lane;
-      const float su = compute_scale(bits_float(au[i]), gu_out.rule);
+      const float su = rule_scale<kE4M3Pow2>(au[i], gu_out.rule);
       if (on[i] && (cpr + k) % 16 == 0)  // the group's first chunk (gb's is the gate's)
-        gu_out.scale_inv[r * gu_groups + (cpr + k) / 16] = scale_inverse(su);
+        gu_out.scale_inv[r * gu_groups + (cpr + k) / 16] = rule_inverse<kE4M3Pow2>(su);
       if (on[i])
         *reinterpret_cast<uint2*>(gu_out.data + r * n + f + k * kChunk) = fp8x8(u[i], su, gu_kind);
       gu_running = max(gu_running, au[i]);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "backend/cuda_check.h"
 #include "ops/swiglu/swiglu_backends.h"
@@ -129,14 +130,22 @@ void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
     const bool vec = vectorizable(f, {gu_ptr, out.data.data()});
     const int64_t steps = ceil_div(f / k::kChunk, int64_t{32});  // a warp's 8-column steps a row
     const int64_t row_warps = ceil_div(rows, int64_t{kQuantThreads / 32});
-    if (vec && steps == 1)  // a warp per row, the whole row in flight
-      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 1>, row_warps);
+    // A warp per row, the whole row in flight; the rule fixed at compile time where it allows.
+    auto launch_row = [&](auto it) {
+      constexpr int kIt = decltype(it)::value;
+      if (k::e4m3_pow2(rule) && src.e4m3())
+        launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, kIt, true>, row_warps);
+      else
+        launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, kIt, false>, row_warps);
+    };
+    if (vec && steps == 1)
+      launch_row(std::integral_constant<int, 1>{});
     else if (vec && steps == 2)
-      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 2>, row_warps);
+      launch_row(std::integral_constant<int, 2>{});
     else if (vec && steps == 3)
-      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 3>, row_warps);
+      launch_row(std::integral_constant<int, 3>{});
     else if (vec && steps == 4)
-      launch(k::swiglu_quantize_1x128_row_kernel<Src, kQuantThreads, 4>, row_warps);
+      launch_row(std::integral_constant<int, 4>{});
     else if (vec)  // a warp per 2 groups, 2 in flight
       launch(k::swiglu_quantize_1x128_vec_kernel<Src, kQuantThreads>,
              ceil_div(groups, 4 * (kQuantThreads / 32)));
@@ -169,19 +178,28 @@ void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTens
         a.gate_up.data_as<const InT>(), rows, f, w, h, g);
     OCTET_CUDA_CHECK_LAUNCH();
   };
+  // The rule fixed at compile time where both outputs allow it.
+  const bool fixed = k::e4m3_pow2(h.rule) && k::e4m3_pow2(g.rule);
+  auto launch_row = [&](auto it) {
+    constexpr int kIt = decltype(it)::value;
+    if (fixed)
+      launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, kIt, true>);
+    else
+      launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, kIt, false>);
+  };
   if (vectorizable(f, {a.gate_up.data(), out.data.data(), gu_out.data.data()})) {
     switch (ceil_div(f / k::kChunk, 32)) {  // steps of 32 chunks in a row (F <= 1024: in registers)
       case 1:
-        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 1>);
+        launch_row(std::integral_constant<int, 1>{});
         break;
       case 2:
-        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 2>);
+        launch_row(std::integral_constant<int, 2>{});
         break;
       case 3:
-        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 3>);
+        launch_row(std::integral_constant<int, 3>{});
         break;
       case 4:
-        launch(k::swiglu_quantize_cache_1x128_row_kernel<InT, kQuantThreads, 4>);
+        launch_row(std::integral_constant<int, 4>{});
         break;
       default:
         launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads>);

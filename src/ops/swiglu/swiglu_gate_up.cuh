@@ -76,7 +76,13 @@ struct DenseGateUp {
   }
   // The raw words of 8 zeros, for lanes past the row (unpacked like any others).
   __device__ __forceinline__ static Raw zero() { return {}; }
-  __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const { unpack8(w, v); }
+  // Whether a kernel may read it with the FP8 format fixed to E4M3 (no codes here: always).
+  bool e4m3() const { return true; }
+  // kE4M3: Fp8GateUp's compile-time format; nothing to decode here.
+  template <bool kE4M3 = false>
+  __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const {
+    unpack8(w, v);
+  }
   __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[kChunk]) const {
     unpack(fetch(r, c), v);
   }
@@ -110,6 +116,7 @@ struct Fp8GateUp {
   // The raw words of 8 zeros, for lanes past the row: scale 1.0 keeps them on unpack's
   // power-of-two path (a zero scale would send the whole warp through the rounding path).
   __device__ __forceinline__ static Raw zero() { return {make_uint2(0, 0), 1.0f}; }
+  bool e4m3() const { return format == Fp8Format::kE4M3; }
   // The vectorised path: each pair of codes decoded by the hardware (cvt.rn.f16x2.e4m3x2 or
   // .e5m2x2, exact for every code: FP16 holds every E4M3 and E5M2 value, NaN and inf included),
   // widened to FP32 (exact), times the scale as value() does; for BF16 the pair is rounded by
@@ -121,8 +128,12 @@ struct Fp8GateUp {
   // a scale is a normal FP32 number, so BF16 holds it exactly. (A NaN code then keeps the
   // product's NaN 0x7FFFFFFF instead of 0x7FFF0000: the kernels only compute with these values,
   // and every NaN operand gives the same result.)
+  //   kE4M3: the caller knows the copy is E4M3 (the launcher checked `format`), so only that
+  // conversion is compiled, not one for each format under a predicate.
+  template <bool kE4M3 = false>
   __device__ __forceinline__ void unpack(const Raw& w, float (&v)[kChunk]) const {
-    const __nv_fp8_interpretation_t kind = format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+    const __nv_fp8_interpretation_t kind =
+        kE4M3 || format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
     const uint32_t x[2] = {w.codes.x, w.codes.y};
     float2 f[kChunk / 2];
 #pragma unroll

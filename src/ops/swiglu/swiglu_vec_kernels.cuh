@@ -188,6 +188,42 @@ __device__ __forceinline__ uint32_t half_warp_max(uint32_t v) {
   return v;
 }
 
+__device__ __forceinline__ __nv_fp8_interpretation_t fp8_kind(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+}
+
+// The rule of a quantizing kernel's outputs, as a template parameter kE4M3Pow2 that the launcher
+// sets when it holds (E4M3 codes, power-of-2 scales, no margin: every FP8 recipe's 1x128 tiles;
+// an FP8 gate_up copy the kernel reads is E4M3 too) and clears otherwise (any ScaleRule, the
+// format read at run time). The same bits either way (pow2_scale is compute_scale's rule, test
+// Scale.Pow2WithoutDivisionGivesTheDivisionsBits); set, a group's scale is straight-line integer
+// code and each FP8 conversion is compiled once instead of once per format under a predicate.
+// These kernels issue instructions faster than memory feeds them, so that is their speed.
+inline bool e4m3_pow2(const ScaleRule& r) {
+  return r.format == Fp8Format::kE4M3 && r.rounding == ScaleRounding::kPow2 && r.margin == 0;
+}
+template <bool kE4M3Pow2>
+__device__ __forceinline__ float rule_scale(uint32_t amax_bits, const ScaleRule& r) {
+  if constexpr (kE4M3Pow2)
+    return pow2_scale(bits_float(amax_bits), r.epsilon, Fp8Format::kE4M3);
+  else
+    return compute_scale(bits_float(amax_bits), r);
+}
+template <bool kE4M3Pow2>
+__device__ __forceinline__ float rule_inverse(float scale) {
+  if constexpr (kE4M3Pow2)
+    return pow2_scale_inverse(scale);
+  else
+    return scale_inverse(scale);
+}
+template <bool kE4M3Pow2>
+__device__ __forceinline__ __nv_fp8_interpretation_t rule_kind(const ScaleRule& r) {
+  if constexpr (kE4M3Pow2)
+    return __NV_E4M3;
+  else
+    return fp8_kind(r.format);
+}
+
 // The scales of two 1x128 groups whose amaxes a0 and a1 every lane of a half-warp holds: lanes 0-7
 // compute the first and lanes 8-15 the second (one compute_scale a lane instead of two), then
 // exchange them. own_inverse is the lane's own group's scale_inverse, meant for lanes 0 and 8.
@@ -195,14 +231,15 @@ struct TwoScales {
   float scale[2];
   float own_inverse;
 };
+template <bool kE4M3Pow2 = false>
 __device__ __forceinline__ TwoScales two_scales(uint32_t a0, uint32_t a1, const ScaleRule& rule,
                                                 int sub) {
-  const float s = compute_scale(bits_float(sub < 8 ? a0 : a1), rule);
+  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, rule);
   const int base = static_cast<int>(threadIdx.x % 32) & 16;
   TwoScales t;
   t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
   t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
-  t.own_inverse = sub % 8 == 0 ? scale_inverse(s) : 0.0f;
+  t.own_inverse = sub % 8 == 0 ? rule_inverse<kE4M3Pow2>(s) : 0.0f;
   return t;
 }
 
@@ -231,10 +268,6 @@ struct QuantOut {
   uint32_t* amax;  // bits of max |x|, atomicMax
   ScaleRule rule;
 };
-
-__device__ __forceinline__ __nv_fp8_interpretation_t fp8_kind(Fp8Format f) {
-  return f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-}
 
 // a / b and a % b, in 32 bits when the caller knows a < 2^32 (b >= 1).
 struct QR {
@@ -407,7 +440,7 @@ __global__ void __launch_bounds__(kThreads)
 // operations as the vec kernel on the same values, so the same bits; it keeps more bytes in flight
 // a warp (a quarter of the row's bytes a step instead of two groups), which matters most for the
 // FP8 gate_up copy (8-byte loads).
-template <typename Src, int kThreads, int kIt>
+template <typename Src, int kThreads, int kIt, bool kE4M3Pow2>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quantize_1x128_row_kernel(Src gate_up, int64_t rows, int64_t f,
                                      const float* __restrict__ row_weight, ScaleRule rule,
@@ -417,7 +450,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kWarps = kThreads / 32;
   const int lane = threadIdx.x % 32, half = lane / 16, sub = lane % 16;
   const int64_t cpr = f / kChunk, groups = ceil_div(f, kGroup);
-  const __nv_fp8_interpretation_t kind = fp8_kind(rule.format);
+  const __nv_fp8_interpretation_t kind = rule_kind<kE4M3Pow2>(rule);
   uint32_t running = 0;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -438,8 +471,8 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t k = 32 * i + lane, q = 2 * i + half;
       float g[kChunk] = {}, u[kChunk] = {}, h[kChunk];  // lanes past F: h = 0
       if (on[i]) {
-        gate_up.unpack(rg[i], g);
-        gate_up.unpack(ru[i], u);
+        gate_up.template unpack<kE4M3Pow2>(rg[i], g);
+        gate_up.template unpack<kE4M3Pow2>(ru[i], u);
       }
       swiglu8_uncanonical(g, u, h);
       uint32_t a = 0;
@@ -451,8 +484,8 @@ __global__ void __launch_bounds__(kThreads)
       a = canonical_amax(half_warp_max(a));
       running = max(running, a);
       if (q >= groups) continue;  // the whole half-warp is past the row
-      const float scale = compute_scale(bits_float(a), rule);
-      if (sub == 0) scale_inv[r * groups + q] = scale_inverse(scale);
+      const float scale = rule_scale<kE4M3Pow2>(a, rule);
+      if (sub == 0) scale_inv[r * groups + q] = rule_inverse<kE4M3Pow2>(scale);
       if (on[i]) *reinterpret_cast<uint2*>(data + r * f + k * kChunk) = fp8x8(h, scale, kind);
     }
   }
