@@ -296,4 +296,159 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The register-resident form of the vectorised kernel for rows of at most 32 * kIt chunks of 8
+// columns (F <= 256 * kIt), the layout of swiglu_quantize_cache_1x128_row_kernel
+// (swiglu_cache_kernels.cuh) with d_gate_up in gate_up's place: a warp per row (grid-stride)
+// issues every load of the row at once (lane l, step i: chunk k = 32 i + l of gate, up and dh);
+// each step computes its chunk's dg, du and h; then
+//   h chunk k, dg chunk k  | groups k / 16: the lane's half-warp at step i, stored at the step
+//   du chunk k             | d_gate_up group (F/8 + k) / 16 (group_max), stored after the last
+//                          | step; its 8 values stay in registers until then
+//   dg/du boundary         | when F % 128 != 0, group gb = F / 128 takes dg's last chunks and du's
+//                          | first, as gate_up's copy does there
+// so nothing is staged in shared memory but the weight gradient's window of products, which goes
+// through the vectorised kernel's 256-float scratch in the same order (step i is its window i).
+// The values, amaxes (canonical_amax of each whole group), scales and the dot product's order are
+// the vectorised kernel's, so the same bits.
+template <typename Src, typename GradT, int kThreads, int kIt, bool kE4M3Pow2>
+__global__ void __launch_bounds__(kThreads, 65536 / (128 * kThreads))
+    swiglu_backward_quantize_1x128_row_kernel(const GradT* __restrict__ dh, Src gate_up,
+                                              const float* __restrict__ row_weight, int64_t rows,
+                                              int64_t f, ScaleRule rule, uint8_t* __restrict__ data,
+                                              float* __restrict__ scale_inv,
+                                              uint32_t* __restrict__ amax_out,
+                                              float* __restrict__ d_row_weight, QuantOut h_out) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float4 scratch4[kWarps][64];  // the weight gradient's window: 256 products
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16, sub = lane % 16;
+  float* scratch = reinterpret_cast<float*>(scratch4[warp]);
+  const int64_t n = 2 * f, cpr = f / kChunk, groups = ceil_div(n, kGroup);
+  const int64_t h_groups = ceil_div(f, kGroup), gb = cpr / 16;
+  const bool straddle = cpr % 16 != 0;  // group gb holds dg and du chunks
+  const __nv_fp8_interpretation_t kind = rule_kind<kE4M3Pow2>(rule);
+  const bool weighted = row_weight != nullptr, with_h = h_out.data != nullptr;
+  uint32_t running = 0, h_running = 0;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    typename Src::Raw rg[kIt], ru[kIt];
+    Raw8<GradT> rd[kIt];
+    bool on[kIt];
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int64_t k = 32 * i + lane;
+      on[i] = k < cpr;
+      if (on[i]) {
+        rg[i] = gate_up.fetch(r, k * kChunk);
+        ru[i] = gate_up.fetch(r, f + k * kChunk);
+        rd[i] = load_raw8(dh + r * f + k * kChunk);
+      } else {  // zeros: dg = du = h = 0 past F, computed without a branch
+        rg[i] = Src::zero(), ru[i] = Src::zero(), rd[i] = {};
+      }
+    }
+    const float w = weighted ? row_weight[r] : 1.0f;
+    float partial = 0.0f;
+    float du[kIt][kChunk];
+    uint32_t adu[kIt], du_head = 0, dg_tail = 0;  // group gb's du and dg shares
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int64_t k = 32 * i + lane, q = 2 * i + half;  // q: the h and dg group
+      float gv[kChunk], uv[kChunk], dv[kChunk], sv[kChunk], dg[kChunk], p[kChunk];
+      gate_up.template unpack<kE4M3Pow2>(rg[i], gv);
+      gate_up.template unpack<kE4M3Pow2>(ru[i], uv);
+      unpack8(rd[i], dv);
+      sigmoid8(gv, sv);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const GradH gr = swiglu_grad_h(gv[e], uv[e], weighted ? rn::mul(dv[e], w) : dv[e], sv[e]);
+        dg[e] = gr.dg;
+        du[i][e] = gr.du;
+        p[e] = rn::mul(dv[e], gr.h);
+        uv[e] = weighted ? rn::mul(gr.h, w) : gr.h;  // h, as swiglu_quantize has it
+      }
+      if (weighted) {  // lane l adds the window's columns l, l + 32, ..., in order
+        reinterpret_cast<float4*>(scratch)[2 * lane] = make_float4(p[0], p[1], p[2], p[3]);
+        reinterpret_cast<float4*>(scratch)[2 * lane + 1] = make_float4(p[4], p[5], p[6], p[7]);
+        __syncwarp();
+        if ((32 * i + 32) * kChunk <= f) {  // a whole window: no bound per column
+#pragma unroll
+          for (int m = 0; m < 8; ++m) partial = rn::add(partial, scratch[lane + 32 * m]);
+        } else {
+          const int64_t left = f - 32 * i * kChunk - lane;
+#pragma unroll
+          for (int m = 0; m < 8; ++m)
+            if (32 * m < left) partial = rn::add(partial, scratch[lane + 32 * m]);
+        }
+        __syncwarp();
+      }
+      uint32_t a = 0, b = 0, c = 0;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        a = max(a, abs_bits(uv[e]));
+        b = max(b, abs_bits(dg[e]));
+        c = max(c, abs_bits(du[i][e]));
+      }
+      a = canonical_amax(half_warp_max(a));
+      b = half_warp_max(b);
+      adu[i] = group_max(c, cpr + 32 * i);
+      if (i == 0) du_head = __shfl_sync(0xFFFFFFFFu, adu[0], 0);  // group (F/8) / 16 = gb
+      if (straddle && i == gb / 2) {
+        dg_tail = __shfl_sync(0xFFFFFFFFu, b, 16 * static_cast<int>(gb % 2));
+        if (q == gb) b = max(b, du_head);
+      }
+      b = canonical_amax(b);
+      const TwoScales sc = two_scales<kE4M3Pow2>(a, h_out.rule, b, rule, sub);
+      if (with_h) {
+        if (sub == 0 && q < h_groups) h_out.scale_inv[r * h_groups + q] = sc.own_inverse;
+        if (on[i])
+          *reinterpret_cast<uint2*>(h_out.data + r * f + k * kChunk) =
+              fp8x8(uv, sc.scale[0], rule_kind<kE4M3Pow2>(h_out.rule));
+        h_running = max(h_running, a);
+      }
+      if (sub == 8 && q < h_groups) scale_inv[r * groups + q] = sc.own_inverse;
+      if (on[i])
+        *reinterpret_cast<uint2*>(data + r * n + k * kChunk) = fp8x8(dg, sc.scale[1], kind);
+      running = max(running, b);
+    }
+    if (weighted) {
+      for (int s = 16; s >= 1; s /= 2) {
+        const float other = __shfl_down_sync(0xFFFFFFFFu, partial, s);
+        if (lane < s) partial = rn::add(partial, other);
+      }
+      if (lane == 0) d_row_weight[r] = swiglu_math::canonical_nan(partial);
+    }
+    if (straddle) {
+      // A du group that starts at step i ends at step i + 1: each side takes the other's maximum
+      // (both read before either changes); group gb takes dg's share.
+      uint32_t first[kIt], last[kIt];
+#pragma unroll
+      for (int i = 0; i < kIt; ++i) {
+        first[i] = __shfl_sync(0xFFFFFFFFu, adu[i], 0);
+        last[i] = __shfl_sync(0xFFFFFFFFu, adu[i], 31);
+      }
+#pragma unroll
+      for (int i = 0; i < kIt; ++i) {
+        const int64_t gid = (cpr + 32 * i + lane) / 16;
+        if (i + 1 < kIt && gid == (cpr + 32 * (i + 1)) / 16) adu[i] = max(adu[i], first[i + 1]);
+        if (i > 0 && gid == (cpr + 32 * i - 1) / 16) adu[i] = max(adu[i], last[i - 1]);
+      }
+      if ((cpr + lane) / 16 == gb) adu[0] = max(adu[0], dg_tail);
+    }
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int64_t k = 32 * i + lane;
+      const uint32_t a = canonical_amax(adu[i]);
+      const float su = rule_scale<kE4M3Pow2>(a, rule);
+      if (on[i] && (cpr + k) % 16 == 0)  // the group's first chunk (gb's is dg's)
+        scale_inv[r * groups + (cpr + k) / 16] = rule_inverse<kE4M3Pow2>(su);
+      if (on[i]) *reinterpret_cast<uint2*>(data + r * n + f + k * kChunk) = fp8x8(du[i], su, kind);
+      running = max(running, a);
+    }
+  }
+  block_amax<kThreads>(running, amax_out);
+  if (with_h) {
+    __syncthreads();  // block_amax's shared words are reused
+    block_amax<kThreads>(h_running, h_out.amax);
+  }
+}
+
 }  // namespace octet::cuda::swiglu_kernels

@@ -38,6 +38,7 @@ __device__ __forceinline__ void load8_keep(const T* __restrict__ p, float (&v)[k
 // (h from swiglu8_uncanonical, whose NaNs are not) each group's amax is made canonical
 // (canonical_amax); gate_up's copy keeps quantize()'s amax of the input as it is. Every lane of the
 // warp calls it.
+template <bool kE4M3Pow2>
 __device__ __forceinline__ uint32_t quantize_two_groups(const float (&v)[2][kChunk],
                                                         const bool (&on)[2], const int64_t (&c)[2],
                                                         int64_t q0, int64_t groups,
@@ -52,18 +53,18 @@ __device__ __forceinline__ uint32_t quantize_two_groups(const float (&v)[2][kChu
     a[k] = half_warp_max(a[k]);
     if (canonical) a[k] = canonical_amax(a[k]);
   }
-  const TwoScales sc = two_scales(a[0], a[1], o.rule, sub);
+  const TwoScales sc = two_scales<kE4M3Pow2>(a[0], a[1], o.rule, sub);
   const int64_t own = q0 + (sub < 8 ? 0 : 2) + half;
   if (sub % 8 == 0 && own < groups) o.scale_inv[scale_base + own] = sc.own_inverse;
 #pragma unroll
   for (int k = 0; k < 2; ++k)
     if (on[k])
       *reinterpret_cast<uint2*>(o.data + row_base + c[k]) =
-          fp8x8(v[k], sc.scale[k], fp8_kind(o.rule.format));
+          fp8x8(v[k], sc.scale[k], rule_kind<kE4M3Pow2>(o.rule));
   return max(a[0], a[1]);
 }
 
-template <typename InT, int kThreads>
+template <typename InT, int kThreads, bool kE4M3Pow2>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quantize_cache_1x128_vec_kernel(const InT* __restrict__ gate_up, int64_t rows, int64_t f,
                                            const float* __restrict__ row_weight, QuantOut h_out,
@@ -86,8 +87,8 @@ __global__ void __launch_bounds__(kThreads)
         on[k] = c[k] < n;
         if (on[k]) load8_keep(row + c[k], v[k]);
       }
-      gu_running = max(gu_running, quantize_two_groups(v, on, c, q0, gu_groups, r * n,
-                                                       r * gu_groups, gu_out, false));
+      gu_running = max(gu_running, quantize_two_groups<kE4M3Pow2>(v, on, c, q0, gu_groups, r * n,
+                                                                  r * gu_groups, gu_out, false));
     }
     const float w = row_weight != nullptr ? row_weight[r] : 1.0f;
     for (int64_t q0 = 0; q0 < h_groups; q0 += 4) {
@@ -110,42 +111,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int e = 0; e < kChunk; ++e) h[k][e] = rn::mul(h[k][e], w);
       }
-      h_running = max(
-          h_running, quantize_two_groups(h, on, c, q0, h_groups, r * f, r * h_groups, h_out, true));
+      h_running = max(h_running, quantize_two_groups<kE4M3Pow2>(h, on, c, q0, h_groups, r * f,
+                                                                r * h_groups, h_out, true));
     }
   }
   block_amax<kThreads>(h_running, h_out.amax);
   __syncthreads();  // block_amax's shared words are reused
   block_amax<kThreads>(gu_running, gu_out.amax);
-}
-
-// Max of v over the lanes whose chunk lies in the lane's 1x128 group, for chunks base + lane (16
-// chunks a group): a segmented max by shuffles toward each group's first lane in the warp, then
-// from it to the others. Every lane of the warp calls it.
-__device__ __forceinline__ uint32_t group_max(uint32_t v, int64_t base) {
-  const int lane = threadIdx.x % 32;
-  const int pos = static_cast<int>((base + lane) % 16);  // the chunk's place in its group
-#pragma unroll
-  for (int o = 1; o < 16; o <<= 1) {
-    const uint32_t t = __shfl_down_sync(0xFFFFFFFFu, v, o);
-    if (lane + o < 32 && pos + o < 16) v = max(v, t);
-  }
-  return __shfl_sync(0xFFFFFFFFu, v, lane - min(pos, lane));
-}
-
-// two_scales for groups of two outputs with their own rules: a0 (rule r0) on lanes 0-7 of each
-// half-warp, a1 (r1) on lanes 8-15; scale[0] and scale[1] as there. With kE4M3Pow2 both rules are
-// that one and differ at most in epsilon.
-template <bool kE4M3Pow2>
-__device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0, uint32_t a1,
-                                                const ScaleRule& r1, int sub) {
-  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, sub < 8 ? r0 : r1);
-  const int base = static_cast<int>(threadIdx.x % 32) & 16;
-  TwoScales t;
-  t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
-  t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
-  t.own_inverse = sub % 8 == 0 ? rule_inverse<kE4M3Pow2>(s) : 0.0f;
-  return t;
 }
 
 // The fast form of swiglu_quantize_cache_1x128_vec_kernel for rows of at most 32 * kIt chunks of 8

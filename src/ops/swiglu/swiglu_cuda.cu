@@ -146,8 +146,11 @@ void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
       launch_row(std::integral_constant<int, 3>{});
     else if (vec && steps == 4)
       launch_row(std::integral_constant<int, 4>{});
-    else if (vec)  // a warp per 2 groups, 2 in flight
-      launch(k::swiglu_quantize_1x128_vec_kernel<Src, kQuantThreads>,
+    else if (vec && k::e4m3_pow2(rule) && src.e4m3())  // a warp per 2 groups, 2 in flight
+      launch(k::swiglu_quantize_1x128_vec_kernel<Src, kQuantThreads, true>,
+             ceil_div(groups, 4 * (kQuantThreads / 32)));
+    else if (vec)
+      launch(k::swiglu_quantize_1x128_vec_kernel<Src, kQuantThreads, false>,
              ceil_div(groups, 4 * (kQuantThreads / 32)));
     else  // a warp per group
       launch(k::swiglu_quantize_1x128_kernel<Src, kQuantThreads>,
@@ -202,7 +205,10 @@ void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTens
         launch_row(std::integral_constant<int, 4>{});
         break;
       default:
-        launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads>);
+        if (fixed)
+          launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads, true>);
+        else
+          launch(k::swiglu_quantize_cache_1x128_vec_kernel<InT, kQuantThreads, false>);
     }
   } else
     launch(k::swiglu_quantize_cache_1x128_kernel<InT, kQuantThreads>);

@@ -243,6 +243,35 @@ __device__ __forceinline__ TwoScales two_scales(uint32_t a0, uint32_t a1, const 
   return t;
 }
 
+// Max of v over the lanes whose chunk lies in the lane's 1x128 group, for chunks base + lane (16
+// chunks a group): a segmented max by shuffles toward each group's first lane in the warp, then
+// from it to the others. Every lane of the warp calls it.
+__device__ __forceinline__ uint32_t group_max(uint32_t v, int64_t base) {
+  const int lane = threadIdx.x % 32;
+  const int pos = static_cast<int>((base + lane) % 16);  // the chunk's place in its group
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) {
+    const uint32_t t = __shfl_down_sync(0xFFFFFFFFu, v, o);
+    if (lane + o < 32 && pos + o < 16) v = max(v, t);
+  }
+  return __shfl_sync(0xFFFFFFFFu, v, lane - min(pos, lane));
+}
+
+// two_scales for groups of two outputs with their own rules: a0 (rule r0) on lanes 0-7 of each
+// half-warp, a1 (r1) on lanes 8-15; scale[0] and scale[1] as there. With kE4M3Pow2 both rules are
+// that one and differ at most in epsilon.
+template <bool kE4M3Pow2>
+__device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0, uint32_t a1,
+                                                const ScaleRule& r1, int sub) {
+  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, sub < 8 ? r0 : r1);
+  const int base = static_cast<int>(threadIdx.x % 32) & 16;
+  TwoScales t;
+  t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
+  t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
+  t.own_inverse = sub % 8 == 0 ? rule_inverse<kE4M3Pow2>(s) : 0.0f;
+  return t;
+}
+
 // Eight FP8 codes of v * scale (each product rounded to FP32, then cvt.rn.satfinite), element i in
 // byte i, as the scalar kernels pack them.
 __device__ __forceinline__ uint2 fp8x8(const float (&v)[kChunk], float scale,
@@ -377,7 +406,7 @@ __global__ void __launch_bounds__(kThreads)
 // amax by shuffles within the half-warp), a warp per pair of consecutive groups in row-major order,
 // two pairs in flight, grid-stride. Lanes past F (the last group of a row when F % 128 != 0) hold
 // 0, which leaves the amax as it is.
-template <typename Src, int kThreads>
+template <typename Src, int kThreads, bool kE4M3Pow2>
 __global__ void __launch_bounds__(kThreads)
     swiglu_quantize_1x128_vec_kernel(Src gate_up, int64_t rows, int64_t f,
                                      const float* __restrict__ row_weight, ScaleRule rule,
@@ -387,7 +416,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32, half = lane / 16, sub = lane % 16;
   const int64_t gpr = ceil_div(f, kGroup), groups = rows * gpr, pairs = ceil_div(groups, 2);
   const bool small = groups <= int64_t{0xFFFFFFFF};
-  const __nv_fp8_interpretation_t kind = rule.format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __nv_fp8_interpretation_t kind = rule_kind<kE4M3Pow2>(rule);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
   uint32_t running = 0;
   for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -404,8 +433,8 @@ __global__ void __launch_bounds__(kThreads)
       on[k] = grp[k] < groups && c[k] < f;
       w[k] = 1.0f;
       if (on[k]) {
-        gate_up.load8(r[k], c[k], g[k]);
-        gate_up.load8(r[k], f + c[k], u[k]);
+        gate_up.template unpack<kE4M3Pow2>(gate_up.fetch(r[k], c[k]), g[k]);
+        gate_up.template unpack<kE4M3Pow2>(gate_up.fetch(r[k], f + c[k]), u[k]);
         if (row_weight != nullptr) w[k] = row_weight[r[k]];
       }
     }
@@ -423,7 +452,7 @@ __global__ void __launch_bounds__(kThreads)
       a[k] = canonical_amax(half_warp_max(a[k]));
       running = max(running, a[k]);
     }
-    const TwoScales sc = two_scales(a[0], a[1], rule, sub);
+    const TwoScales sc = two_scales<kE4M3Pow2>(a[0], a[1], rule, sub);
     const int64_t own = sub < 8 ? grp[0] : grp[1];
     if (sub % 8 == 0 && own < groups) scale_inv[own] = sc.own_inverse;
 #pragma unroll
