@@ -95,7 +95,8 @@ void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
   with_gate_up(a.gate_up, a.gate_up_fp8, a.dh.dtype(), [&](auto src, const void* gu_ptr) {
     using Src = decltype(src);
     if (vectorizable(f, {a.dh.data(), gu_ptr, a.d_gate_up.data()})) {
-      auto kernel = k::swiglu_backward_vec_kernel<Src, GradT, kThreads>;
+      auto kernel = src.e4m3() ? k::swiglu_backward_vec_kernel<Src, GradT, kThreads, true>
+                               : k::swiglu_backward_vec_kernel<Src, GradT, kThreads, false>;
       const unsigned blocks =
           persistent_blocks(ctx, kernel, kThreads, ceil_div(rows * (f / k::kChunk), 2 * kThreads));
       kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(a.dh.data_as<const GradT>(), src, rows, f,
