@@ -1,9 +1,9 @@
 // CUDA launcher of swiglu_backward_quantize (device code in swiglu_backward_quantize_kernels.cuh):
 // when F % 8 == 0 and the buffers are 16-byte aligned, the row kernel for want_h and F <= 768 and
 // the vectorised one when a row's staging fits in shared memory; else the scalar one (the same bits
-// every way). want_h's h comes from the
-// vectorised kernel's pass, or from swiglu_quantize after the scalar one. Arguments were validated by
-// swiglu.cpp; enqueued on the context's stream, no host sync.
+// every way). want_h's h comes from the row or vectorised kernel's pass, or from swiglu_quantize
+// after the scalar one. Arguments were validated by swiglu.cpp; enqueued on the context's stream,
+// no host sync.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
