@@ -231,16 +231,25 @@ struct TwoScales {
   float scale[2];
   float own_inverse;
 };
-template <bool kE4M3Pow2 = false>
-__device__ __forceinline__ TwoScales two_scales(uint32_t a0, uint32_t a1, const ScaleRule& rule,
-                                                int sub) {
-  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, rule);
+// Groups of two outputs with their own rules: a0 (rule r0) on lanes 0-7 of each half-warp, a1 (r1)
+// on lanes 8-15. With kE4M3Pow2 both rules are that one and differ at most in epsilon.
+template <bool kE4M3Pow2>
+__device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0, uint32_t a1,
+                                                const ScaleRule& r1, int sub) {
+  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, sub < 8 ? r0 : r1);
   const int base = static_cast<int>(threadIdx.x % 32) & 16;
   TwoScales t;
   t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
   t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
   t.own_inverse = sub % 8 == 0 ? rule_inverse<kE4M3Pow2>(s) : 0.0f;
   return t;
+}
+
+// Both groups under one rule.
+template <bool kE4M3Pow2 = false>
+__device__ __forceinline__ TwoScales two_scales(uint32_t a0, uint32_t a1, const ScaleRule& rule,
+                                                int sub) {
+  return two_scales<kE4M3Pow2>(a0, rule, a1, rule, sub);
 }
 
 // Max of v over the lanes whose chunk lies in the lane's 1x128 group, for chunks base + lane (16
@@ -255,21 +264,6 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int64_t base) {
     if (lane + o < 32 && pos + o < 16) v = max(v, t);
   }
   return __shfl_sync(0xFFFFFFFFu, v, lane - min(pos, lane));
-}
-
-// two_scales for groups of two outputs with their own rules: a0 (rule r0) on lanes 0-7 of each
-// half-warp, a1 (r1) on lanes 8-15; scale[0] and scale[1] as there. With kE4M3Pow2 both rules are
-// that one and differ at most in epsilon.
-template <bool kE4M3Pow2>
-__device__ __forceinline__ TwoScales two_scales(uint32_t a0, const ScaleRule& r0, uint32_t a1,
-                                                const ScaleRule& r1, int sub) {
-  const float s = rule_scale<kE4M3Pow2>(sub < 8 ? a0 : a1, sub < 8 ? r0 : r1);
-  const int base = static_cast<int>(threadIdx.x % 32) & 16;
-  TwoScales t;
-  t.scale[0] = __shfl_sync(0xFFFFFFFFu, s, base);
-  t.scale[1] = __shfl_sync(0xFFFFFFFFu, s, base + 8);
-  t.own_inverse = sub % 8 == 0 ? rule_inverse<kE4M3Pow2>(s) : 0.0f;
-  return t;
 }
 
 // Eight FP8 codes of v * scale (each product rounded to FP32, then cvt.rn.satfinite), element i in
