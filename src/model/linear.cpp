@@ -98,6 +98,9 @@ QuantizeArgs quantize_args(const GemmRecipe& recipe, GemmOperand operand, const 
   qa.granularity = q.granularity;
   qa.rounding = q.rounding;
   qa.output = output;
+  // The amax is read only by delayed scaling, and per-tensor current scaling needs it for its
+  // scale: group-scaled quantizations skip it (and on CUDA the memset before their kernel).
+  qa.amax = q.granularity == Granularity::kTensor;
   return qa;
 }
 

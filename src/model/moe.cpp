@@ -150,7 +150,8 @@ Tensor MoeLayer::expert_down(Context& ctx, const Precision& p, const Tensor& gu,
                                 .format = hq.format,
                                 .rounding = hq.rounding,
                                 .gate_up_fp8 = gu_fp8,
-                                .gate_up_dtype = as};
+                                .gate_up_dtype = as,
+                                .amax = false};  // blockwise: no one reads it
     if (gu_cache != nullptr) {
       SwigluQuantizeCachedResult both = swiglu_quantize_caching_input(ctx, qa);
       h.qx = std::move(both.h);

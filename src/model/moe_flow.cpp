@@ -27,7 +27,8 @@ QuantTensor weighted_swiglu(Context& ctx, const Precision& p, const Tensor& gu,
                               .rounding = hq.rounding,
                               .epsilon = 0.0f,
                               .row_weight = w_rows,
-                              .gate_up_dtype = p.act};
+                              .gate_up_dtype = p.act,
+                              .amax = false};  // blockwise: no one reads it
   if (gu_cache == nullptr) return swiglu_quantize(ctx, qa);
   SwigluQuantizeCachedResult both = swiglu_quantize_caching_input(ctx, qa);
   *gu_cache = std::move(both.gate_up);
@@ -119,7 +120,8 @@ std::pair<Tensor, Tensor> MoeLayer::flow_experts_backward(Context& ctx, const Pr
                                                                    .gate_up_fp8 = s.gu_fp8,
                                                                    .want_h = s.recomputed_down,
                                                                    .h_format = hq.format,
-                                                                   .h_rounding = hq.rounding});
+                                                                   .h_rounding = hq.rounding,
+                                                                   .amax = false});
   dh = Tensor();
   down.backward_weight(ctx, qdy, s.layout,
                        s.recomputed_down ? down.wgrad_saved(ctx, p, std::move(dg.h)) : s.down);

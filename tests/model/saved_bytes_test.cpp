@@ -96,7 +96,8 @@ TEST(SavedBytes, RecomputedDownKeepsOnlyGu) {
     EXPECT_EQ(again.moe.gu_fp8.data.defined(), std::string(recipe) == "deepseek") << recipe;
     if (again.moe.gu_fp8.data.defined())
       dropped += kept.moe.gu.nbytes() - again.moe.gu_fp8.data.nbytes() -
-                 again.moe.gu_fp8.scale_inv.nbytes() - again.moe.gu_fp8.amax.nbytes();
+                 again.moe.gu_fp8.scale_inv.nbytes() -
+                 (again.moe.gu_fp8.amax.defined() ? again.moe.gu_fp8.amax.nbytes() : 0);
     EXPECT_EQ(a.mlp - b.mlp, dropped) << recipe;
     std::printf(
         "%s MoE layer, 64 tokens: saved %lld bytes (attention %lld, norms %lld, mlp %lld); "

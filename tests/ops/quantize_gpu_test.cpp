@@ -137,6 +137,33 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(ScaleRounding::kExact, ScaleRounding::kPow2),
                        ::testing::Values(QuantizeOutput::kColumnwise, QuantizeOutput::kBoth)));
 
+// QuantizeArgs::amax false on every CUDA path (the row-wise 1x128 kernel, the BF16 tile kernel with
+// the column-wise copy, the general tile kernel): the CPU's copies bit for bit and no amax, over a
+// pool of 0xA5 bytes (no word is zeroed for it any more).
+TEST(QuantizeGpuSpecial, WithoutAmaxMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  for (const auto& [shape, g, out] :
+       {std::tuple{Shape{256, 1408}, Granularity::k1x128, QuantizeOutput::kRowwise},
+        std::tuple{Shape{256, 1408}, Granularity::k1x128, QuantizeOutput::kBoth},
+        std::tuple{Shape{130, 300}, Granularity::k128x128, QuantizeOutput::kBoth},
+        std::tuple{Shape{130, 300}, Granularity::kRow, QuantizeOutput::kBoth}}) {
+    SCOPED_TRACE(shape_str(shape) + " " + granularity_name(g));
+    Tensor x = random_tensor(shape, DType::kBF16, 77, Dist::kOutliers);
+    QuantizeArgs a{.input = x,
+                   .granularity = g,
+                   .rounding = ScaleRounding::kPow2,
+                   .output = out,
+                   .amax = false};
+    const QuantTensor want = quantize(cpu, a);
+    poison_pool(gpu, 4 * x.nbytes() + (1 << 20));
+    a.input = x.to(gpu, Device::kCuda);
+    const QuantTensor got = quantize(gpu, a);
+    EXPECT_FALSE(got.amax.defined());
+    ASSERT_TRUE(same_quant(gpu, want, got));
+  }
+}
+
 // NaN, infinities, an all-zero row, an all-zero tile column, -0 and BF16 subnormals in the fast
 // path, with and without an epsilon.
 TEST(QuantizeGpuSpecial, Bf16TileNonFiniteZeroAndEpsilon) {

@@ -130,6 +130,30 @@ TEST(Quantize, EpsilonFloorsTheAmax) {
     }
 }
 
+// QuantizeArgs::amax false: the same copies, bit for bit, and no amax; per-tensor current scaling,
+// whose scale is the amax's, refuses it.
+TEST(Quantize, WithoutAmaxWritesTheSameCopies) {
+  Context ctx = make_context(Device::kCpu);
+  const Tensor x = test::random_tensor({129, 257}, DType::kBF16, 11, Dist::kOutliers);
+  for (Granularity g : kAllGranularities) {
+    SCOPED_TRACE(granularity_name(g));
+    QuantizeArgs a = make_args(x, RefParams{g, Fp8Format::kE4M3, true}, QuantizeOutput::kBoth);
+    const QuantTensor with = quantize(ctx, a);
+    a.amax = false;
+    if (g == Granularity::kTensor) {
+      EXPECT_THROW(quantize(ctx, a), Error);
+      continue;
+    }
+    const QuantTensor without = quantize(ctx, a);
+    EXPECT_TRUE(with.amax.defined());
+    EXPECT_FALSE(without.amax.defined());
+    EXPECT_TRUE(test::bitwise_equal(with.data, without.data));
+    EXPECT_TRUE(test::bitwise_equal(with.scale_inv, without.scale_inv));
+    EXPECT_TRUE(test::bitwise_equal(with.columnwise_data, without.columnwise_data));
+    EXPECT_TRUE(test::bitwise_equal(with.columnwise_scale_inv, without.columnwise_scale_inv));
+  }
+}
+
 // All-zero groups get scale_inv 1 and zero codes (sign kept); a group with an inf or NaN gets scale
 // 1, its finite values saturate, +-inf become +-max and NaN stays NaN; the other groups are
 // unaffected.

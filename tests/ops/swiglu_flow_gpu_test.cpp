@@ -93,6 +93,49 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, SwigluFlowGpu,
                                             ::testing::Values(7, 129, 1000, 2048),
                                             ::testing::Values(DType::kBF16, DType::kF32)));
 
+// amax false (the MoE layers' calls): the CPU's codes and scales bit for bit and no amax, for the
+// caching forward, dSwiGLU from the FP8 copy with and without h (the row and the staged kernel)
+// and the recompute from the FP8 copy.
+TEST(SwigluFlowGpuSpecial, WithoutAmaxMatchesCpu) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  const int64_t rows = 1481, f = 704;
+  const Tensor gu = random_tensor({rows, 2 * f}, DType::kBF16, 901, Dist::kOutliers);
+  const Tensor dh = random_tensor({rows, f}, DType::kBF16, 902, Dist::kOutliers);
+  const Tensor w = row_weights(rows, 903);
+  const Tensor gu_d = gu.to(gpu, Device::kCuda), dh_d = dh.to(gpu, Device::kCuda),
+               w_d = w.to(gpu, Device::kCuda);
+  auto expect_same = [&](const QuantTensor& want, const QuantTensor& got, const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_FALSE(want.amax.defined());
+    EXPECT_FALSE(got.amax.defined());
+    EXPECT_TRUE(bitwise_equal(want.data, got.data.to_host(gpu)));
+    EXPECT_TRUE(bitwise_equal(want.scale_inv, got.scale_inv.to_host(gpu)));
+  };
+  const SwigluQuantizeCachedResult want =
+      swiglu_quantize_caching_input(cpu, {.gate_up = gu, .row_weight = w, .amax = false});
+  const SwigluQuantizeCachedResult got =
+      swiglu_quantize_caching_input(gpu, {.gate_up = gu_d, .row_weight = w_d, .amax = false});
+  expect_same(want.h, got.h, "caching forward, h");
+  expect_same(want.gate_up, got.gate_up, "caching forward, gate_up's copy");
+  for (bool want_h : {false, true}) {
+    const SwigluBackwardQuantizeResult bw = swiglu_backward_quantize(
+        cpu,
+        {.dh = dh, .row_weight = w, .gate_up_fp8 = want.gate_up, .want_h = want_h, .amax = false});
+    const SwigluBackwardQuantizeResult bg =
+        swiglu_backward_quantize(gpu, {.dh = dh_d,
+                                       .row_weight = w_d,
+                                       .gate_up_fp8 = got.gate_up,
+                                       .want_h = want_h,
+                                       .amax = false});
+    expect_same(bw.d_gate_up, bg.d_gate_up, want_h ? "dSwiGLU with h" : "dSwiGLU");
+    if (want_h) expect_same(bw.h, bg.h, "dSwiGLU's h");
+  }
+  const QuantTensor rw = swiglu_quantize(cpu, {.gate_up_fp8 = want.gate_up, .amax = false});
+  const QuantTensor rg = swiglu_quantize(gpu, {.gate_up_fp8 = got.gate_up, .amax = false});
+  expect_same(rw, rg, "recompute from the FP8 copy");
+}
+
 // Widths that take the vectorised kernel (8, 64: one partial group; 704: the baseline's expert
 // width, groups straddling the gate/up boundary; 2048: whole groups; 120 ... 1000: du's groups
 // shifted by every kind of t = F / 8 % 16, the row in one to four windows, and 248, 504 and 760,

@@ -171,7 +171,7 @@ PermuteQuantizeResult permute_quantize(Context& ctx, const PermuteMap& map,
   q.rounding = args.rounding;
   q.data = Tensor::empty(ctx, {map.num_rows, cols}, fp8_dtype(args.format));
   q.scale_inv = Tensor::empty(ctx, {map.num_rows, groups}, DType::kF32);
-  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  if (args.amax) q.amax = Tensor::empty(ctx, {1}, DType::kF32);
   PermuteQuantizeResult out;
   if (keep_rows) {
     out.rows = q;

@@ -124,7 +124,7 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& map, const QuantizeArg
   const int64_t cols = args.input.cols(), groups = ceil_div(cols, kGroup);
   moe_gather_rows(ctx, map, qx.data, cols, 0u, out.data);
   moe_gather_rows(ctx, map, qx.scale_inv, groups * 4, 0x3F800000u, out.scale_inv);  // pad: 1.0
-  out.amax.data_as<float>()[0] = qx.amax.data_as<const float>()[0];
+  if (out.amax.defined()) out.amax.data_as<float>()[0] = qx.amax.data_as<const float>()[0];
   if (rows_out != nullptr) {  // the quantized rows themselves
     if (qx.data.nbytes()) std::memcpy(rows_out->data.data(), qx.data.data(), qx.data.nbytes());
     if (qx.scale_inv.nbytes())

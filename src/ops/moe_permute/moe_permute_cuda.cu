@@ -242,8 +242,8 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   const float* tw = topk_weight.defined() ? topk_weight.data_as<const float>() : nullptr;
   float* wr = topk_weight.defined() ? w_rows.data_as<float>() : nullptr;
   const int64_t cols = args.input.cols();
-  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());
-  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
+  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());  // null: not wanted (args.amax)
+  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
   const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
   auto* q = out.data.data_as<uint8_t>();
   auto* s = out.scale_inv.data_as<float>();
@@ -308,8 +308,8 @@ void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& m, const Qu
                              columnwise);
     return;
   }
-  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());
-  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
+  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());  // null: not wanted (args.amax)
+  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
   const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
   if (cblocks == 0) return;
   // Past the tiles, enough blocks for a thread per token (the amax of tokens dispatched nowhere).

@@ -430,7 +430,7 @@ __global__ void permute_quantize_kernel(
   for (int s = 16; s > 0; s /= 2) seen = max(seen, __shfl_xor_sync(0xFFFFFFFFu, seen, s));
   if (lane == 0) atomicMax(&block_amax, seen);
   __syncthreads();
-  if (threadIdx.x == 0) atomicMax(amax_bits, block_amax);
+  if (threadIdx.x == 0 && amax_bits != nullptr) atomicMax(amax_bits, block_amax);
 }
 
 }  // namespace octet::cuda::kernels

@@ -48,7 +48,9 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
   q.rounding = args.rounding;
   const DType dt = fp8_dtype(args.format);
   Shape shape = x.shape().empty() ? Shape{1} : x.shape();
-  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  OCTET_CHECK(args.amax || args.granularity != Granularity::kTensor,
+              "quantize: per-tensor scaling needs the amax (QuantizeArgs::amax must stay true)");
+  if (args.amax) q.amax = Tensor::empty(ctx, {1}, DType::kF32);
   count_casts(ctx, CastKind::kQuantize, args.output == QuantizeOutput::kBoth ? 2 : 1);
   if (args.output != QuantizeOutput::kColumnwise) {
     q.data = Tensor::empty(ctx, shape, dt);
@@ -67,7 +69,7 @@ QuantTensor quantize(Context& ctx, const QuantizeArgs& args) {
     // Nothing to scale: every group that exists is an all-zero group (scale 1), and amax is 0.
     fill_f32(ctx, q.scale_inv, 1.0f);
     fill_f32(ctx, q.columnwise_scale_inv, 1.0f);
-    fill_f32(ctx, q.amax, 0.0f);
+    if (q.amax.defined()) fill_f32(ctx, q.amax, 0.0f);
     return q;
   }
   OCTET_DISPATCH(ctx, quantize, ctx, args, q);

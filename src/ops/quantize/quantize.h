@@ -32,6 +32,12 @@ struct QuantizeArgs {
   // Granularity k1x128 only: the layout of both copies' scales (core/scale_layout.h). kMNMajor for
   // operands of the dense cuBLASLt GEMMs (read in place), kKMajor for the MoE paths.
   ScaleLayout scale_layout = ScaleLayout::kKMajor;
+  // Whether the result carries amax (below). false (any granularity but kTensor, whose current
+  // scaling needs it): amax stays undefined, for callers that never read it (every group-scaled
+  // quantization outside delayed scaling), and on CUDA no word is zeroed for it before the kernel:
+  // such a memset is a node of its own in a CUDA graph, after which the next kernel starts about
+  // 3 us late (docs/benchmarks.md, "Where the time goes").
+  bool amax = true;
 };
 
 // q = cvt_rn_satfinite(x * scale) per group of `granularity`.
@@ -40,7 +46,7 @@ struct QuantizeArgs {
 //                   columnwise_data (cols, rows), columnwise_scale_inv
 //                   scale_shape(g, cols, rows, layout).
 // The scale values and codes do not depend on the layout, only where the scales are stored.
-// amax (1): max |x| over the whole input, always written (NaN if the input holds a NaN).
+// amax (1): max |x| over the whole input (NaN if the input holds a NaN), unless args.amax is false.
 QuantTensor quantize(Context& ctx, const QuantizeArgs& args);
 
 // x = q * scale_inv (FP32 product; BF16 output rounds it to nearest even). Reads the row-wise copy,

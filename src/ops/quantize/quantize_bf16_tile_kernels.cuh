@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kTileThreads, 4)
   if (threadIdx.x == 0) {
     const uint32_t t =
         max(max(s.warp_amax[0], s.warp_amax[1]), max(s.warp_amax[2], s.warp_amax[3]));
-    if (t) atomicMax(amax_out, t);
+    if (t && amax_out != nullptr) atomicMax(amax_out, t);  // null: not wanted
   }
 
   // Codes. a[i] / b[i]: the transposed copy's codes of row i, columns 0-3 / 4-7 of the chunk.

@@ -75,7 +75,7 @@ void quantize(Context&, const QuantizeArgs& args, QuantTensor& out) {
 
   uint32_t amax_all = 0;
   for (float v : x) amax_all = std::max(amax_all, abs_bits(v));
-  out.amax.data_as<float>()[0] = bits_float(amax_all);
+  if (out.amax.defined()) out.amax.data_as<float>()[0] = bits_float(amax_all);
 
   if (args.output != QuantizeOutput::kColumnwise) {
     auto at = [&](int64_t i, int64_t j) { return x[static_cast<size_t>(i * cols + j)]; };

@@ -88,7 +88,8 @@ bool launch_bf16_1x128_tile(Context& ctx, const QuantizeArgs& args, QuantTensor&
         args.input.data_as<const uint16_t>(), rows, cols, rule,
         rowwise ? out.data.data_as<uint8_t>() : nullptr,
         rowwise ? out.scale_inv.data_as<float>() : nullptr, out.columnwise_data.data_as<uint8_t>(),
-        out.columnwise_scale_inv.data_as<float>(), args.scale_layout, out.amax.data_as<uint32_t>());
+        out.columnwise_scale_inv.data_as<float>(), args.scale_layout,
+        out.amax.defined() ? out.amax.data_as<uint32_t>() : nullptr);
   };
   const bool e4m3 = args.format == Fp8Format::kE4M3;
   if (rowwise)
@@ -108,8 +109,9 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
   const cudaStream_t st = stream_of(ctx);
   const ScaleRule rule{
       .format = args.format, .rounding = args.rounding, .epsilon = args.epsilon, .margin = 0};
-  auto* amax_bits = out.amax.data_as<uint32_t>();
-  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  // Null when the caller does not want it (QuantizeArgs::amax): the kernels skip its atomics.
+  uint32_t* amax_bits = out.amax.defined() ? out.amax.data_as<uint32_t>() : nullptr;
+  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
 
   // The hot path: 1x128 row-wise only, a streaming kernel at memory bandwidth.
   if (args.output == QuantizeOutput::kRowwise && args.granularity == Granularity::k1x128) {

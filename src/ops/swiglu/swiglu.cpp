@@ -77,7 +77,7 @@ void check_row_weight(Context& ctx, const Tensor& w, int64_t rows, const char* n
 }
 
 QuantTensor make_1x128(Context& ctx, Fp8Format format, ScaleRounding rounding, int64_t rows,
-                       int64_t cols) {
+                       int64_t cols, bool amax) {
   QuantTensor q;
   q.format = format;
   q.granularity = Granularity::k1x128;
@@ -85,7 +85,7 @@ QuantTensor make_1x128(Context& ctx, Fp8Format format, ScaleRounding rounding, i
   q.rounding = rounding;
   q.data = Tensor::empty(ctx, {rows, cols}, fp8_dtype(format));
   q.scale_inv = Tensor::empty(ctx, scale_shape(Granularity::k1x128, rows, cols), DType::kF32);
-  q.amax = Tensor::empty(ctx, {1}, DType::kF32);
+  if (amax) q.amax = Tensor::empty(ctx, {1}, DType::kF32);
   return q;
 }
 
@@ -123,13 +123,14 @@ SwigluQuantizeCachedResult quantize_checked(Context& ctx, const SwigluQuantizeAr
               "swiglu_quantize: epsilon must be finite and >= 0, got ", args.epsilon);
   check_row_weight(ctx, args.row_weight, rows, "swiglu_quantize row_weight");
   SwigluQuantizeCachedResult out;
-  out.h = make_1x128(ctx, args.format, args.rounding, rows, f);
-  if (cache != nullptr) out.gate_up = make_1x128(ctx, cache->format, cache->rounding, rows, 2 * f);
+  out.h = make_1x128(ctx, args.format, args.rounding, rows, f, args.amax);
+  if (cache != nullptr)
+    out.gate_up = make_1x128(ctx, cache->format, cache->rounding, rows, 2 * f, args.amax);
   // h's quantization, and with the cache gate_up's own copy: two FP8 tensors from one pass.
   count_casts(ctx, CastKind::kFusedQuantize, cache != nullptr ? 2 : 1);
   if (rows == 0) {  // max over nothing: 0, as quantize() gives
-    ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
-    if (cache != nullptr) ctx.be().memset(out.gate_up.amax.data(), 0, sizeof(float));
+    if (args.amax) ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
+    if (args.amax && cache != nullptr) ctx.be().memset(out.gate_up.amax.data(), 0, sizeof(float));
     return out;
   }
   QuantTensor* gu_out = cache != nullptr ? &out.gate_up : nullptr;
@@ -157,13 +158,13 @@ SwigluBackwardQuantizeResult swiglu_backward_quantize(Context& ctx,
               "swiglu_backward_quantize: epsilon must be finite and >= 0, got ", args.epsilon);
   check_row_weight(ctx, args.row_weight, rows, "swiglu_backward_quantize row_weight");
   SwigluBackwardQuantizeResult out;
-  out.d_gate_up = make_1x128(ctx, args.format, args.rounding, rows, 2 * f);
+  out.d_gate_up = make_1x128(ctx, args.format, args.rounding, rows, 2 * f, args.amax);
   if (args.row_weight.defined()) out.d_row_weight = Tensor::empty(ctx, {rows}, DType::kF32);
-  if (args.want_h) out.h = make_1x128(ctx, args.h_format, args.h_rounding, rows, f);
+  if (args.want_h) out.h = make_1x128(ctx, args.h_format, args.h_rounding, rows, f, args.amax);
   count_casts(ctx, CastKind::kFusedQuantize, args.want_h ? 2 : 1);
   if (rows == 0) {
-    ctx.be().memset(out.d_gate_up.amax.data(), 0, sizeof(float));
-    if (args.want_h) ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
+    if (args.amax) ctx.be().memset(out.d_gate_up.amax.data(), 0, sizeof(float));
+    if (args.amax && args.want_h) ctx.be().memset(out.h.amax.data(), 0, sizeof(float));
     return out;
   }
   OCTET_DISPATCH(ctx, swiglu_backward_quantize, ctx, args, out);

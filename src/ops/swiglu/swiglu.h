@@ -66,6 +66,9 @@ struct SwigluQuantizeArgs {
   Tensor row_weight{};                            // (rows) f32, or undefined (weight 1)
   QuantTensor gate_up_fp8{};                      // gate_up's 1x128 FP8 copy, read as ...
   DType gate_up_dtype = DType::kBF16;             // ... this dtype (bf16 or f32)
+  // Whether the results carry amax (QuantizeArgs::amax: false leaves it undefined and, on CUDA,
+  // saves the memset before the kernel).
+  bool amax = true;
 };
 
 QuantTensor swiglu_quantize(Context& ctx, const SwigluQuantizeArgs& args);
@@ -116,6 +119,7 @@ struct SwigluBackwardQuantizeArgs {
   bool want_h = false;        // also h, quantized with:
   Fp8Format h_format = Fp8Format::kE4M3;
   ScaleRounding h_rounding = ScaleRounding::kPow2;
+  bool amax = true;  // whether the results carry amax (QuantizeArgs::amax)
 };
 
 struct SwigluBackwardQuantizeResult {

@@ -4,6 +4,8 @@
 // swiglu_backward_quantize fills out.h when args.want_h (swiglu.h).
 #pragma once
 
+#include <cstdint>
+
 #include "ops/swiglu/swiglu.h"
 
 namespace octet {
@@ -25,6 +27,12 @@ OCTET_SWIGLU_BACKEND_DECLS
 
 #undef OCTET_SWIGLU_BACKEND_DECLS
 
+// A result's amax word (FP32 bits), or null when the caller did not want it (args.amax false: the
+// QuantTensor has none), so that a CUDA kernel skips its atomics and its launcher the zeroing.
+inline uint32_t* amax_bits_of(const QuantTensor& q) {
+  return q.amax.defined() ? static_cast<uint32_t*>(q.amax.data()) : nullptr;
+}
+
 // swiglu_quantize's arguments for the h that want_h asks of swiglu_backward_quantize (swiglu.h):
 // the backends that do not fuse it call their swiglu_quantize with these.
 inline SwigluQuantizeArgs h_quantize_args(const SwigluBackwardQuantizeArgs& a) {
@@ -34,7 +42,8 @@ inline SwigluQuantizeArgs h_quantize_args(const SwigluBackwardQuantizeArgs& a) {
           .epsilon = 0.0f,
           .row_weight = a.row_weight,
           .gate_up_fp8 = a.gate_up_fp8,
-          .gate_up_dtype = a.dh.dtype()};
+          .gate_up_dtype = a.dh.dtype(),
+          .amax = a.amax};
 }
 
 }  // namespace octet

@@ -37,10 +37,11 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   swiglu_kernels::QuantOut h_out{nullptr, nullptr, nullptr, {}};
   if (a.want_h) {  // h in the same pass (swiglu.h want_h)
-    h_out = {out.h.data.data_as<uint8_t>(), out.h.scale_inv.data_as<float>(),
-             out.h.amax.data_as<uint32_t>(), ScaleRule{a.h_format, a.h_rounding, 0.0f, 0}};
-    OCTET_CUDA_CHECK(
-        cudaMemsetAsync(h_out.amax, 0, sizeof(uint32_t), static_cast<cudaStream_t>(ctx.stream)));
+    h_out = {out.h.data.data_as<uint8_t>(), out.h.scale_inv.data_as<float>(), amax_bits_of(out.h),
+             ScaleRule{a.h_format, a.h_rounding, 0.0f, 0}};
+    if (h_out.amax != nullptr)
+      OCTET_CUDA_CHECK(
+          cudaMemsetAsync(h_out.amax, 0, sizeof(uint32_t), static_cast<cudaStream_t>(ctx.stream)));
   }
   const bool fixed = swiglu_kernels::e4m3_pow2(rule) && src.e4m3() &&
                      (!a.want_h || swiglu_kernels::e4m3_pow2(h_out.rule));
@@ -55,7 +56,7 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
         a.dh.data_as<const GradT>(), src,
         a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr, rows, f, rule,
         out.d_gate_up.data.data_as<uint8_t>(), out.d_gate_up.scale_inv.data_as<float>(),
-        out.d_gate_up.amax.data_as<uint32_t>(),
+        amax_bits_of(out.d_gate_up),
         out.d_row_weight.defined() ? out.d_row_weight.data_as<float>() : nullptr, h_out);
     OCTET_CUDA_CHECK_LAUNCH();
   };
@@ -109,8 +110,8 @@ void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a, 
                              const void* gu_ptr, SwigluBackwardQuantizeResult& out) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
   const auto st = static_cast<cudaStream_t>(ctx.stream);
-  auto* amax_bits = out.d_gate_up.amax.data_as<uint32_t>();
-  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  uint32_t* amax_bits = amax_bits_of(out.d_gate_up);
+  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
   const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
   if (launch_vec<Src, GradT>(ctx, a, src, gu_ptr, out, rule)) return;
   auto kernel = swiglu_kernels::swiglu_backward_quantize_1x128_kernel<Src, GradT, kThreads>;

@@ -82,7 +82,7 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out,
     }
     quantize_row(h, f, rule, a.format, data + r * f, scale_inv + r * groups, amax_all);
   }
-  out.amax.data_as<float>()[0] = bits_float(amax_all);
+  if (out.amax.defined()) out.amax.data_as<float>()[0] = bits_float(amax_all);
   if (gate_up_out == nullptr) return;
   // gate_up's own copy: quantize() of the 2F-wide rows, groups straddling the halves.
   QuantTensor& q = *gate_up_out;
@@ -95,7 +95,7 @@ void swiglu_quantize(Context&, const SwigluQuantizeArgs& a, QuantTensor& out,
     quantize_row(row, n, gu_rule, q.format, q.data.data_as<uint8_t>() + r * n,
                  q.scale_inv.data_as<float>() + r * gu_groups, gu_amax);
   }
-  q.amax.data_as<float>()[0] = bits_float(gu_amax);
+  if (q.amax.defined()) q.amax.data_as<float>()[0] = bits_float(gu_amax);
 }
 
 void swiglu_backward_quantize(Context& ctx, const SwigluBackwardQuantizeArgs& a,
@@ -131,7 +131,7 @@ void swiglu_backward_quantize(Context& ctx, const SwigluBackwardQuantizeArgs& a,
     }
     quantize_row(d, n, rule, a.format, data + r * n, scale_inv + r * groups, amax_all);
   }
-  out.d_gate_up.amax.data_as<float>()[0] = bits_float(amax_all);
+  if (out.d_gate_up.amax.defined()) out.d_gate_up.amax.data_as<float>()[0] = bits_float(amax_all);
 }
 
 }  // namespace octet::cpu

@@ -114,8 +114,8 @@ void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
 void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
   const int64_t rows = out.data.rows(), f = out.data.cols();
   const cudaStream_t st = stream_of(ctx);
-  auto* amax_bits = out.amax.data_as<uint32_t>();
-  OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  uint32_t* amax_bits = amax_bits_of(out);  // null: not wanted
+  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   const int64_t groups = rows * ceil_div(f, kGroup);
@@ -166,13 +166,13 @@ void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTens
   const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
   const cudaStream_t st = stream_of(ctx);
   for (const QuantTensor* q : {&out, &gu_out})
-    OCTET_CUDA_CHECK(cudaMemsetAsync(q->amax.data(), 0, sizeof(uint32_t), st));
+    if (q->amax.defined())
+      OCTET_CUDA_CHECK(cudaMemsetAsync(q->amax.data(), 0, sizeof(uint32_t), st));
   const k::QuantOut h{
-      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), out.amax.data_as<uint32_t>(),
+      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits_of(out),
       ScaleRule{.format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0}};
   const k::QuantOut g{
-      gu_out.data.data_as<uint8_t>(), gu_out.scale_inv.data_as<float>(),
-      gu_out.amax.data_as<uint32_t>(),
+      gu_out.data.data_as<uint8_t>(), gu_out.scale_inv.data_as<float>(), amax_bits_of(gu_out),
       ScaleRule{
           .format = gu_out.format, .rounding = gu_out.rounding, .epsilon = 0.0f, .margin = 0}};
   const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
