@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <string>
 #include <type_traits>
 
 #include "backend/backend.h"
@@ -72,10 +73,18 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* rec = nullptr;
   std::lock_guard<std::mutex> lock(g_mu);
   while (cupti().next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
-    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || g_spans == nullptr) continue;
-    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-    g_spans->push_back(
-        {k->name != nullptr ? k->name : "?", k->start, k->end, k->streamId, k->graphNodeId});
+    if (g_spans == nullptr) continue;
+    if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+      g_spans->push_back(
+          {k->name != nullptr ? k->name : "?", k->start, k->end, k->streamId, k->graphNodeId});
+    } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      // A memset (a node of its own in a graph): named by its size, so that the timeline shows
+      // what stands between two kernels.
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+      g_spans->push_back({"[memset " + std::to_string(m->bytes) + " B]", m->start, m->end,
+                          m->streamId, m->graphNodeId});
+    }
   }
   std::free(buffer);
 }
@@ -99,9 +108,11 @@ std::vector<KernelSpan> trace_kernels(Context& ctx, const std::function<void()>&
   }
   check(c.register_callbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(c.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  check(c.enable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable");
   body();
   ctx.be().synchronize();
   check(c.flush_all(1), "cuptiActivityFlushAll");  // 1: CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+  check(c.disable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityDisable");
   check(c.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
   {
     std::lock_guard<std::mutex> lock(g_mu);

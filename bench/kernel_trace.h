@@ -1,7 +1,8 @@
 // A kernel timeline of work run on the GPU, for the benchmarks (`octet bench train-step --trace`):
 // every kernel's start and end on the device, also inside CUDA graph replays, which Nsight
 // Compute times only one launch at a time and which the GPU machine has no Nsight Systems for.
-// It reads CUPTI's activity records (kind CONCURRENT_KERNEL), loading libcupti at run time, so
+// It reads CUPTI's activity records (kinds CONCURRENT_KERNEL and MEMSET: a memset is a node of its
+// own in a graph, and shows as a span named "[memset N B]"), loading libcupti at run time, so
 // nothing links it; a build without CUDA, or a machine without libcupti, gets one error saying so.
 #pragma once
 
@@ -23,7 +24,7 @@ struct KernelSpan {
 };
 
 // Runs body (which enqueues work on ctx's stream), waits for the device, and returns the kernels
-// that ran in between, by start time.
+// and memsets that ran in between, by start time.
 std::vector<KernelSpan> trace_kernels(Context& ctx, const std::function<void()>& body);
 
 // Over a timeline: from the first start to the last end, the time at least one kernel ran (the

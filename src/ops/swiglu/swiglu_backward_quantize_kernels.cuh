@@ -416,23 +416,7 @@ __global__ void __launch_bounds__(kThreads, 65536 / (128 * kThreads))
       }
       if (lane == 0) d_row_weight[r] = swiglu_math::canonical_nan(partial);
     }
-    if (straddle) {
-      // A du group that starts at step i ends at step i + 1: each side takes the other's maximum
-      // (both read before either changes); group gb takes dg's share.
-      uint32_t first[kIt], last[kIt];
-#pragma unroll
-      for (int i = 0; i < kIt; ++i) {
-        first[i] = __shfl_sync(0xFFFFFFFFu, adu[i], 0);
-        last[i] = __shfl_sync(0xFFFFFFFFu, adu[i], 31);
-      }
-#pragma unroll
-      for (int i = 0; i < kIt; ++i) {
-        const int64_t gid = (cpr + 32 * i + lane) / 16;
-        if (i + 1 < kIt && gid == (cpr + 32 * (i + 1)) / 16) adu[i] = max(adu[i], first[i + 1]);
-        if (i > 0 && gid == (cpr + 32 * i - 1) / 16) adu[i] = max(adu[i], last[i - 1]);
-      }
-      if ((cpr + lane) / 16 == gb) adu[0] = max(adu[0], dg_tail);
-    }
+    if (straddle) merge_straddling_groups<kIt>(adu, cpr, gb, dg_tail, lane);  // gb: dg's share
 #pragma unroll
     for (int i = 0; i < kIt; ++i) {
       const int64_t k = 32 * i + lane;

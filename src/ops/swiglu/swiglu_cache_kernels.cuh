@@ -201,23 +201,8 @@ __global__ void __launch_bounds__(kThreads, kIt <= 3 ? 65536 / (128 * kThreads) 
       h_running = max(h_running, a);
       gu_running = max(gu_running, b);
     }
-    if (straddle) {
-      // An up group that starts at step i ends at step i + 1: each side takes the other's maximum
-      // (both read before either changes); group gb takes the gate's share.
-      uint32_t first[kIt], last[kIt];
-#pragma unroll
-      for (int i = 0; i < kIt; ++i) {
-        first[i] = __shfl_sync(0xFFFFFFFFu, au[i], 0);
-        last[i] = __shfl_sync(0xFFFFFFFFu, au[i], 31);
-      }
-#pragma unroll
-      for (int i = 0; i < kIt; ++i) {
-        const int64_t gid = (cpr + 32 * i + lane) / 16;
-        if (i + 1 < kIt && gid == (cpr + 32 * (i + 1)) / 16) au[i] = max(au[i], first[i + 1]);
-        if (i > 0 && gid == (cpr + 32 * i - 1) / 16) au[i] = max(au[i], last[i - 1]);
-      }
-      if ((cpr + lane) / 16 == gb) au[0] = max(au[0], gate_tail);
-    }
+    if (straddle)
+      merge_straddling_groups<kIt>(au, cpr, gb, gate_tail, lane);  // gb: the gate's share
 #pragma unroll
     for (int i = 0; i < kIt; ++i) {
       const int64_t k = 32 * i + lane;

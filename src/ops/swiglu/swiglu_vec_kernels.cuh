@@ -266,6 +266,30 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int64_t base) {
   return __shfl_sync(0xFFFFFFFFu, v, lane - min(pos, lane));
 }
 
+// The second half of a row in the kIt-step layout of the row kernels (swiglu_cache_kernels.cuh):
+// chunk k = 32 i + lane of the half (i the step) lies in group (cpr + k) / 16 of the whole row, and
+// a[i] holds its group's max over step i's lanes (group_max). When cpr % 16 != 0 a group that starts
+// at step i ends at step i + 1: each side takes the other's maximum (both read before either
+// changes), and group gb = cpr / 16, which also holds the first half's last chunks, takes their
+// share. Every lane of the warp calls it.
+template <int kIt>
+__device__ __forceinline__ void merge_straddling_groups(uint32_t (&a)[kIt], int64_t cpr, int64_t gb,
+                                                        uint32_t first_half_share, int lane) {
+  uint32_t first[kIt], last[kIt];
+#pragma unroll
+  for (int i = 0; i < kIt; ++i) {
+    first[i] = __shfl_sync(0xFFFFFFFFu, a[i], 0);
+    last[i] = __shfl_sync(0xFFFFFFFFu, a[i], 31);
+  }
+#pragma unroll
+  for (int i = 0; i < kIt; ++i) {
+    const int64_t gid = (cpr + 32 * i + lane) / 16;
+    if (i + 1 < kIt && gid == (cpr + 32 * (i + 1)) / 16) a[i] = max(a[i], first[i + 1]);
+    if (i > 0 && gid == (cpr + 32 * i - 1) / 16) a[i] = max(a[i], last[i - 1]);
+  }
+  if ((cpr + lane) / 16 == gb) a[0] = max(a[0], first_half_share);
+}
+
 // Eight FP8 codes of v * scale (each product rounded to FP32, then cvt.rn.satfinite), element i in
 // byte i, as the scalar kernels pack them.
 __device__ __forceinline__ uint2 fp8x8(const float (&v)[kChunk], float scale,
