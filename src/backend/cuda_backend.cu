@@ -10,6 +10,69 @@
 namespace octet {
 namespace {
 
+// memset as a kernel (Backend::memset, memset_ranges). Memory is set in 16-byte slots: range i
+// covers slots first_slot[i] .. first_slot[i + 1] - 1, slot k of it the 16 bytes from its start
+// rounded down to 16 plus 16 k; a slot wholly inside the range takes one 16-byte store, one at
+// either end its bytes inside the range. Grid-stride over all slots, the range of a thread's slot
+// found by advancing from the previous one (slots only grow). The ranges travel in the kernel's
+// parameters, sized for 1, 8 or 64 of them (a launch's parameters are copied with it: a lone
+// memset does not carry room for 64).
+constexpr int kFillMaxRanges = 64, kFillThreads = 256;
+
+template <int kRanges>
+struct FillBatch {
+  uintptr_t begin[kRanges];
+  uintptr_t end[kRanges];
+  int64_t first_slot[kRanges + 1];
+  int count;
+};
+
+template <int kRanges>
+__global__ void __launch_bounds__(kFillThreads)
+    fill_kernel(const __grid_constant__ FillBatch<kRanges> b, uint32_t word) {
+  const int64_t total = b.first_slot[b.count];
+  const uint4 v = make_uint4(word, word, word, word);
+  int i = 0;
+  for (int64_t s = static_cast<int64_t>(blockIdx.x) * kFillThreads + threadIdx.x; s < total;
+       s += static_cast<int64_t>(gridDim.x) * kFillThreads) {
+    while (s >= b.first_slot[i + 1]) ++i;
+    const uintptr_t a =
+        (b.begin[i] & ~uintptr_t{15}) + 16 * static_cast<uintptr_t>(s - b.first_slot[i]);
+    if (a >= b.begin[i] && a + 16 <= b.end[i]) {
+      *reinterpret_cast<uint4*>(a) = v;
+    } else {
+      for (uintptr_t p = a < b.begin[i] ? b.begin[i] : a; p < a + 16 && p < b.end[i]; ++p)
+        *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(word);
+    }
+  }
+}
+
+// fill_kernel over `count` ranges, at most kRanges, none empty.
+template <int kRanges>
+void launch_fill(const MemsetRange* ranges, int count, int byte, int sm_count,
+                 cudaStream_t stream) {
+  FillBatch<kRanges> b{};
+  b.count = count;
+  for (int i = 0; i < count; ++i) {
+    b.begin[i] = reinterpret_cast<uintptr_t>(ranges[i].dst);
+    b.end[i] = b.begin[i] + static_cast<uintptr_t>(ranges[i].bytes);
+    const uintptr_t first = b.begin[i] & ~uintptr_t{15}, last = (b.end[i] + 15) & ~uintptr_t{15};
+    b.first_slot[i + 1] = b.first_slot[i] + static_cast<int64_t>((last - first) / 16);
+  }
+  const int64_t blocks = std::min<int64_t>((b.first_slot[count] + kFillThreads - 1) / kFillThreads,
+                                           int64_t{8} * sm_count);
+  const uint32_t word = 0x01010101u * static_cast<uint8_t>(byte);
+  fill_kernel<kRanges><<<static_cast<unsigned>(blocks), kFillThreads, 0, stream>>>(b, word);
+  OCTET_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_fill(const MemsetRange* ranges, int count, int byte, int sm_count,
+                 cudaStream_t stream) {
+  if (count == 1) return launch_fill<1>(ranges, count, byte, sm_count, stream);
+  if (count <= 8) return launch_fill<8>(ranges, count, byte, sm_count, stream);
+  launch_fill<kFillMaxRanges>(ranges, count, byte, sm_count, stream);
+}
+
 class EventTimer final : public Timer {
  public:
   explicit EventTimer(cudaStream_t stream) : stream_(stream) {
@@ -39,6 +102,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device_index) : device_index_(device_index) {
     OCTET_CUDA_CHECK(cudaSetDevice(device_index));
     OCTET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    OCTET_CUDA_CHECK(
+        cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_index));
     // Keep freed blocks in the stream-ordered pool instead of returning them to the driver: the
     // pool then acts as a caching allocator and steady-state steps allocate without driver calls.
     cudaMemPool_t pool;
@@ -131,7 +196,19 @@ class CudaBackend final : public Backend {
     }
   }
   void memset(void* dst, int byte, int64_t bytes) override {
-    OCTET_CUDA_CHECK(cudaMemsetAsync(dst, byte, static_cast<size_t>(bytes), stream_));
+    if (bytes <= 0) return;
+    const MemsetRange r{dst, bytes};
+    launch_fill(&r, 1, byte, sm_count_, stream_);
+  }
+  void memset_ranges(const std::vector<MemsetRange>& ranges, int byte) override {
+    MemsetRange batch[kFillMaxRanges];
+    int n = 0;
+    for (const MemsetRange& r : ranges) {
+      if (r.bytes <= 0) continue;
+      batch[n++] = r;
+      if (n == kFillMaxRanges) launch_fill(batch, n, byte, sm_count_, stream_), n = 0;
+    }
+    if (n > 0) launch_fill(batch, n, byte, sm_count_, stream_);
   }
   void synchronize() override {
     ++host_waits_;
@@ -167,6 +244,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_index_;
+  int sm_count_ = 1;  // sizes memset's grid
   cudaStream_t stream_ = nullptr;
   int64_t phase_peak_ = 0;  // the peak before the last release since reset_peak()
   int64_t releases_ = 0;

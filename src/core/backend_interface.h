@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -22,6 +23,12 @@ class Timer {
 
 enum class CopyKind : uint8_t { kHostToHost, kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
+// `bytes` bytes from `dst`, memory of the backend's device: one of memset_ranges' spans.
+struct MemsetRange {
+  void* dst = nullptr;
+  int64_t bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -30,7 +37,16 @@ class Backend {
   virtual void free(void* ptr) = 0;
   // Asynchronous on the backend's stream, except device-to-host which completes before returning.
   virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) = 0;
+  // Asynchronous on the stream like a device-to-device copy. CUDA sets memory with a kernel of its
+  // own, not cudaMemsetAsync: in a captured graph a memset node delays the kernel after it by a
+  // few microseconds, a kernel node does not.
   virtual void memset(void* dst, int byte, int64_t bytes) = 0;
+  // Every range set to `byte`, as memset() on each would: on CUDA one launch for up to 64 ranges
+  // (the trainer zeroes its gradients, a hundred tensors, with it); here memset() on each.
+  virtual void memset_ranges(const std::vector<MemsetRange>& ranges, int byte) {
+    for (const MemsetRange& r : ranges)
+      if (r.bytes > 0) memset(r.dst, byte, r.bytes);
+  }
   // `rows` rows of `row_bytes` each, from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`
   // apart), on the same device; asynchronous on the stream like a device-to-device copy.
   virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,

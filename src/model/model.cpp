@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/checkpoint.h"
@@ -358,7 +359,9 @@ std::vector<WeightOutput> Model::weight_outputs(OutputCopies copies) {
 }
 
 void Model::zero_grad(Context& ctx) {
-  for (auto& p : params_) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
+  std::vector<MemsetRange> grads;
+  for (auto& p : params_) grads.push_back({p->grad.data(), p->grad.nbytes()});
+  ctx.be().memset_ranges(grads, 0);
 }
 
 Tensor Model::device_scalar(Context& ctx, float v) {

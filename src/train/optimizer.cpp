@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "ops/adamw/adamw.h"
@@ -182,9 +183,11 @@ StepStats AdamWOptimizer::finish_step(Context& ctx) {
 }
 
 void AdamWOptimizer::zero_grad(Context& ctx) {
+  std::vector<MemsetRange> grads;
   for (const Parameter* p : params_)  // a first writer's gradient is overwritten (parameter.h)
     if (p->grad.data() && p->grad.nbytes() && !p->first_writer)
-      ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
+      grads.push_back({p->grad.data(), p->grad.nbytes()});
+  ctx.be().memset_ranges(grads, 0);
 }
 
 io::NamedTensors AdamWOptimizer::state_dict(Context& ctx) {

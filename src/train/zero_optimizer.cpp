@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <vector>
 
 #include "backend/backend.h"
 #include "ops/adamw/adamw.h"
@@ -286,8 +287,10 @@ void ZeroAdamW::zero_grad(Context& ctx) {
   std::fill(sent_.begin(), sent_.end(), false);
   ready_.clear();
   sent_early_ = 0;
+  std::vector<MemsetRange> grads;
   for (Parameter* p : params_)
-    if (p->grad.nbytes()) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
+    if (p->grad.nbytes()) grads.push_back({p->grad.data(), p->grad.nbytes()});
+  ctx.be().memset_ranges(grads, 0);
 }
 
 io::NamedTensors ZeroAdamW::state_dict(Context& ctx) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "numerics/scale.h"  // ceil_div
 #include "ops/adamw/adamw_backends.h"
@@ -220,7 +221,7 @@ void grad_clip_coefficient(Context& ctx, const Tensor& norm, float max_norm, Ten
 }
 
 void nonfinite_flag(Context& ctx, const std::vector<Tensor>& grads, Tensor& flag) {
-  OCTET_CUDA_CHECK(cudaMemsetAsync(flag.data(), 0, sizeof(int32_t), stream_of(ctx)));
+  ctx.be().memset(flag.data(), 0, sizeof(int32_t));
   for (const auto& b : make_batches(grads)) {
     int64_t biggest = 0;
     for (int i = 0; i < b.count; ++i) biggest = std::max(biggest, b.numel[i]);

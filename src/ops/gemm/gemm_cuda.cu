@@ -175,8 +175,7 @@ void run_padded_m(Context& ctx, LtMatmul mm, const OperandView& a, const RowMajo
   const int64_t m4 = round_up(a.rows, kScaleAlign), n = mm.m, esize = dtype_size(d.dtype);
   const size_t row_bytes = static_cast<size_t>(n * esize);
   Tensor ap = Tensor::empty(ctx, {m4, a.k}, DType::kU8);  // FP8: one byte per element
-  OCTET_CUDA_CHECK(cudaMemsetAsync(ap.data_as<uint8_t>() + a.rows * a.k, 0,
-                                   static_cast<size_t>((m4 - a.rows) * a.k), stream));
+  ctx.be().memset(ap.data_as<uint8_t>() + a.rows * a.k, 0, (m4 - a.rows) * a.k);
   OCTET_CUDA_CHECK(cudaMemcpy2DAsync(
       ap.data(), static_cast<size_t>(a.k), a.data, static_cast<size_t>(a.ld),
       static_cast<size_t>(a.k), static_cast<size_t>(a.rows), cudaMemcpyDeviceToDevice, stream));

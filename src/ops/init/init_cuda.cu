@@ -74,7 +74,7 @@ InitNormalStats init_normal(Context& ctx, const InitNormalArgs& a) {
   Tensor list = Tensor::empty(ctx, {capacity + 1}, DType::kI64);  // [0]: the count
   auto* count = static_cast<unsigned long long*>(list.data());
   auto* uncertain = static_cast<int64_t*>(list.data()) + 1;
-  OCTET_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned long long), s));
+  ctx.be().memset(count, 0, sizeof(unsigned long long));
   init_normal_kernel<<<grid_for((n + 3) / 4), kThreads, 0, s>>>(
       out, n, a.seed, a.stream, a.std, std::ldexp(1.0, -a.margin_log2), uncertain, count, capacity);
   OCTET_CUDA_CHECK_LAUNCH();

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "ops/moe_permute/moe_permute_backends.h"
 #include "ops/moe_permute/moe_permute_kernels.cuh"
@@ -128,9 +129,10 @@ void moe_permute_map(Context& ctx, const PermuteMapArgs& args, PermuteMap& m) {
   const cudaStream_t st = stream_of(ctx);
   const int64_t n = m.num_tokens * m.top_k;
   const int E = static_cast<int>(m.num_experts);
-  OCTET_CUDA_CHECK(cudaMemsetAsync(m.counts.data(), 0, m.counts.nbytes(), st));
-  OCTET_CUDA_CHECK(cudaMemsetAsync(m.row_of.data(), 0xFF, m.row_of.nbytes(), st));      // -1
-  OCTET_CUDA_CHECK(cudaMemsetAsync(m.token_of.data(), 0xFF, m.token_of.nbytes(), st));  // -1
+  ctx.be().memset(m.counts.data(), 0, m.counts.nbytes());
+  ctx.be().memset_ranges(
+      {{m.row_of.data(), m.row_of.nbytes()}, {m.token_of.data(), m.token_of.nbytes()}},
+      0xFF);  // -1: no row, no token
   Tensor keys = Tensor::empty(ctx, {2, std::max<int64_t>(n, 1)}, DType::kI32);
   Tensor vals = Tensor::empty(ctx, {2, std::max<int64_t>(n, 1)}, DType::kI32);
   auto* keys_in = keys.data_as<uint32_t>();
@@ -211,8 +213,7 @@ void moe_weighted_gather(Context& ctx, const PermuteMap& m, const Tensor& src, c
 void moe_combine_backward(Context& ctx, const PermuteMap& m, const CombineBackwardArgs& a,
                           CombineGrads& g) {
   if (a.expert_out.cols() == 0) {
-    OCTET_CUDA_CHECK(
-        cudaMemsetAsync(g.d_topk_weight.data(), 0, g.d_topk_weight.nbytes(), stream_of(ctx)));
+    ctx.be().memset(g.d_topk_weight.data(), 0, g.d_topk_weight.nbytes());
     return;
   }
   const bool dy32 = a.d_out.dtype() == DType::kF32, out32 = g.d_expert_out.dtype() == DType::kF32;
@@ -243,7 +244,7 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   float* wr = topk_weight.defined() ? w_rows.data_as<float>() : nullptr;
   const int64_t cols = args.input.cols();
   auto* amax_bits = static_cast<uint32_t*>(out.amax.data());  // null: not wanted (args.amax)
-  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
+  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, 4);
   const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
   auto* q = out.data.data_as<uint8_t>();
   auto* s = out.scale_inv.data_as<float>();
@@ -309,7 +310,7 @@ void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& m, const Qu
     return;
   }
   auto* amax_bits = static_cast<uint32_t*>(out.amax.data());  // null: not wanted (args.amax)
-  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, 4, stream_of(ctx)));
+  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, 4);
   const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
   if (cblocks == 0) return;
   // Past the tiles, enough blocks for a thread per token (the amax of tokens dispatched nowhere).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "ops/moe_permute/moe_row_weight.h"
 
@@ -36,7 +37,7 @@ unsigned blocks_for(int64_t n) {
 void moe_permute_weights(Context& ctx, const PermuteMap& map, const Tensor& topk_weight,
                          Tensor& w_rows) {
   const auto st = static_cast<cudaStream_t>(ctx.stream);
-  OCTET_CUDA_CHECK(cudaMemsetAsync(w_rows.data(), 0, w_rows.nbytes(), st));  // padding rows 0.0
+  ctx.be().memset(w_rows.data(), 0, w_rows.nbytes());  // padding rows 0.0
   const int64_t n = map.num_tokens * map.top_k;
   if (n == 0) return;
   moe_permute_weights_kernel<<<blocks_for(n), kThreads, 0, st>>>(

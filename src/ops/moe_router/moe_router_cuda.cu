@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "numerics/scale.h"  // ceil_div
 #include "ops/moe_router/moe_router_backends.h"
@@ -53,7 +54,7 @@ BalanceScratch balance_stats(Context& ctx, const SeqBalanceLossArgs& a, float* s
               "memory; the router allows 1024)");
   BalanceScratch s{Tensor::empty(ctx, {rows}, DType::kF32),
                    Tensor::empty(ctx, {a.num_sequences, E}, DType::kI32)};
-  OCTET_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.nbytes(), stream_of(ctx)));
+  ctx.be().memset(s.counts.data(), 0, s.counts.nbytes());
   const int tile = kernels::balance_tile_tokens(static_cast<int>(E));
   const size_t smem = sizeof(float) * (static_cast<size_t>(tile) * static_cast<size_t>(E + 2) +
                                        kernels::kBalanceHist);
@@ -72,7 +73,7 @@ void moe_router_forward(Context& ctx, const RouterForwardArgs& args, RouterOutpu
   const RouterConfig& c = args.config;
   const int64_t tokens = args.logits.rows();
   const cudaStream_t st = stream_of(ctx);
-  OCTET_CUDA_CHECK(cudaMemsetAsync(out.counts.data(), 0, out.counts.nbytes(), st));
+  ctx.be().memset(out.counts.data(), 0, out.counts.nbytes());
   if (tokens == 0) return;
   static_assert(kernels::kMaxExperts >= 1024, "RouterConfig::validate allows up to 1024 experts");
   // Per warp the scores and candidates, then the block's histogram (E ints).
@@ -89,7 +90,7 @@ void moe_router_forward(Context& ctx, const RouterForwardArgs& args, RouterOutpu
 void moe_router_backward(Context& ctx, const RouterBackwardArgs& args, Tensor& d_logits) {
   const int64_t tokens = args.logits.rows();
   const cudaStream_t st = stream_of(ctx);
-  OCTET_CUDA_CHECK(cudaMemsetAsync(d_logits.data(), 0, d_logits.nbytes(), st));
+  ctx.be().memset(d_logits.data(), 0, d_logits.nbytes());
   if (tokens == 0) return;
   kernels::router_backward_kernel<<<blocks_for(tokens, 128), 128, 0, st>>>(
       args.logits.data_as<const float>(), args.topk_idx.data_as<const int32_t>(),

@@ -111,7 +111,7 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
       .format = args.format, .rounding = args.rounding, .epsilon = args.epsilon, .margin = 0};
   // Null when the caller does not want it (QuantizeArgs::amax): the kernels skip its atomics.
   uint32_t* amax_bits = out.amax.defined() ? out.amax.data_as<uint32_t>() : nullptr;
-  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, sizeof(uint32_t));
 
   // The hot path: 1x128 row-wise only, a streaming kernel at memory bandwidth.
   if (args.output == QuantizeOutput::kRowwise && args.granularity == Granularity::k1x128) {
@@ -171,7 +171,7 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
       p.row_amax = row_amax;
     }
     if (p.columnwise.data) {
-      OCTET_CUDA_CHECK(cudaMemsetAsync(col_amax, 0, cols * sizeof(uint32_t), st));
+      ctx.be().memset(col_amax, 0, cols * sizeof(uint32_t));
       const int64_t rows_per_block = 256;
       const dim3 grid(static_cast<unsigned>(ceil_div(cols, 256)),
                       static_cast<unsigned>(ceil_div(rows, rows_per_block)));
@@ -230,7 +230,7 @@ void dequantize(Context& ctx, const Tensor& data, const Tensor& scale_inv, Granu
 void amax(Context& ctx, const Tensor& x, Tensor& out) {
   const cudaStream_t st = stream_of(ctx);
   auto* bits = out.data_as<uint32_t>();
-  OCTET_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(uint32_t), st));
+  ctx.be().memset(bits, 0, sizeof(uint32_t));
   const int blocks =
       persistent_blocks(ctx, kernels::amax_kernel<float>, 256, ceil_div(x.numel(), 256));
   if (x.dtype() == DType::kF32)

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "ops/swiglu/swiglu_backends.h"
 #include "ops/swiglu/swiglu_backward_quantize_kernels.cuh"
@@ -39,9 +40,7 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
   if (a.want_h) {  // h in the same pass (swiglu.h want_h)
     h_out = {out.h.data.data_as<uint8_t>(), out.h.scale_inv.data_as<float>(), amax_bits_of(out.h),
              ScaleRule{a.h_format, a.h_rounding, 0.0f, 0}};
-    if (h_out.amax != nullptr)
-      OCTET_CUDA_CHECK(
-          cudaMemsetAsync(h_out.amax, 0, sizeof(uint32_t), static_cast<cudaStream_t>(ctx.stream)));
+    if (h_out.amax != nullptr) ctx.be().memset(h_out.amax, 0, sizeof(uint32_t));
   }
   const bool fixed = swiglu_kernels::e4m3_pow2(rule) && src.e4m3() &&
                      (!a.want_h || swiglu_kernels::e4m3_pow2(h_out.rule));
@@ -111,7 +110,7 @@ void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a, 
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
   const auto st = static_cast<cudaStream_t>(ctx.stream);
   uint32_t* amax_bits = amax_bits_of(out.d_gate_up);
-  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, sizeof(uint32_t));
   const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
   if (launch_vec<Src, GradT>(ctx, a, src, gu_ptr, out, rule)) return;
   auto kernel = swiglu_kernels::swiglu_backward_quantize_1x128_kernel<Src, GradT, kThreads>;

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "backend/backend.h"
 #include "backend/cuda_check.h"
 #include "ops/swiglu/swiglu_backends.h"
 #include "ops/swiglu/swiglu_cache_kernels.cuh"
@@ -115,7 +116,7 @@ void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
   const int64_t rows = out.data.rows(), f = out.data.cols();
   const cudaStream_t st = stream_of(ctx);
   uint32_t* amax_bits = amax_bits_of(out);  // null: not wanted
-  if (amax_bits != nullptr) OCTET_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), st));
+  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, sizeof(uint32_t));
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   const int64_t groups = rows * ceil_div(f, kGroup);
@@ -166,8 +167,7 @@ void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTens
   const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
   const cudaStream_t st = stream_of(ctx);
   for (const QuantTensor* q : {&out, &gu_out})
-    if (q->amax.defined())
-      OCTET_CUDA_CHECK(cudaMemsetAsync(q->amax.data(), 0, sizeof(uint32_t), st));
+    if (q->amax.defined()) ctx.be().memset(q->amax.data(), 0, sizeof(uint32_t));
   const k::QuantOut h{
       out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits_of(out),
       ScaleRule{.format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0}};
