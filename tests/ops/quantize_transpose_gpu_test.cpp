@@ -134,15 +134,16 @@ TEST_P(TransposeGpuCodes, MatchesCpuAndLegacyBitwise) {
 #endif
 }
 
-// Without NaN codes and with scales within 2^-12 .. 2^12, most threads' rows move by at most 2^-15
-// and take the half-precision rescale (rescale_fp8x4_f16), the others the FP32 one: both must give
-// the CPU's bits, subnormal results and underflow included.
+// Without NaN codes the threads whose rows move by 2^-24 or less take the half-precision rescale
+// (rescale_fp8x4_f16), the others the FP32 one: with scales within 2^-3 .. 2^3 or 2^-12 .. 2^12
+// every thread takes it (half-precision subnormal products included), within 2^-40 .. 2^40 both
+// paths run. Either must give the CPU's bits, subnormal results and underflow included.
 TEST_P(TransposeGpuCodes, HalfPrecisionRescaleMatchesCpu) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
   const auto& [shape, fmt] = GetParam();
   const int64_t rows = shape[0], cols = shape[1];
-  for (int spread : {3, 12}) {
+  for (int spread : {3, 12, 40}) {
     QuantTensor want = random_codes(rows, cols, fmt, 7 + rows * 13 + cols + spread, spread, true);
     QuantTensor got = to_gpu(gpu, want);
     scaling_aware_transpose(cpu, want);

@@ -8,7 +8,8 @@
 //   - scaling_aware_transpose_tile_kernel, the one the op runs: 16-byte loads and stores, the codes
 //     rescaled in registers (hardware FP8x2 -> F16x2 decode, exact for every code, then the FP32
 //     product and the hardware conversion back; or, when every ratio of a thread's rows is a power
-//     of two the half product holds exactly, that product in F16x2: rescale_fp8x4_f16), 4x4 byte
+//     of two of at least 2^-24 and no code is NaN, the product in F16x2, which gives the same bits:
+//     rescale_fp8x4_f16), 4x4 byte
 //     transposes in registers, the transposed words staged in a swizzled shared tile and stored as
 //     full 16-byte pieces of output rows;
 //   - scaling_aware_transpose_legacy_kernel (quantize_transpose_cuda.cu, its only user), the kernel
@@ -56,12 +57,15 @@ __device__ __forceinline__ uint32_t rescale_fp8x4(uint32_t w, float ratio) {
 }
 
 // The same four codes moved by 2^d with the half-precision pipe: the pair decode to F16x2 (exact),
-// one HMUL2.RN by 2^d and the pair encode cvt.rn.satfinite from F16x2. For 2^d >= 2^-15 (E4M3) or
-// 2^-8 (E5M2) and no NaN code this is rescale_fp8x4's result bit for bit: a code has at most 4
-// (E4M3) or 3 (E5M2) significant bits and its lowest weighs at least 2^-9 (2^-16), so its product
-// by such a 2^d is a half-precision number (lowest weight >= 2^-24), exact, as the FP32 product is;
-// both then round that same value once, to nearest even, with satfinite. (A NaN code would leave as
-// whatever NaN HMUL2 makes, not FMUL's canonical one, so NaN tiles take the FP32 path.)
+// one HMUL2.RN by 2^d and the pair encode cvt.rn.satfinite from F16x2. For 1 >= 2^d >= 2^-24 (a
+// half-precision number, subnormal below 2^-14) and no NaN code this is rescale_fp8x4's result bit
+// for bit. A code is M 2^q with M < 16 (E4M3; < 8 for E5M2), so its product by 2^d is M 2^(q+d),
+// below 65504. When q + d >= -24 that is a half-precision number: the half product is exact, as the
+// FP32 one is, and both round that same value once, to nearest even, with satfinite. When q + d <
+// -24 the value is below 16 2^-25 = 2^-21, under half the smallest subnormal of either format (2^-10
+// for E4M3, 2^-17 for E5M2): the FP32 path rounds it to a zero of its sign, and the half product,
+// at most 2^-21 once rounded, converts to that same zero. (A NaN code would leave as whatever NaN
+// HMUL2 makes, not FMUL's canonical one, so NaN tiles take the FP32 path.)
 template <Fp8Format kFmt>
 __device__ __forceinline__ uint32_t rescale_fp8x4_f16(uint32_t w, __half2 ratio) {
   constexpr __nv_fp8_interpretation_t kInterp = kFmt == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
@@ -142,7 +146,7 @@ __device__ __forceinline__ void transpose_tile_store(TransposeSmem& s, const uin
   // Capped at 1 for the all-zero rows, whose scale_inv may exceed S (their codes stay zero).
   float ratio[4];
   bool f16 = true;  // every row's move fits rescale_fp8x4_f16 and no code is NaN
-  constexpr float kF16Floor = kFmt == Fp8Format::kE4M3 ? 0x1p-15f : 0x1p-8f;
+  constexpr float kF16Floor = 0x1p-24f;  // the smallest half-precision subnormal
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     ratio[i] = row_ratio(si[i], smax);
