@@ -243,8 +243,7 @@ void moe_permute_quantize(Context& ctx, const PermuteMap& m, const QuantizeArgs&
   const float* tw = topk_weight.defined() ? topk_weight.data_as<const float>() : nullptr;
   float* wr = topk_weight.defined() ? w_rows.data_as<float>() : nullptr;
   const int64_t cols = args.input.cols();
-  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());  // null: not wanted (args.amax)
-  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, 4);
+  uint32_t* amax_bits = zeroed_amax_bits(ctx, out);  // null: not wanted (args.amax)
   const ScaleRule rule{args.format, args.rounding, args.epsilon, 0};
   auto* q = out.data.data_as<uint8_t>();
   auto* s = out.scale_inv.data_as<float>();
@@ -309,8 +308,7 @@ void moe_permute_quantize_transposed(Context& ctx, const PermuteMap& m, const Qu
                              columnwise);
     return;
   }
-  auto* amax_bits = static_cast<uint32_t*>(out.amax.data());  // null: not wanted (args.amax)
-  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, 4);
+  uint32_t* amax_bits = zeroed_amax_bits(ctx, out);  // null: not wanted (args.amax)
   const int64_t cblocks = ceil_div(cols, kGroup), rblocks = ceil_div(rows, kGroup);
   if (cblocks == 0) return;
   // Past the tiles, enough blocks for a thread per token (the amax of tokens dispatched nowhere).

@@ -2,6 +2,9 @@
 // allocated by quantize.cpp; these functions only compute.
 #pragma once
 
+#include <cstdint>
+
+#include "core/backend_interface.h"
 #include "ops/quantize/quantize.h"
 
 namespace octet {
@@ -34,5 +37,20 @@ void scaling_aware_transpose_legacy(Context& ctx, const QuantTensor& in, Tensor&
 }  // namespace cuda
 
 #undef OCTET_QUANTIZE_BACKEND_DECLS
+
+// A result's amax word (FP32 bits) for a CUDA kernel's atomicMax, or null when the caller did not
+// want it (QuantizeArgs::amax and its kin false: the QuantTensor has none), so that the kernel
+// skips its atomics.
+inline uint32_t* amax_bits_of(const QuantTensor& q) {
+  return q.amax.defined() ? static_cast<uint32_t*>(q.amax.data()) : nullptr;
+}
+
+// amax_bits_of, zeroed first on ctx's stream (nothing to zero when null): what a quantizing
+// launcher hands its kernel.
+inline uint32_t* zeroed_amax_bits(Context& ctx, const QuantTensor& q) {
+  uint32_t* bits = amax_bits_of(q);
+  if (bits != nullptr) ctx.be().memset(bits, 0, sizeof(uint32_t));
+  return bits;
+}
 
 }  // namespace octet

@@ -109,9 +109,7 @@ void launch_quantize(Context& ctx, const QuantizeArgs& args, QuantTensor& out) {
   const cudaStream_t st = stream_of(ctx);
   const ScaleRule rule{
       .format = args.format, .rounding = args.rounding, .epsilon = args.epsilon, .margin = 0};
-  // Null when the caller does not want it (QuantizeArgs::amax): the kernels skip its atomics.
-  uint32_t* amax_bits = out.amax.defined() ? out.amax.data_as<uint32_t>() : nullptr;
-  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, sizeof(uint32_t));
+  uint32_t* amax_bits = zeroed_amax_bits(ctx, out);  // null: not wanted (QuantizeArgs::amax)
 
   // The hot path: 1x128 row-wise only, a streaming kernel at memory bandwidth.
   if (args.output == QuantizeOutput::kRowwise && args.granularity == Granularity::k1x128) {

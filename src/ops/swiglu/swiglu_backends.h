@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "ops/quantize/quantize_backends.h"  // amax_bits_of, zeroed_amax_bits
 #include "ops/swiglu/swiglu.h"
 
 namespace octet {
@@ -26,12 +27,6 @@ OCTET_SWIGLU_BACKEND_DECLS
 }
 
 #undef OCTET_SWIGLU_BACKEND_DECLS
-
-// A result's amax word (FP32 bits), or null when the caller did not want it (args.amax false: the
-// QuantTensor has none), so that a CUDA kernel skips its atomics and its launcher the zeroing.
-inline uint32_t* amax_bits_of(const QuantTensor& q) {
-  return q.amax.defined() ? static_cast<uint32_t*>(q.amax.data()) : nullptr;
-}
 
 // swiglu_quantize's arguments for the h that want_h asks of swiglu_backward_quantize (swiglu.h):
 // the backends that do not fuse it call their swiglu_quantize with these.

@@ -38,9 +38,8 @@ bool launch_vec(Context& ctx, const SwigluBackwardQuantizeArgs& a, Src src, cons
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   swiglu_kernels::QuantOut h_out{nullptr, nullptr, nullptr, {}};
   if (a.want_h) {  // h in the same pass (swiglu.h want_h)
-    h_out = {out.h.data.data_as<uint8_t>(), out.h.scale_inv.data_as<float>(), amax_bits_of(out.h),
-             ScaleRule{a.h_format, a.h_rounding, 0.0f, 0}};
-    if (h_out.amax != nullptr) ctx.be().memset(h_out.amax, 0, sizeof(uint32_t));
+    h_out = {out.h.data.data_as<uint8_t>(), out.h.scale_inv.data_as<float>(),
+             zeroed_amax_bits(ctx, out.h), ScaleRule{a.h_format, a.h_rounding, 0.0f, 0}};
   }
   const bool fixed = swiglu_kernels::e4m3_pow2(rule) && src.e4m3() &&
                      (!a.want_h || swiglu_kernels::e4m3_pow2(h_out.rule));
@@ -109,8 +108,7 @@ void backward_quantize_typed(Context& ctx, const SwigluBackwardQuantizeArgs& a, 
                              const void* gu_ptr, SwigluBackwardQuantizeResult& out) {
   const int64_t rows = a.dh.rows(), f = a.dh.cols();
   const auto st = static_cast<cudaStream_t>(ctx.stream);
-  uint32_t* amax_bits = amax_bits_of(out.d_gate_up);
-  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, sizeof(uint32_t));
+  uint32_t* amax_bits = zeroed_amax_bits(ctx, out.d_gate_up);  // null: not wanted
   const ScaleRule rule{a.format, a.rounding, a.epsilon, 0};
   if (launch_vec<Src, GradT>(ctx, a, src, gu_ptr, out, rule)) return;
   auto kernel = swiglu_kernels::swiglu_backward_quantize_1x128_kernel<Src, GradT, kThreads>;

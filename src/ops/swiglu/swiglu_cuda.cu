@@ -115,8 +115,7 @@ void backward_typed(Context& ctx, const SwigluBackwardArgs& a) {
 void quantize_any(Context& ctx, const SwigluQuantizeArgs& a, QuantTensor& out) {
   const int64_t rows = out.data.rows(), f = out.data.cols();
   const cudaStream_t st = stream_of(ctx);
-  uint32_t* amax_bits = amax_bits_of(out);  // null: not wanted
-  if (amax_bits != nullptr) ctx.be().memset(amax_bits, 0, sizeof(uint32_t));
+  uint32_t* amax_bits = zeroed_amax_bits(ctx, out);  // null: not wanted
   const ScaleRule rule{
       .format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0};
   const int64_t groups = rows * ceil_div(f, kGroup);
@@ -166,13 +165,12 @@ void quantize_caching_typed(Context& ctx, const SwigluQuantizeArgs& a, QuantTens
                             QuantTensor& gu_out) {
   const int64_t rows = a.gate_up.rows(), f = a.gate_up.cols() / 2;
   const cudaStream_t st = stream_of(ctx);
-  for (const QuantTensor* q : {&out, &gu_out})
-    if (q->amax.defined()) ctx.be().memset(q->amax.data(), 0, sizeof(uint32_t));
   const k::QuantOut h{
-      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), amax_bits_of(out),
+      out.data.data_as<uint8_t>(), out.scale_inv.data_as<float>(), zeroed_amax_bits(ctx, out),
       ScaleRule{.format = a.format, .rounding = a.rounding, .epsilon = a.epsilon, .margin = 0}};
   const k::QuantOut g{
-      gu_out.data.data_as<uint8_t>(), gu_out.scale_inv.data_as<float>(), amax_bits_of(gu_out),
+      gu_out.data.data_as<uint8_t>(), gu_out.scale_inv.data_as<float>(),
+      zeroed_amax_bits(ctx, gu_out),
       ScaleRule{
           .format = gu_out.format, .rounding = gu_out.rounding, .epsilon = 0.0f, .margin = 0}};
   const float* w = a.row_weight.defined() ? a.row_weight.data_as<const float>() : nullptr;
