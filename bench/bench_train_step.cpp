@@ -66,10 +66,10 @@ StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
   opt.set_graphs(graphs);
   m.prepare(ctx);
   opt.set_weight_outputs(ctx, m.weight_outputs(OutputCopies::kBf16AndFp8));
-  // One micro-batch a step: the experts' gradients are overwritten by their first writer, as the
-  // trainer has them (Parameter::first_writer, train/run_state.h).
-  const std::vector<Parameter*> experts = m.expert_parameters();
-  for (Parameter* p : experts) p->first_writer = true;
+  // One micro-batch a step: the Linear layers' and the experts' gradients are overwritten by their
+  // first writer, as the trainer has them (Parameter::first_writer, train/run_state.h).
+  const std::vector<Parameter*> first_writers = m.first_writer_parameters();
+  for (Parameter* p : first_writers) p->first_writer = true;
   int64_t generation = 0;
   std::vector<double> host_ms;
   auto step = [&] {
@@ -79,7 +79,7 @@ StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
           opt.zero_grad(ctx);
         }) != train::GraphedSection::Ran::kReplayed)
       ++generation;  // new prepared-weight buffers: the forward graph is captured again
-    for (Parameter* p : experts) p->grad_fresh = true;
+    for (Parameter* p : first_writers) p->grad_fresh = true;
     const ModelLosses l = micro.run(ctx, graphs, m, batch, 1.0f, std::to_string(generation));
     opt.step(ctx, 1e-4f);
     host_ms.push_back(
@@ -106,7 +106,7 @@ StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
   t.failure = !micro.failure().empty() ? micro.failure()
               : !pre.failure().empty() ? pre.failure()
                                        : opt.graph_failure();
-  for (Parameter* p : experts) p->first_writer = false;
+  for (Parameter* p : first_writers) p->first_writer = false;
   opt.set_graphs(false);
   opt.set_weight_outputs(ctx, {});  // the columns after this one time AdamW alone
   m.prepare(ctx);

@@ -278,20 +278,6 @@ GroupedLinearLayer::Saved GroupedLinearLayer::wgrad_saved(Context& ctx, const Pr
   return s;
 }
 
-namespace {
-
-// How a backward's Wgrad writes the parameter's gradient: += as a rule; when the gradient is fresh
-// (the trainer left it unzeroed for its first writer: Parameter::first_writer), = where the GEMM
-// can overwrite, else zeroed here first and added to.
-Accumulate first_write(Context& ctx, Parameter& param, bool can_overwrite) {
-  if (!std::exchange(param.grad_fresh, false)) return Accumulate::kAdd;
-  if (can_overwrite) return Accumulate::kOverwrite;
-  ctx.be().memset(param.grad.data(), 0, param.grad.nbytes());
-  return Accumulate::kAdd;
-}
-
-}  // namespace
-
 Tensor GroupedLinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
                                     const GroupLayoutRef& layout, const Saved& s) {
   const AmaxGroupScope amax_scope(ctx, amax_group);
@@ -395,7 +381,9 @@ void GroupedLinearLayer::backward_weight(Context& ctx, const QuantTensor& qdy,
                         .group_sizes = layout.sizes,
                         .d = param->grad,  // (E, Out, In) f32
                         .accumulate = Accumulate::kAdd};
-  a.accumulate = first_write(ctx, *param, grouped_wgrad_fp8_overwrites(ctx, a));
+  a.accumulate = first_write(ctx, *param, grouped_wgrad_fp8_overwrites(ctx, a))
+                     ? Accumulate::kOverwrite
+                     : Accumulate::kAdd;
   grouped_wgrad_fp8(ctx, a);
 }
 

@@ -244,6 +244,7 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
 
   Tensor dx = Tensor::empty(ctx, with_cols(a.dy.shape(), w.in_features), a.dy.dtype());
   Tensor dx2 = dx.reshape({t, w.in_features});
+  const Accumulate wgrad_accumulate = grads.overwrite ? Accumulate::kOverwrite : Accumulate::kAdd;
   if (!r.is_fp8()) {
     const Tensor dy2 = a.dy.reshape({t, w.out_features});
     // dx = dy W: W (Out, In) is B = W^T stored MN-major.
@@ -257,7 +258,7 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
     gemm_bf16(ctx, {.a = dy2,
                     .b = s.x.reshape({t, w.in_features}),
                     .d = grads.weight,
-                    .accumulate = Accumulate::kAdd,
+                    .accumulate = wgrad_accumulate,
                     .a_layout = OperandLayout::kMNMajor,
                     .b_layout = OperandLayout::kMNMajor});
     return dx;
@@ -283,8 +284,8 @@ Tensor linear_backward(Context& ctx, const LinearBackwardArgs& a, LinearGrads& g
   }
   wgrad.b = columnwise_operand(qx);
   wgrad.d = grads.weight;  // (Out, In) f32
-  wgrad.accumulate = Accumulate::kAdd;
-  gemm_fp8(ctx, wgrad);  // dW += dy^T x
+  wgrad.accumulate = wgrad_accumulate;
+  gemm_fp8(ctx, wgrad);  // dW += dy^T x (= for the first writer)
   if (ds != nullptr)
     record_amax(ctx, *a.state, *ds, a.state->dy_steps, qdy.amax, r, GemmOperand::kGradient);
   return dx;

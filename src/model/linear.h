@@ -65,7 +65,8 @@
 namespace octet {
 
 struct LinearGrads {
-  Tensor weight;  // (Out, In) f32: accumulated (+=) by linear_backward
+  Tensor weight;           // (Out, In) f32: accumulated (+=) by linear_backward
+  bool overwrite = false;  // written (=) instead: its first writer's (Parameter::first_writer)
 };
 
 // Delayed-scaling state of one Linear (fp8-tensor, ScalingMode::kDelayed only).
@@ -162,7 +163,8 @@ struct LinearBackwardArgs {
   LinearScalingState* state = nullptr;  // delayed scaling only (dy's history advances)
 };
 
-// dx (dy's leading dims, In) bf16 = dy W, written (=); grads.weight (Out, In) f32 += dy^T x.
+// dx (dy's leading dims, In) bf16 = dy W, written (=); grads.weight (Out, In) f32 += dy^T x (or
+// = with grads.overwrite).
 Tensor linear_backward(Context& ctx, const LinearBackwardArgs& args, LinearGrads& grads);
 
 }  // namespace octet

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -304,6 +305,17 @@ std::vector<Parameter*> Model::expert_parameters() {
   return out;
 }
 
+std::vector<Parameter*> Model::first_writer_parameters() {
+  std::set<const Parameter*> linear;
+  visit_linears([&](LinearLayer& l) { linear.insert(l.param); },
+                [&](GroupedLinearLayer& g) { linear.insert(g.param); });
+  linear.erase(embed_);
+  std::vector<Parameter*> out;
+  for (auto& p : params_)
+    if (linear.count(p.get())) out.push_back(p.get());
+  return out;
+}
+
 void Model::prepare(Context& ctx, PrepareScope scope) {
   const Precision& p = precision_;
   head_proj_.prepare(ctx, p, scope);
@@ -482,6 +494,10 @@ ModelLosses Model::step(Context& ctx, const ModelBatch& batch, Pass pass, float 
     layer_grads_ready(static_cast<int64_t>(l));
   }
   embedding_backward(ctx, {.ids = ids, .dout = dh, .dtable = embed_->grad});  // +=
+  // A gradient left for its first writer that no backward wrote this pass holds no gradient of
+  // it: zeroed (every Linear runs its backward on every pass, so this is a guard).
+  for (auto& p : params_)
+    if (std::exchange(p->grad_fresh, false)) ctx.be().memset(p->grad.data(), 0, p->grad.nbytes());
   if (grad_ready_) grad_ready_({embed_});
   return out;
 }

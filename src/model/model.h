@@ -96,6 +96,11 @@ class Model {
   bool experts_sharded() const { return expert_group_ != nullptr; }
   // The routed experts' parameters (sharded over the expert group when experts_sharded()).
   std::vector<Parameter*> expert_parameters();
+  // The parameters whose every gradient write goes through first_write (parameter.h): the Linear
+  // layers' and the routed experts' weights, less the embedding (a tied head's weight), whose
+  // backward scatters +=. The trainer's one-micro-batch steps leave them unzeroed
+  // (Parameter::first_writer).
+  std::vector<Parameter*> first_writer_parameters();
 
   // Once per optimizer step, after the weights changed: the GEMMs' copies of the weights. kNotFused
   // leaves out what the optimizer wrote (weight_outputs()).

@@ -1,6 +1,10 @@
-// LinearLayer and NormLayer (parameter.h): thin holders over model/linear.h and ops/rmsnorm.
+// LinearLayer and NormLayer (parameter.h): thin holders over model/linear.h and ops/rmsnorm; the
+// first writer's rule (first_write).
 #include "model/parameter.h"
 
+#include <utility>
+
+#include "backend/backend.h"
 #include "ops/rmsnorm/rmsnorm.h"
 
 namespace octet {
@@ -61,6 +65,13 @@ Tensor LinearLayer::forward(Context& ctx, const Precision& p, const Tensor& x, L
   return linear_forward(ctx, a, saved);
 }
 
+bool first_write(Context& ctx, Parameter& param, bool can_overwrite) {
+  if (!std::exchange(param.grad_fresh, false)) return false;
+  if (can_overwrite) return true;
+  ctx.be().memset(param.grad.data(), 0, param.grad.nbytes());
+  return false;
+}
+
 Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
                              const LinearSaved& saved) {
   LinearBackwardArgs a;
@@ -73,8 +84,8 @@ Tensor LinearLayer::backward(Context& ctx, const Precision& p, const Tensor& dy,
   if (p.probe != nullptr)
     p.probe->record(ctx, site, GemmOperand::kGradient, dy, a.recipe,
                     a.recipe.is_delayed() ? &state.dy.scale : nullptr);
-  LinearGrads g{param->grad};
-  return linear_backward(ctx, a, g);  // param->grad += dy^T x
+  LinearGrads g{param->grad, first_write(ctx, *param, true)};
+  return linear_backward(ctx, a, g);  // param->grad += dy^T x (= for its first writer)
 }
 
 Tensor NormLayer::forward(Context& ctx, const Tensor& x, Saved& saved,

@@ -44,6 +44,11 @@ struct Parameter {
   bool grad_fresh = false;
 };
 
+// Whether a backward writes `param`'s gradient with = (else +=), through a GEMM that can
+// overwrite it (`can_overwrite`): yes when the gradient is fresh (Parameter::first_writer), once:
+// grad_fresh is cleared. A fresh gradient the GEMM cannot overwrite is zeroed here first.
+bool first_write(Context& ctx, Parameter& param, bool can_overwrite);
+
 // Everything a forward/backward needs to know about the numbers it runs in.
 struct Precision {
   Recipe recipe;

@@ -132,10 +132,11 @@ struct Run {
           [this](const std::vector<Parameter*>& ps) { zero->grads_ready(ctx, ps); });
     } else {
       optim = std::make_unique<AdamWOptimizer>(ctx, model->parameters(), cfg.adamw());
-      // One micro-batch a step: the experts' Wgrad writes their gradients with = (the largest
-      // part of the model), so the optimizer's zero_grad leaves them (Parameter::first_writer).
+      // One micro-batch a step: the Linear layers' and the experts' Wgrads write their gradients
+      // with = (all but the embedding, norms and router), so the optimizer's zero_grad leaves them
+      // (Parameter::first_writer).
       if (cfg.grad_accum == 1)
-        for (Parameter* p : model->expert_parameters()) p->first_writer = true;
+        for (Parameter* p : model->first_writer_parameters()) p->first_writer = true;
     }
     graphs = graphs_apply();
     if (optim) optim->set_graphs(graphs);

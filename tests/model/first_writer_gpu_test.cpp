@@ -1,5 +1,6 @@
-// The routed experts' gradients written by their first writer (=) instead of zeroed and added to,
-// on CUDA: the CUTLASS Wgrad's dW = instantiation for the FP8 recipes (first_writer_check.h).
+// The Linear layers' and routed experts' gradients written by their first writer (=) instead of
+// zeroed and added to, on CUDA: cuBLASLt's Wgrads with beta 0 and the CUTLASS grouped Wgrad's dW =
+// instantiation (first_writer_check.h).
 #include "first_writer_check.h"
 
 namespace octet {

@@ -1,5 +1,5 @@
-// The routed experts' gradients written by their first writer (=) instead of zeroed and added to,
-// on the CPU (first_writer_check.h).
+// The Linear layers' and routed experts' gradients written by their first writer (=) instead of
+// zeroed and added to, on the CPU (first_writer_check.h).
 #include "first_writer_check.h"
 
 namespace octet {
