@@ -2,9 +2,10 @@
 // Linear layers' and routed experts' gradients are left unzeroed for their first writer
 // (Model::first_writer_parameters, Parameter::first_writer: the trainer's one-micro-batch steps)
 // gives bit for bit the gradients of a backward after zero_grad (but for the sign of an exact
-// zero), every parameter's, in the recipes with FP8 and BF16 Wgrads, over gradients that held NaN
-// bytes; the tiny model's MTP depth writes the shared head's gradient a second time, and with a
-// tied head the embedding's weight is no first writer's.
+// zero), every parameter's, in the recipes with FP8 (blockwise; per-tensor current scaling, whose
+// scales do not depend on earlier steps) and BF16 Wgrads, over gradients that held NaN bytes; the
+// tiny model's MTP depth writes the shared head's gradient a second time, and with a tied head the
+// embedding's weight is no first writer's.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,7 +26,7 @@ inline void expect_first_writer_grads_match(Device device) {
   ModelConfig c = tiny_model_config();
   c.intermediate_size = 192;  // multiples of 16, as the FP8 GEMMs need on CUDA
   c.moe_intermediate_size = 64;
-  for (const char* recipe : {"deepseek", "fp8-flow", "bf16"})
+  for (const char* recipe : {"deepseek", "fp8-flow", "bf16", "fp8-tensor-current"})
     for (bool tied : {false, true}) {
       SCOPED_TRACE(std::string(recipe) + (tied ? ", tied head" : ""));
       c.tie_word_embeddings = tied;
