@@ -14,8 +14,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_graph.h"
+#include "backend/kernel_trace.h"
 #include "bench.h"
-#include "kernel_trace.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "model/saved_bytes.h"
@@ -93,9 +93,9 @@ StepTimes time_whole_step(Context& ctx, Model& m, train::AdamWOptimizer& opt,
   std::sort(timed.begin(), timed.end());
   t.host_ms = timed[timed.size() / 2];
   if (!trace_csv.empty()) {  // one more step, its kernels timed one by one (--trace)
-    const std::vector<bench::KernelSpan> spans = bench::trace_kernels(ctx, step);
-    bench::write_trace_csv(trace_csv, spans);
-    const bench::TraceSummary ts = bench::summarize(spans);
+    const std::vector<KernelSpan> spans = trace_kernels(ctx, step);
+    write_trace_csv(trace_csv, spans);
+    const TraceSummary ts = summarize(spans);
     std::printf(
         "trace of one step (%s): %lld kernels, %.2f ms from first start to last end, %.2f ms "
         "with a kernel running, %.2f ms of kernel time: %s\n",

@@ -37,6 +37,7 @@
 #include "train/optimizer.h"
 #include "train/run_state.h"
 #include "train/step_graph.h"
+#include "train/step_trace.h"
 #include "train/train_step.h"
 #include "train/trainer_state.h"
 #include "train/zero_optimizer.h"
@@ -275,6 +276,8 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   if (!target && opt.start == RunStart::kRefuseExisting && holds_run(cfg.run_dir))
     start_new_run(cfg.run_dir, opt.start);
   const Device device = pick_device(cfg.device);
+  StepTrace::validate(opt.trace_path, opt.trace_first, opt.trace_last, device,
+                      target ? checkpoint_step(target->checkpoint) : 0, cfg.steps);
   Run run(cfg, out, device, opt);
   // Several ranks: rank 0 prepares the data (a cache shared by all) before the others read it.
   if (!run.dp.writer()) run.dp.barrier(run.ctx);
@@ -315,13 +318,18 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
   // checkpoints, evaluates or ends the run.
   std::optional<LaunchedStep> pending;
   auto last_end = std::chrono::steady_clock::now();
+  StepTrace trace(opt.trace_path, opt.trace_first, opt.trace_last, run.dp.writer());
   while (true) {
     const bool stop = run.agree_stop(opt);
     const int64_t number = run.step + (pending ? 2 : 1);
     std::optional<LaunchedStep> next;
-    if (!stop && number <= cfg.steps) next = launch_step(run, number, lr_at(sched, number - 1));
+    if (!stop && number <= cfg.steps) {
+      trace.before_launch(run.ctx, number);
+      next = launch_step(run, number, lr_at(sched, number - 1));
+    }
     if (pending) {
       const StepEnd end = complete_step(run, nets, rec, *pending, last_end);
+      trace.after_complete(pending->sm.step, rec.progress);
       pending.reset();
       if (end == StepEnd::kRolledBack) {
         if (next) undo_launch(run, *next);
@@ -334,6 +342,7 @@ RunResult run_training(const TrainConfig& cfg, const RunOptions& opt, std::ostre
     pending = std::move(next);
     if (!pending->complete_now) continue;
     const StepEnd end = complete_step(run, nets, rec, *pending, last_end);
+    trace.after_complete(pending->sm.step, rec.progress);
     pending.reset();
     if (end == StepEnd::kRolledBack) continue;
     if (end == StepEnd::kDiverged) break;

@@ -53,6 +53,13 @@ struct RunOptions {
   // with the same config; rank 0 writes the run directory, the others only read it.
   std::shared_ptr<Comm> comm;
   int device_index = 0;
+  // A kernel timeline (`octet train --trace`, CUDA; backend/kernel_trace.h) of steps
+  // trace_first..trace_last, written by rank 0 to trace_path as CSV with a summary on the
+  // progress output: the device's busy and idle time a step and its longest idle gaps. The trace
+  // waits for the device when it starts and when it ends, so those steps do not overlap their
+  // neighbours as the others do. Empty: none.
+  std::string trace_path;
+  int64_t trace_first = 0, trace_last = 0;
   // Test hook: called on each rank before it writes each of its checkpoint files (rank, file
   // name); an exception from it fails that rank's write (train/checkpoint_save.h).
   std::function<void(int rank, const std::string& file)> checkpoint_fault;

@@ -83,6 +83,26 @@ TEST_F(TrainSafetyCli, ANewRunIntoADirectoryHoldingARunIsRefusedAndTheOldRunKept
   EXPECT_EQ(snapshot("run"), before) << "a refused run changed the directory";
 }
 
+// --trace: a request the run cannot honour fails before anything is written.
+TEST_F(TrainSafetyCli, AKernelTraceItCannotTakeFailsBeforeTheRunStarts) {
+  const struct {
+    const char* extra;
+    const char* error;
+  } cases[] = {
+      {"--set steps=4 --trace t.csv", "needs a CUDA device"},
+      {"--set steps=4 --trace-steps 1:2", "give --trace too"},
+      {"--set steps=4 --trace t.csv --trace-steps 2", "give FIRST:LAST"},
+      {"--set steps=4 --trace t.csv --trace-steps x:2", "FIRST is not a number"},
+      {"--set steps=4 --trace t.csv --trace-steps 2:y", "LAST is not a number"},
+  };
+  for (const auto& c : cases) {
+    const test::CliResult e = train("run", c.extra);
+    EXPECT_NE(e.code, 0) << c.extra;
+    EXPECT_NE(e.err.find(c.error), std::string::npos) << c.extra << ": " << e.err;
+    EXPECT_FALSE(fs::exists(path("run"))) << c.extra << ": the refused run wrote its directory";
+  }
+}
+
 TEST_F(TrainSafetyCli, OverwriteRemovesTheOldRunWholeAndKeepsOtherFiles) {
   ASSERT_EQ(train("run", "--set steps=4 --set checkpoint_every=1 --set keep_checkpoints=0").code,
             0);

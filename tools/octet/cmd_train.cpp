@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -63,7 +64,7 @@ int run_train(const std::vector<std::string>& argv) {
       rest.push_back(argv[i]);
     }
   }
-  const Args args(rest, {"resume", "shadow-bf16", "cache-dir", "nproc"},
+  const Args args(rest, {"resume", "shadow-bf16", "cache-dir", "nproc", "trace", "trace-steps"},
                   {"print-config", "overwrite", "allow-config-change"});
   args.expect_positional(0, 1, "octet train [CONFIG.toml] [--set key=value ...] [flags]");
   const bool resume = args.has("resume");
@@ -132,6 +133,22 @@ int run_train(const std::vector<std::string>& argv) {
   opt.start =
       args.has("overwrite") ? train::RunStart::kOverwrite : train::RunStart::kRefuseExisting;
   opt.cache_dir = args.get_or("cache-dir", ".cache/octet");
+  OCTET_CHECK(args.has("trace") || !args.has("trace-steps"),
+              "--trace-steps chooses the steps of --trace FILE: give --trace too");
+  if (args.has("trace")) {
+    opt.trace_path = *args.get("trace");
+    OCTET_CHECK(!opt.trace_path.empty(), "--trace needs a file name");
+    const std::string w = args.get_or("trace-steps", "11:15");
+    const size_t colon = w.find(':');
+    char* end = nullptr;
+    OCTET_CHECK(colon != std::string::npos, "--trace-steps ", w, ": give FIRST:LAST, e.g. 11:15");
+    opt.trace_first = std::strtoll(w.c_str(), &end, 10);
+    OCTET_CHECK(end == w.c_str() + colon && colon > 0, "--trace-steps ", w,
+                ": FIRST is not a number");
+    opt.trace_last = std::strtoll(w.c_str() + colon + 1, &end, 10);
+    OCTET_CHECK(*end == '\0' && colon + 1 < w.size(), "--trace-steps ", w,
+                ": LAST is not a number");
+  }
   opt.style =
       ::isatty(::fileno(stdout)) ? train::ProgressStyle::kBar : train::ProgressStyle::kLines;
   opt.stop = &g_stop;
@@ -186,6 +203,10 @@ Command train_command() {
       "  --overwrite        delete the run already in run_dir and start a new one there\n"
       "  --shadow-bf16 N    every Nth step, also run its first batch in bf16 and log the gap\n"
       "  --cache-dir DIR    where prepared text shards are kept (default .cache/octet)\n"
+      "  --trace FILE       CUDA: record every kernel's device start and end during steps\n"
+      "                     --trace-steps FIRST:LAST (default 11:15) into FILE (CSV; CUPTI,\n"
+      "                     libcupti on LD_LIBRARY_PATH) and print the device's idle time a\n"
+      "                     step and its longest gaps; those steps wait for the device\n"
       "  --print-config     print the resolved configuration and exit\n"
       "  --nproc N          data parallelism over N GPUs of this machine: starts N ranks\n"
       "                     (one per GPU, NCCL); batch_size is per rank, so the global batch\n"

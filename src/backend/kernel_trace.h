@@ -1,6 +1,7 @@
-// A kernel timeline of work run on the GPU, for the benchmarks (`octet bench train-step --trace`):
-// every kernel's start and end on the device, also inside CUDA graph replays, which Nsight
-// Compute times only one launch at a time and which the GPU machine has no Nsight Systems for.
+// A kernel timeline of work run on the GPU (`octet bench train-step --trace`, `octet train
+// --trace`): every kernel's start and end on the device, also inside CUDA graph replays, which
+// Nsight Compute times only one launch at a time and which the GPU machine has no Nsight Systems
+// for.
 // It reads CUPTI's activity records (kinds CONCURRENT_KERNEL and MEMSET: a memset is a node of its
 // own in a graph, and shows as a span named "[memset N B]"), loading libcupti at run time, so
 // nothing links it; a build without CUDA, or a machine without libcupti, gets one error saying so.
@@ -13,7 +14,7 @@
 
 #include "core/context.h"
 
-namespace octet::bench {
+namespace octet {
 
 struct KernelSpan {
   std::string name;       // as the driver reports it (mangled)
@@ -23,8 +24,24 @@ struct KernelSpan {
   uint64_t graph_node = 0;  // 0 outside graphs
 };
 
-// Runs body (which enqueues work on ctx's stream), waits for the device, and returns the kernels
-// and memsets that ran in between, by start time.
+// Records from construction (which waits for the device first) to finish() (which waits again):
+// the kernels and memsets that ran in between, by start time. One at a time in a process; the
+// destructor stops a trace that was not finished.
+class KernelTrace {
+ public:
+  explicit KernelTrace(Context& ctx);
+  KernelTrace(const KernelTrace&) = delete;
+  KernelTrace& operator=(const KernelTrace&) = delete;
+  ~KernelTrace();
+  std::vector<KernelSpan> finish();
+
+ private:
+  Context& ctx_;
+  std::vector<KernelSpan> spans_;
+  bool running_ = false;
+};
+
+// Runs body (which enqueues work on ctx's stream) inside a KernelTrace.
 std::vector<KernelSpan> trace_kernels(Context& ctx, const std::function<void()>& body);
 
 // Over a timeline: from the first start to the last end, the time at least one kernel ran (the
@@ -36,8 +53,17 @@ struct TraceSummary {
 };
 TraceSummary summarize(const std::vector<KernelSpan>& spans);
 
+// The device's idle gaps longer than min_us, longest first (at most n): where the timeline has no
+// kernel running, with the kernels that ended before and started after it.
+struct TraceGap {
+  double start_us = 0;  // from the first start
+  double length_us = 0;
+  std::string before, after;
+};
+std::vector<TraceGap> largest_gaps(const std::vector<KernelSpan>& spans, double min_us, size_t n);
+
 // One line per kernel: start_us,end_us,dur_us (start relative to the first), stream, graph node,
 // name. Throws naming the path when it cannot be written.
 void write_trace_csv(const std::string& path, const std::vector<KernelSpan>& spans);
 
-}  // namespace octet::bench
+}  // namespace octet

@@ -1,5 +1,5 @@
 // CUPTI's kernel activity records, with libcupti loaded at run time (kernel_trace.h).
-#include "kernel_trace.h"
+#include "backend/kernel_trace.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -20,7 +20,7 @@
 #define OCTET_KERNEL_TRACE 0
 #endif
 
-namespace octet::bench {
+namespace octet {
 
 #if OCTET_KERNEL_TRACE
 namespace {
@@ -96,37 +96,68 @@ void check(CUptiResult r, const char* what) {
 
 }  // namespace
 
-std::vector<KernelSpan> trace_kernels(Context& ctx, const std::function<void()>& body) {
+KernelTrace::KernelTrace(Context& ctx) : ctx_(ctx) {
   OCTET_CHECK(ctx.device == Device::kCuda, "kernel trace: needs a CUDA device (this run is on ",
               device_name(ctx.device), ")");
   const Cupti& c = cupti();
-  std::vector<KernelSpan> spans;
-  ctx.be().synchronize();
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    g_spans = &spans;
+    OCTET_CHECK(g_spans == nullptr, "kernel trace: another trace is recording");
   }
+  ctx_.be().synchronize();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_spans = &spans_;
+  }
+  running_ = true;
   check(c.register_callbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(c.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
   check(c.enable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable");
-  body();
-  ctx.be().synchronize();
+}
+
+KernelTrace::~KernelTrace() {
+  if (!running_) return;
+  try {
+    finish();
+  } catch (...) {  // a failed stop while unwinding: the trace is lost, nothing else is
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_spans = nullptr;
+  }
+}
+
+std::vector<KernelSpan> KernelTrace::finish() {
+  OCTET_CHECK(running_, "kernel trace: finished twice");
+  running_ = false;
+  const Cupti& c = cupti();
+  ctx_.be().synchronize();
   check(c.flush_all(1), "cuptiActivityFlushAll");  // 1: CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
   check(c.disable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityDisable");
   check(c.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
+  std::vector<KernelSpan> spans;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_spans = nullptr;
+    spans.swap(spans_);
   }
   std::sort(spans.begin(), spans.end(),
             [](const KernelSpan& a, const KernelSpan& b) { return a.start_ns < b.start_ns; });
   return spans;
 }
 #else
-std::vector<KernelSpan> trace_kernels(Context&, const std::function<void()>&) {
+KernelTrace::KernelTrace(Context& ctx) : ctx_(ctx) {
+  OCTET_THROW("kernel trace: this build has no CUDA with CUPTI headers");
+}
+KernelTrace::~KernelTrace() = default;
+std::vector<KernelSpan> KernelTrace::finish() {
   OCTET_THROW("kernel trace: this build has no CUDA with CUPTI headers");
 }
 #endif
+
+std::vector<KernelSpan> trace_kernels(Context& ctx, const std::function<void()>& body) {
+  KernelTrace trace(ctx);
+  body();
+  return trace.finish();
+}
 
 TraceSummary summarize(const std::vector<KernelSpan>& spans) {
   TraceSummary s;
@@ -152,6 +183,27 @@ TraceSummary summarize(const std::vector<KernelSpan>& spans) {
   return s;
 }
 
+std::vector<TraceGap> largest_gaps(const std::vector<KernelSpan>& spans, double min_us, size_t n) {
+  std::vector<TraceGap> gaps;
+  if (spans.empty()) return gaps;
+  const uint64_t t0 = spans[0].start_ns;
+  size_t last = 0;                             // the span that ends latest so far
+  for (size_t i = 1; i < spans.size(); ++i) {  // by start time
+    const KernelSpan& k = spans[i];
+    if (k.start_ns > spans[last].end_ns) {
+      const double us = static_cast<double>(k.start_ns - spans[last].end_ns) * 1e-3;
+      if (us > min_us)
+        gaps.push_back(
+            {static_cast<double>(spans[last].end_ns - t0) * 1e-3, us, spans[last].name, k.name});
+    }
+    if (k.end_ns > spans[last].end_ns) last = i;
+  }
+  std::sort(gaps.begin(), gaps.end(),
+            [](const TraceGap& a, const TraceGap& b) { return a.length_us > b.length_us; });
+  if (gaps.size() > n) gaps.resize(n);
+  return gaps;
+}
+
 void write_trace_csv(const std::string& path, const std::vector<KernelSpan>& spans) {
   std::ofstream f(path);
   OCTET_CHECK(f.good(), path, ": cannot write the kernel trace");
@@ -169,4 +221,4 @@ void write_trace_csv(const std::string& path, const std::vector<KernelSpan>& spa
   OCTET_CHECK(f.good(), path, ": writing the kernel trace failed");
 }
 
-}  // namespace octet::bench
+}  // namespace octet
