@@ -3,8 +3,11 @@
 // The backward runs twice and must give the same bits. Outputs are poisoned with NaN first.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <tuple>
+#include <vector>
 
 #include "backend/backend.h"
 #include "norm_act_test_util.h"
@@ -96,6 +99,27 @@ TEST(EmbeddingGpuSpecial, ModelSizedBackward) {
   const Tensor got = backward(gpu, ids, dout, dtable0);
   ASSERT_TRUE(bitwise_equal(backward(cpu, ids, dout, dtable0), got));
   ASSERT_TRUE(bitwise_equal(got, backward(gpu, ids, dout, dtable0))) << "not deterministic";
+}
+
+// The backward loads a run's rows 64 at a time and adds them in order: runs of every length around
+// that batch (1 to 150 rows, including 63, 64, 65 and 128), their rows scattered over the
+// positions, and one run of a thousand as real text has them (a space).
+TEST(EmbeddingGpuSpecial, RunsOfEveryLengthAroundTheLoadBatch) {
+  OCTET_REQUIRE_GPU();
+  auto& [cpu, gpu] = devices();
+  std::vector<int32_t> order;
+  for (int32_t len = 1; len <= 150; ++len) order.insert(order.end(), len, len);
+  order.insert(order.end(), 1000, 0);
+  std::mt19937 rng(2500);
+  std::shuffle(order.begin(), order.end(), rng);
+  Tensor ids = Tensor::empty({static_cast<int64_t>(order.size())}, DType::kI32);
+  std::copy(order.begin(), order.end(), ids.data_as<int32_t>());
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const Tensor dout = random_tensor({ids.numel(), 300}, dt, 2501, test::Dist::kWide);
+    const Tensor dtable0 = random_tensor({151, 300}, DType::kF32, 2502);
+    const Tensor got = backward(gpu, ids, dout, dtable0);
+    ASSERT_TRUE(bitwise_equal(backward(cpu, ids, dout, dtable0), got)) << dtype_name(dt);
+  }
 }
 
 // Out-of-range ids on the GPU: a NaN row in the forward, skipped in the backward (embedding.h).

@@ -71,7 +71,10 @@ __global__ void __launch_bounds__(256)
 
 // blockIdx.x: a sorted index i (grid-stride); blockIdx.y: a slab of kBlock columns. Only the block
 // at the start of a run works: it sums the run's rows in position order and adds the sum once.
-template <typename GradT, int kBlock>
+// The rows are loaded kBatch at a time (their keys and positions, then the values, each batch's
+// loads independent of one another) and added in order: real text has runs of a thousand
+// and more (a space, a newline), which a load-then-add chain a row walked at memory latency.
+template <typename GradT, int kBlock, int kBatch>
 __global__ void __launch_bounds__(kBlock)
     embedding_backward_runs_kernel(const int32_t* __restrict__ keys,
                                    const int32_t* __restrict__ positions,
@@ -84,8 +87,24 @@ __global__ void __launch_bounds__(kBlock)
     const int32_t id = keys[i];
     if (id == vocab || (i > 0 && keys[i - 1] == id)) continue;
     float sum = 0.0f;
-    for (int64_t k = i; k < rows && keys[k] == id; ++k)
-      sum += load(dout, static_cast<int64_t>(positions[k]) * d + j);
+    for (int64_t k = i;; k += kBatch) {
+      bool in[kBatch];  // keys are sorted: once a row is past the run, every later one is
+      int32_t at[kBatch];
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const bool inside = k + u < rows;
+        in[u] = inside && keys[k + u] == id;
+        at[u] = inside ? positions[k + u] : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        v[u] = in[u] ? load(dout, static_cast<int64_t>(at[u]) * d + j) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (in[u]) sum += v[u];
+      if (!in[kBatch - 1]) break;
+    }
     dtable[static_cast<int64_t>(id) * d + j] += sum;
   }
 }
@@ -141,7 +160,7 @@ void backward_typed(Context& ctx, const EmbeddingBackwardArgs& a) {
               " columns");
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 30)),
                   static_cast<unsigned>(slabs));
-  embedding_backward_runs_kernel<GradT, kThreads>
+  embedding_backward_runs_kernel<GradT, kThreads, 64>
       <<<grid, kThreads, 0, st>>>(keys_sorted, pos_sorted, a.dout.data_as<const GradT>(), rows,
                                   vocab, d, a.dtable.data_as<float>());
   OCTET_CUDA_CHECK_LAUNCH();
