@@ -48,17 +48,70 @@ struct WgradSetupParams {
   bool overwrite;  // dW = (zero the empty experts' dW_e) or dW +=
 };
 
-// Blocks (x, e) serve expert e (group_span: its first token o_e and count M_e): block (0, e) writes
-// its arguments, and all of them copy its scale columns [c0, c0 + mb) of A and B (c0 = o_e / 128,
-// mb = ceil(M_e / 128)) into compact (rows x mb) blocks at rows * c0, the layout the mainloop
-// rebuilds from the problem shape. Columns past the experts (the padded tail) are not copied.
+// The work every expert needs besides its arguments, shared by every block of the grid (expert by
+// expert, each thread walking the clamped row counts itself: group_span's prefix, E loads): copying
+// its scale columns [c0, c0 + mb) of A and B (c0 = o_e / 128, mb = ceil(M_e / 128)) into compact
+// (rows x mb) blocks at rows * c0, the layout the mainloop rebuilds from the problem shape, and,
+// with kOverwrite, dW_e = 0 for an empty expert (an empty sum), 16 bytes a store where D allows.
+// Columns past the experts (the padded tail) are not copied. Real routing is skewed: an expert of
+// many tokens, or an empty one, left to its own few blocks took tens of microseconds.
+template <typename ElementA>
+__device__ void copy_scales_and_zero_empty(const WgradSetupParams<ElementA>& p) {
+  const int64_t kb = (p.tokens + 127) / 128, kblocks = (p.k + 127) / 128;
+  const int64_t count = static_cast<int64_t>(p.n) * p.k;
+  const int64_t threads = int64_t{gridDim.x} * gridDim.y * blockDim.x;
+  const int64_t first = (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool vec = count % 4 == 0 && reinterpret_cast<uintptr_t>(p.d) % 16 == 0;
+  int64_t used = 0;
+  for (int q = 0; q < p.experts; ++q) {
+    int64_t m = group_rows_at(p.sizes, p.sizes_i64, q);
+    if (m > p.tokens - used) m = p.tokens - used;  // group_span's clamp
+    const int64_t c0 = used / 128, mb = (m + 127) / 128;
+    used += m;
+    if (m == 0) {
+      if (!p.overwrite) continue;
+      float* d = p.d + static_cast<int64_t>(q) * count;
+      if (vec) {
+        auto* d4 = reinterpret_cast<float4*>(d);
+        for (int64_t i = first; i < count / 4; i += threads)
+          d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        for (int64_t i = first; i < count; i += threads) d[i] = 0.0f;
+      }
+      continue;
+    }
+    // Scale rows 0 .. n - 1 are A's, n .. n + kblocks - 1 B's.
+    auto copy = [&](int64_t r, int64_t j) {
+      if (r < p.n)
+        p.sfa[p.n * c0 + r * mb + j] = p.sfa_src[r * kb + c0 + j];
+      else
+        p.sfb[kblocks * c0 + (r - p.n) * mb + j] = p.sfb_src[(r - p.n) * kb + c0 + j];
+    };
+    const int64_t total = (p.n + kblocks) * mb;
+    if (total < (int64_t{1} << 31) && threads < (int64_t{1} << 31)) {
+      // Copy i's row and column by a 32-bit division, a short inline sequence: a 64-bit one is a
+      // software routine of about a hundred instructions, and it was most of this kernel's time.
+      const auto n32 = static_cast<uint32_t>(total), m32 = static_cast<uint32_t>(mb),
+                 s32 = static_cast<uint32_t>(threads);
+      for (auto i = static_cast<uint32_t>(first); i < n32; i += s32) {
+        const uint32_t r = i / m32;
+        copy(r, i - r * m32);
+      }
+    } else {
+      for (int64_t i = first; i < total; i += threads) copy(i / mb, i % mb);
+    }
+  }
+}
+
+// Block (0, e) writes expert e's arguments (group_span: its first token o_e and count M_e); then
+// every block takes its share of copy_scales_and_zero_empty.
 template <typename ElementA>
 __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
                                            DeviceArrays<float, ElementA> out) {
   const int e = static_cast<int>(blockIdx.y);
   const GroupSpan g = group_span(p.sizes, p.sizes_i64, p.experts, e, p.tokens);
-  const int64_t kb = (p.tokens + 127) / 128, kblocks = (p.k + 127) / 128;
-  const int64_t c0 = g.offset / 128, mb = (g.rows + 127) / 128;
+  const int64_t kblocks = (p.k + 127) / 128;
+  const int64_t c0 = g.offset / 128;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const int m = static_cast<int>(g.rows);
     // M = N (dW rows), N = K (dW columns), K = the expert's tokens; none: an empty problem.
@@ -74,34 +127,7 @@ __global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
     out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1));
     out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
   }
-  if (p.overwrite && g.rows == 0) {  // an empty sum: dW_e = 0, by expert e's blocks
-    float* d = p.d + static_cast<int64_t>(e) * p.n * p.k;
-    const int64_t count = static_cast<int64_t>(p.n) * p.k;
-    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count;
-         i += int64_t{gridDim.x} * blockDim.x)
-      d[i] = 0.0f;
-  }
-  // Scale rows 0 .. n - 1 are A's, n .. n + kblocks - 1 B's.
-  auto copy = [&](int64_t r, int64_t j) {
-    if (r < p.n)
-      p.sfa[p.n * c0 + r * mb + j] = p.sfa_src[r * kb + c0 + j];
-    else
-      p.sfb[kblocks * c0 + (r - p.n) * mb + j] = p.sfb_src[(r - p.n) * kb + c0 + j];
-  };
-  const int64_t total = (p.n + kblocks) * mb;
-  if (total < (int64_t{1} << 31)) {
-    // Copy i's row and column by a 32-bit division, a short inline sequence: a 64-bit one is a
-    // software routine of about a hundred instructions, and it was most of this kernel's time.
-    const auto n32 = static_cast<uint32_t>(total), m32 = static_cast<uint32_t>(mb);
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n32; i += gridDim.x * blockDim.x) {
-      const uint32_t r = i / m32;
-      copy(r, i - r * m32);
-    }
-    return;
-  }
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x)
-    copy(i / mb, i % mb);
+  copy_scales_and_zero_empty(p);
 }
 
 // Wgrad in one launch for A of ElementA (grouped_gemm_sm90.h's grouped_wgrad_fp8_sm90): dW += dY^T
