@@ -11,6 +11,8 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "backend/backend.h"
 #include "backend/cuda_graph.h"
@@ -20,6 +22,7 @@
 #include "model/model.h"
 #include "model/saved_bytes.h"
 #include "ops/cast/cast.h"
+#include "train/data.h"
 #include "train/optimizer.h"
 #include "train/step_graph.h"
 #include "train/train_config.h"
@@ -27,6 +30,7 @@
 namespace octet::bench {
 namespace {
 
+// Uniform random tokens: every expert gets about the same rows, and no id repeats much.
 ModelBatch synthetic_batch(const ModelConfig& c, int64_t B, int64_t T) {
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -36,6 +40,24 @@ ModelBatch synthetic_batch(const ModelConfig& c, int64_t B, int64_t T) {
     b.targets.data_as<int32_t>()[i] = tok(rng);
   }
   return b;
+}
+
+// The first batch the trainer would draw from `data` (a text file, shards, a directory or a glob,
+// as `octet train`'s data.text / data.shards take them) with the config's seed: real text's
+// repeated ids and skewed routing, which uniform tokens never show.
+ModelBatch data_batch(const train::TrainConfig& cfg, const std::string& data,
+                      const std::string& cache_dir) {
+  train::DataSourceArgs da;
+  da.path = data;
+  da.cache_dir = cache_dir;
+  da.val_fraction = cfg.data.val_fraction;
+  const train::DataStreams streams =
+      train::open_data_streams(train::resolve_data_source(da), cfg.model.vocab_size);
+  train::BatchSampler sampler(streams.train, {.batch_size = cfg.batch_size,
+                                              .seq_len = cfg.seq_len,
+                                              .seed = static_cast<uint64_t>(cfg.seed)});
+  train::TokenBatch b = sampler.next();
+  return {std::move(b.inputs), std::move(b.targets)};
 }
 
 Tensor random_act(Context& ctx, int64_t rows, int64_t cols) {
@@ -119,7 +141,7 @@ int run(const std::vector<std::string>& argv) {
   int runs = 10;
   bool chosen = false;
   std::vector<std::string> sets;
-  std::string trace_dir;
+  std::string trace_dir, data, cache_dir = ".cache/octet";
   for (size_t i = 0; i < argv.size(); ++i) {
     if (argv[i] == "--recipe" && i + 1 < argv.size()) {
       if (!chosen) recipes.clear();  // the first --recipe replaces the default list
@@ -131,6 +153,10 @@ int run(const std::vector<std::string>& argv) {
       sets.push_back(argv[++i]);
     else if (argv[i] == "--trace" && i + 1 < argv.size())
       trace_dir = argv[++i];
+    else if (argv[i] == "--data" && i + 1 < argv.size())
+      data = argv[++i];
+    else if (argv[i] == "--cache-dir" && i + 1 < argv.size())
+      cache_dir = argv[++i];
     else
       path = argv[i];
   }
@@ -144,9 +170,12 @@ int run(const std::vector<std::string>& argv) {
   OCTET_CHECK(trace_dir.empty() || ctx.device == Device::kCuda,
               "--trace: the kernel timeline needs a CUDA device (this machine has none)");
   const int64_t B = cfg.batch_size, T = cfg.seq_len, N = B * T;
-  std::printf("train-step on %s: %s, B %lld x T %lld, %d runs (median ms)\n",
+  const ModelBatch batch =
+      data.empty() ? synthetic_batch(mc, B, T) : data_batch(cfg, data, cache_dir);
+  std::printf("train-step on %s: %s, B %lld x T %lld, %d runs (median ms), tokens: %s\n",
               device_name(ctx.device), path.c_str(), static_cast<long long>(B),
-              static_cast<long long>(T), runs);
+              static_cast<long long>(T), runs,
+              data.empty() ? "uniform random" : ("the first batch of " + data).c_str());
   std::vector<std::vector<std::string>> rows, step_rows;
   for (const std::string& r : recipes) {
     train::TrainConfig c = cfg;
@@ -155,7 +184,6 @@ int run(const std::vector<std::string>& argv) {
     m.load(ctx, init_parameters(mc, 1));
     m.prepare(ctx);
     train::AdamWOptimizer opt(ctx, m.parameters(), c.adamw());
-    const ModelBatch batch = synthetic_batch(mc, B, T);
     // Host time: how long the host spends in the step call itself (enqueueing kernels, and waiting
     // wherever the step synchronises), against the step's GPU time.
     std::vector<double> host_ms;
@@ -271,7 +299,7 @@ int run(const std::vector<std::string>& argv) {
                                ? static_cast<double>(ctx.be().peak_bytes() - base) / (1 << 20)
                                : 0.0;  // the CPU's peak is the process's and cannot be reset
     ms = MoeLayer::Saved{};
-    Tensor targets = synthetic_batch(mc, B, T).targets.to(ctx, ctx.device);
+    Tensor targets = batch.targets.to(ctx, ctx.device);
     Tensor one = Tensor::empty({1}, DType::kF32);
     one.data_as<float>()[0] = 1.0f;
     const Tensor d_one = one.to(ctx, ctx.device);
@@ -320,7 +348,7 @@ Suite train_step_suite() {
   return {
       "train-step", "where a training step's time goes, per recipe",
       "usage: octet bench train-step [CONFIG.toml] [--recipe R]... [--runs N] [--set KEY=VALUE]...\n"
-      "                              [--trace DIR]\n"
+      "                              [--trace DIR] [--data PATH [--cache-dir DIR]]\n"
       "\n"
       "Times (median of --runs, default 10) the forward + backward of one micro-batch, the host's\n"
       "own time inside that call (enqueueing, and waiting where the step synchronises), the\n"
@@ -332,7 +360,12 @@ Suite train_step_suite() {
       "model.num_nextn_predict_layers=0).\n"
       "--trace DIR also runs one more whole step, eager and graphed, with every kernel's device "
       "start and end recorded (CUPTI, libcupti loaded at run time) into DIR/trace-RECIPE-MODE.csv, "
-      "and prints how much of that step had a kernel running and how much kernel time overlapped.\n",
+      "and prints how much of that step had a kernel running and how much kernel time overlapped.\n"
+      "--data PATH feeds the step the first batch the trainer would draw from PATH (a text file, "
+      "token shards, a directory or a glob, as data.text / data.shards take them; text is prepared "
+      "into --cache-dir, default .cache/octet) instead of uniform random tokens: real text repeats "
+      "some ids thousands of times a batch and routes unevenly, which costs time the uniform "
+      "tokens never show. The MoE layer rows run on random activations either way.\n",
       run};
 }
 
