@@ -35,7 +35,7 @@ void StepTrace::validate(const std::string& path, int64_t first, int64_t last, D
                          int64_t from, int64_t to) {
   if (path.empty()) return;
   OCTET_CHECK(device == Device::kCuda,
-              "--trace: the kernel timeline needs a CUDA device (this run ", "is on ",
+              "--trace: the kernel timeline needs a CUDA device (this run is on ",
               device_name(device), ")");
   OCTET_CHECK(first >= 1 && first <= last, "--trace-steps ", first, ":", last,
               ": give FIRST:LAST with 1 <= FIRST <= LAST");
