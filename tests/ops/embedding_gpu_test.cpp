@@ -101,9 +101,11 @@ TEST(EmbeddingGpuSpecial, ModelSizedBackward) {
   ASSERT_TRUE(bitwise_equal(got, backward(gpu, ids, dout, dtable0))) << "not deterministic";
 }
 
-// The backward loads a run's rows 64 at a time and adds them in order: runs of every length around
-// that batch (1 to 150 rows, including 63, 64, 65 and 128), their rows scattered over the
-// positions, and one run of a thousand as real text has them (a space).
+// The backward loads a run's rows a batch at a time into a shared tile (64 rows of BF16, 32 of
+// FP32) and adds them in order: runs of every length around those batches (1 to 150 rows,
+// including 31 to 33, 63 to 65 and 127 to 129), their rows scattered over the positions, and one
+// run of a thousand as real text has them (a space). D = 300 fills the BF16 tile element by element
+// and D = 520 by 16-byte pieces, with a last slab of 8 columns.
 TEST(EmbeddingGpuSpecial, RunsOfEveryLengthAroundTheLoadBatch) {
   OCTET_REQUIRE_GPU();
   auto& [cpu, gpu] = devices();
@@ -114,11 +116,14 @@ TEST(EmbeddingGpuSpecial, RunsOfEveryLengthAroundTheLoadBatch) {
   std::shuffle(order.begin(), order.end(), rng);
   Tensor ids = Tensor::empty({static_cast<int64_t>(order.size())}, DType::kI32);
   std::copy(order.begin(), order.end(), ids.data_as<int32_t>());
-  for (DType dt : {DType::kBF16, DType::kF32}) {
-    const Tensor dout = random_tensor({ids.numel(), 300}, dt, 2501, test::Dist::kWide);
-    const Tensor dtable0 = random_tensor({151, 300}, DType::kF32, 2502);
-    const Tensor got = backward(gpu, ids, dout, dtable0);
-    ASSERT_TRUE(bitwise_equal(backward(cpu, ids, dout, dtable0), got)) << dtype_name(dt);
+  for (int64_t d : {300, 520}) {
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      const Tensor dout = random_tensor({ids.numel(), d}, dt, 2501, test::Dist::kWide);
+      const Tensor dtable0 = random_tensor({151, d}, DType::kF32, 2502);
+      const Tensor got = backward(gpu, ids, dout, dtable0);
+      ASSERT_TRUE(bitwise_equal(backward(cpu, ids, dout, dtable0), got))
+          << dtype_name(dt) << " D " << d;
+    }
   }
 }
 

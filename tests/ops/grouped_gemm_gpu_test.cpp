@@ -339,6 +339,56 @@ TEST(GroupedGemmGpu, Fp8E5m2GradientsDgradAndWgrad) {
   expect_close(wc, wg, kFp8Tol, "fp8 wgrad += E5M2 x E4M3 (128x128 B) E=32 N=1024 K=704");
 }
 
+// The Wgrad's setup kernel builds a table of the experts in shared memory, four experts a thread of
+// its block: 300 experts (several a thread, a last thread with fewer), int64 counts, most experts
+// empty and one of 2048 tokens, as real routing skews them; dW = (the empty experts' dW_e zeroed,
+// over NaN bytes) and dW +=.
+TEST(GroupedGemmGpu, Fp8WgradManySkewedExperts) {
+  OCTET_REQUIRE_GPU();
+  const int64_t experts = 300, n = 256, k = 136;
+  std::vector<int64_t> sizes(static_cast<size_t>(experts), 0);
+  for (size_t e = 0; e < sizes.size(); e += 7) sizes[e] = 128 * static_cast<int64_t>((e / 7) % 4);
+  sizes[150] = 2048;
+  const int64_t t = static_cast<int64_t>(total(sizes)) + 128;  // + a padded tail
+  const Tensor dy = random_tensor({t, n}, DType::kF32, 41),
+               x = random_tensor({t, k}, DType::kF32, 42);
+  const QuantTensor qdy =
+      quant(cpu(), dy, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kColumnwise);
+  QuantizeArgs qa;
+  qa.input = x;
+  qa.granularity = Granularity::k1x128;
+  qa.rounding = ScaleRounding::kPow2;
+  QuantTensor qx = quantize(cpu(), qa);
+  scaling_aware_transpose(cpu(), qx);
+  const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI64);
+  for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+    const bool add = acc == Accumulate::kAdd;
+    Tensor dc = add ? random_tensor({experts * n, k}, DType::kF32, 43)
+                    : make_output(experts * n, k, DType::kF32);
+    Tensor dg = add ? dev(dc) : dev(make_output(experts * n, k, DType::kF32, 0xFF));
+    const GroupedWgradFp8Args on_gpu{.a = to_gpu(columnwise_operand(qdy)),
+                                     .b = to_gpu(columnwise_operand(qx)),
+                                     .group_sizes = dev(sizes_t),
+                                     .d = dg.reshape({experts, n, k}),
+                                     .accumulate = acc};
+    if (!add) ASSERT_TRUE(grouped_wgrad_fp8_overwrites(gpu(), on_gpu)) << "the CUTLASS dW = path";
+    grouped_wgrad_fp8(cpu(), {.a = columnwise_operand(qdy),
+                              .b = columnwise_operand(qx),
+                              .group_sizes = sizes_t,
+                              .d = dc.reshape({experts, n, k}),
+                              .accumulate = acc});
+    grouped_wgrad_fp8(gpu(), on_gpu);
+    expect_close(dc, dg, kFp8Tol, add ? "fp8 wgrad += E=300 skewed" : "fp8 wgrad = E=300 skewed");
+    const Tensor got = dg.to_host(gpu());
+    for (int64_t e = 0; e < experts; ++e)
+      if (sizes[static_cast<size_t>(e)] == 0)
+        ASSERT_EQ(std::memcmp(got.data_as<float>() + e * n * k, dc.data_as<float>() + e * n * k,
+                              static_cast<size_t>(n * k * 4)),
+                  0)
+            << "expert " << e << " has no tokens: its dW must be " << (add ? "unchanged" : "0");
+  }
+}
+
 TEST(GroupedGemmGpu, Fp8WgradMatchesCpuAndAccumulates) {
   OCTET_REQUIRE_GPU();
   const std::vector<int64_t> sizes{128, 0, 384, 0, 256, 128, 0, 80};  // padded to 128, last partial

@@ -48,86 +48,171 @@ struct WgradSetupParams {
   bool overwrite;  // dW = (zero the empty experts' dW_e) or dW +=
 };
 
-// The work every expert needs besides its arguments, shared by every block of the grid (expert by
-// expert, each thread walking the clamped row counts itself: group_span's prefix, E loads): copying
-// its scale columns [c0, c0 + mb) of A and B (c0 = o_e / 128, mb = ceil(M_e / 128)) into compact
-// (rows x mb) blocks at rows * c0, the layout the mainloop rebuilds from the problem shape, and,
-// with kOverwrite, dW_e = 0 for an empty expert (an empty sum), 16 bytes a store where D allows.
-// Columns past the experts (the padded tail) are not copied. Real routing is skewed: an expert of
-// many tokens, or an empty one, left to its own few blocks took tens of microseconds.
+// grouped_wgrad_fp8_sm90_supports's limit on the experts: the setup kernel's table of them lives in
+// shared memory.
+constexpr int kWgradMaxExperts = 1024;
+
+// Every expert's place, built by each block of the setup kernel from the row counts (one load a
+// count, three block-wide scans): its first token (group_span's clamped prefix), its tokens, its
+// first scale column c0 = offset / 128 and its scale columns mb = ceil(M / 128) with their prefix
+// `first` (its first column in the compact blocks' column order), and the empty experts in order.
+struct WgradExpertTable {
+  int64_t offset[kWgradMaxExperts];
+  int32_t rows[kWgradMaxExperts];
+  int32_t mb[kWgradMaxExperts];
+  int32_t first[kWgradMaxExperts + 1];
+  int32_t empty[kWgradMaxExperts];
+  int32_t empties;
+  int64_t warp_sums[32];
+};
+
+// The exclusive prefix of v over the block's threads in thread order, and the block's total in
+// *total. Every thread calls it (it synchronises).
+__device__ __forceinline__ int64_t block_exclusive_scan(int64_t v, int64_t* warp_sums,
+                                                        int64_t* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32,
+            warps = static_cast<int>((blockDim.x + 31) / 32);
+  int64_t x = v;  // inclusive within the warp
+  for (int o = 1; o < 32; o *= 2) {
+    const int64_t y = __shfl_up_sync(~0u, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int64_t before = 0, all = 0;
+  for (int w = 0; w < warps; ++w) {
+    if (w < warp) before += warp_sums[w];
+    all += warp_sums[w];
+  }
+  __syncthreads();  // warp_sums is free for the next scan
+  *total = all;
+  return before + x - v;
+}
+
+// Thread t of the block of 256 takes experts 4 t .. 4 t + 3, so that the scans over threads are
+// scans over experts in order.
 template <typename ElementA>
-__device__ void copy_scales_and_zero_empty(const WgradSetupParams<ElementA>& p) {
+__device__ void build_expert_table(const WgradSetupParams<ElementA>& p, WgradExpertTable& t) {
+  constexpr int kPer = kWgradMaxExperts / 256;  // experts a thread (blocks of 256)
+  const int q0 = static_cast<int>(threadIdx.x) * kPer;
+  int64_t m[kPer], mine = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    m[i] = q0 + i < p.experts ? group_rows_at(p.sizes, p.sizes_i64, q0 + i) : 0;
+    mine += m[i];
+  }
+  int64_t total;
+  int64_t before = block_exclusive_scan(mine, t.warp_sums, &total);
+  int64_t cols = 0, empties = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (q0 + i >= p.experts) break;
+    // group_span's clamp: the groups never run past p.tokens
+    const int64_t offset = before < p.tokens ? before : p.tokens;
+    const int64_t rows = min(m[i], p.tokens - offset);
+    before += m[i];
+    t.offset[q0 + i] = offset;
+    t.rows[q0 + i] = static_cast<int32_t>(rows);
+    t.mb[q0 + i] = static_cast<int32_t>((rows + 127) / 128);
+    cols += t.mb[q0 + i];
+    empties += rows == 0;
+  }
+  int64_t col = block_exclusive_scan(cols, t.warp_sums, &total);
+  int64_t rank = block_exclusive_scan(empties, t.warp_sums, &total);
+  if (threadIdx.x == 0) t.empties = static_cast<int32_t>(total);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (q0 + i >= p.experts) break;
+    t.first[q0 + i] = static_cast<int32_t>(col);
+    col += t.mb[q0 + i];
+    if (t.rows[q0 + i] == 0) t.empty[rank++] = q0 + i;
+  }
+  if (q0 < p.experts && q0 + kPer >= p.experts) t.first[p.experts] = static_cast<int32_t>(col);
+  __syncthreads();
+}
+
+// The setup kernel's grid: x over 32 compact scale columns a block (at most ceil(R / 128) + E of
+// them: each expert's columns, the last one partial), y over the scale rows (A's n, B's
+// ceil(k / 128)), 8 a block and grid-strided.
+constexpr int kSetupColumns = 32, kSetupRows = 8;
+
+// Every block builds the experts' table. Block 0 writes the experts' arguments (o_e, M_e). Thread
+// (column c, row r0) of the grid copies scale column c of the experts' compact blocks for rows r0,
+// r0 + 8 gridDim.y, ... of A and of B: the scales of a row at token block c0 + j of expert q
+// (c = first[q] + j) go to that expert's compact (rows x mb) block at rows * c0, the layout the
+// mainloop rebuilds from the problem shape; the padded tail's columns are not copied. With
+// kOverwrite, every thread then takes its share of dW_e = 0 for the empty experts (an empty sum),
+// 16 bytes a store where D allows. Real routing is skewed (an expert of many tokens, others
+// empty): the kernel's work does not depend on which expert has the tokens.
+template <typename ElementA>
+__global__ void __launch_bounds__(256)
+    grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p, DeviceArrays<float, ElementA> out) {
+  static_assert(kSetupColumns * kSetupRows == 256, "blocks of 256");
+  __shared__ WgradExpertTable t;
+  build_expert_table(p, t);
   const int64_t kb = (p.tokens + 127) / 128, kblocks = (p.k + 127) / 128;
+  if (blockIdx.x == 0 && blockIdx.y == 0) {
+    for (int e = static_cast<int>(threadIdx.x); e < p.experts; e += static_cast<int>(blockDim.x)) {
+      const int m = t.rows[e];
+      const int64_t offset = t.offset[e], c0 = offset / 128;
+      // M = N (dW rows), N = K (dW columns), K = the expert's tokens; none: an empty problem.
+      out.shapes[e] = Shape3{m > 0 ? p.n : 0, p.k, m};
+      out.a[e] = p.a + offset;
+      out.b[e] = p.b + offset;
+      out.d[e] = p.d + static_cast<int64_t>(e) * p.n * p.k;
+      out.sfa[e] = p.sfa + p.n * c0;
+      out.sfb[e] = p.sfb + kblocks * c0;
+      out.stride_a[e] = StrideA{p.tokens, {}, {}};
+      out.stride_b[e] = StrideB{p.tokens, {}, {}};
+      out.stride_d[e] = StrideD{p.k, {}, {}};
+      out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1));
+      out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
+    }
+  }
+  const int c =
+      static_cast<int>(blockIdx.x) * kSetupColumns + static_cast<int>(threadIdx.x) % kSetupColumns;
+  if (c < t.first[p.experts]) {
+    int q = 0, hi = p.experts - 1;  // the last expert with first <= c (not an empty one)
+    while (q < hi) {
+      const int mid = (q + hi + 1) / 2;
+      if (t.first[mid] <= c)
+        q = mid;
+      else
+        hi = mid - 1;
+    }
+    const int64_t mb = t.mb[q], c0 = t.offset[q] / 128, j = c - t.first[q];
+    const int64_t r0 = int64_t{blockIdx.y} * kSetupRows + threadIdx.x / kSetupColumns,
+                  stride = int64_t{gridDim.y} * kSetupRows;
+    // Rows r0, r0 + stride, ... of one operand's scales, four loads in flight before their stores.
+    const auto copy_rows = [&](const float* __restrict__ src, float* __restrict__ dst,
+                               int64_t rows) {
+      for (int64_t r = r0; r < rows; r += 4 * stride) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          v[u] = r + u * stride < rows ? src[(r + u * stride) * kb + c0 + j] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (r + u * stride < rows) dst[(r + u * stride) * mb + j] = v[u];
+      }
+    };
+    copy_rows(p.sfa_src, p.sfa + p.n * c0, p.n);
+    copy_rows(p.sfb_src, p.sfb + kblocks * c0, kblocks);
+  }
+  if (!p.overwrite) return;
   const int64_t count = static_cast<int64_t>(p.n) * p.k;
   const int64_t threads = int64_t{gridDim.x} * gridDim.y * blockDim.x;
   const int64_t first = (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
   const bool vec = count % 4 == 0 && reinterpret_cast<uintptr_t>(p.d) % 16 == 0;
-  int64_t used = 0;
-  for (int q = 0; q < p.experts; ++q) {
-    int64_t m = group_rows_at(p.sizes, p.sizes_i64, q);
-    if (m > p.tokens - used) m = p.tokens - used;  // group_span's clamp
-    const int64_t c0 = used / 128, mb = (m + 127) / 128;
-    used += m;
-    if (m == 0) {
-      if (!p.overwrite) continue;
-      float* d = p.d + static_cast<int64_t>(q) * count;
-      if (vec) {
-        auto* d4 = reinterpret_cast<float4*>(d);
-        for (int64_t i = first; i < count / 4; i += threads)
-          d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-      } else {
-        for (int64_t i = first; i < count; i += threads) d[i] = 0.0f;
-      }
-      continue;
-    }
-    // Scale rows 0 .. n - 1 are A's, n .. n + kblocks - 1 B's.
-    auto copy = [&](int64_t r, int64_t j) {
-      if (r < p.n)
-        p.sfa[p.n * c0 + r * mb + j] = p.sfa_src[r * kb + c0 + j];
-      else
-        p.sfb[kblocks * c0 + (r - p.n) * mb + j] = p.sfb_src[(r - p.n) * kb + c0 + j];
-    };
-    const int64_t total = (p.n + kblocks) * mb;
-    if (total < (int64_t{1} << 31) && threads < (int64_t{1} << 31)) {
-      // Copy i's row and column by a 32-bit division, a short inline sequence: a 64-bit one is a
-      // software routine of about a hundred instructions, and it was most of this kernel's time.
-      const auto n32 = static_cast<uint32_t>(total), m32 = static_cast<uint32_t>(mb),
-                 s32 = static_cast<uint32_t>(threads);
-      for (auto i = static_cast<uint32_t>(first); i < n32; i += s32) {
-        const uint32_t r = i / m32;
-        copy(r, i - r * m32);
-      }
+  for (int z = 0; z < t.empties; ++z) {
+    float* d = p.d + static_cast<int64_t>(t.empty[z]) * count;
+    if (vec) {
+      auto* d4 = reinterpret_cast<float4*>(d);
+      for (int64_t i = first; i < count / 4; i += threads) d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     } else {
-      for (int64_t i = first; i < total; i += threads) copy(i / mb, i % mb);
+      for (int64_t i = first; i < count; i += threads) d[i] = 0.0f;
     }
   }
-}
-
-// Block (0, e) writes expert e's arguments (group_span: its first token o_e and count M_e); then
-// every block takes its share of copy_scales_and_zero_empty.
-template <typename ElementA>
-__global__ void grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p,
-                                           DeviceArrays<float, ElementA> out) {
-  const int e = static_cast<int>(blockIdx.y);
-  const GroupSpan g = group_span(p.sizes, p.sizes_i64, p.experts, e, p.tokens);
-  const int64_t kblocks = (p.k + 127) / 128;
-  const int64_t c0 = g.offset / 128;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    const int m = static_cast<int>(g.rows);
-    // M = N (dW rows), N = K (dW columns), K = the expert's tokens; none: an empty problem.
-    out.shapes[e] = Shape3{m > 0 ? p.n : 0, p.k, m};
-    out.a[e] = p.a + g.offset;
-    out.b[e] = p.b + g.offset;
-    out.d[e] = p.d + static_cast<int64_t>(e) * p.n * p.k;
-    out.sfa[e] = p.sfa + p.n * c0;
-    out.sfb[e] = p.sfb + kblocks * c0;
-    out.stride_a[e] = StrideA{p.tokens, {}, {}};
-    out.stride_b[e] = StrideB{p.tokens, {}, {}};
-    out.stride_d[e] = StrideD{p.k, {}, {}};
-    out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1));
-    out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
-  }
-  copy_scales_and_zero_empty(p);
 }
 
 // Wgrad in one launch for A of ElementA (grouped_gemm_sm90.h's grouped_wgrad_fp8_sm90): dW += dY^T
@@ -139,6 +224,8 @@ void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   using Gemm = typename Config::Gemm;
   static_assert(strides_match<Config>(), "the argument arrays' stride types are the kernel's");
   const int64_t experts = args.group_sizes.numel(), n = args.a.rows(), k = args.b.rows();
+  OCTET_CHECK(experts <= kWgradMaxExperts, "grouped wgrad (CUTLASS sm90 FP8 blockwise): ", experts,
+              " experts, at most ", kWgradMaxExperts);
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(arrays_bytes(experts))}, DType::kU8);
   const DeviceArrays<ElementD, ElementA> dev = carve<ElementD, ElementA>(arrays.data(), experts);
@@ -161,9 +248,13 @@ void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   sp.sfa = sfa.data_as<float>();
   sp.sfb = sfb.data_as<float>();
   sp.overwrite = kOverwrite;
-  // About two waves of blocks over the experts' scale copies; the grid's y is the expert.
-  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, ceil_div(264, experts))),
-                  static_cast<unsigned>(experts));
+  // The compact scale columns (at most ceil(R / 128) + E) by 32, and about four blocks an SM in
+  // all, each row of blocks striding over the scale rows.
+  const int64_t gx = ceil_div(kb + experts, int64_t{kSetupColumns});
+  const int64_t gy = std::clamp<int64_t>(ceil_div(512, gx), 1,
+                                         ceil_div(std::max(n, kblocks), int64_t{kSetupRows}));
+  OCTET_CHECK(gx <= 0x7FFFFFFF, "grouped wgrad: ", tokens, " tokens exceed the setup grid");
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
   if (experts > 0) grouped_wgrad_setup_kernel<<<grid, 256, 0, stream>>>(sp, dev);
   OCTET_CUDA_CHECK_LAUNCH();
 
