@@ -66,29 +66,6 @@ struct WgradExpertTable {
   int64_t warp_sums[32];
 };
 
-// The exclusive prefix of v over the block's threads in thread order, and the block's total in
-// *total. Every thread calls it (it synchronises).
-__device__ __forceinline__ int64_t block_exclusive_scan(int64_t v, int64_t* warp_sums,
-                                                        int64_t* total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32,
-            warps = static_cast<int>((blockDim.x + 31) / 32);
-  int64_t x = v;  // inclusive within the warp
-  for (int o = 1; o < 32; o *= 2) {
-    const int64_t y = __shfl_up_sync(~0u, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) warp_sums[warp] = x;
-  __syncthreads();
-  int64_t before = 0, all = 0;
-  for (int w = 0; w < warps; ++w) {
-    if (w < warp) before += warp_sums[w];
-    all += warp_sums[w];
-  }
-  __syncthreads();  // warp_sums is free for the next scan
-  *total = all;
-  return before + x - v;
-}
-
 // Thread t of the block of 256 takes experts 4 t .. 4 t + 3, so that the scans over threads are
 // scans over experts in order.
 template <typename ElementA>

@@ -14,7 +14,8 @@ bool grouped_wgrad_fp8_sm90_supports(const GroupedWgradFp8Args& args) {
          args.b.format == Fp8Format::kE4M3 && args.d.dtype() == DType::kF32 &&
          (args.accumulate == Accumulate::kAdd ||
           (args.accumulate == Accumulate::kOverwrite && args.a.format == Fp8Format::kE4M3)) &&
-         tokens % 16 == 0 && k % 4 == 0 && n > 0 && k > 0 && args.group_sizes.numel() <= 1024;
+         tokens % 16 == 0 && k % 4 == 0 && n > 0 && k > 0 &&
+         args.group_sizes.numel() <= sm90::kWgradMaxExperts;
 }
 
 void grouped_wgrad_fp8_sm90(Context& ctx, const GroupedWgradFp8Args& args) {
