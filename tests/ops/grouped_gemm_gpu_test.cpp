@@ -48,6 +48,18 @@ void expect_close(const Tensor& cpu_out, const Tensor& gpu_out, double tol,
   EXPECT_LE(err, tol) << what << ": " << worst_element(ref, got, cpu_out.cols());
 }
 
+// X as the MoE layer makes its Wgrad operand: 1x128 rows with power-of-2 scales, then the
+// scaling-aware transpose's 128x128 column-wise copy (CPU).
+QuantTensor transposed_pow2(const Tensor& x) {
+  QuantizeArgs qa;
+  qa.input = x;
+  qa.granularity = Granularity::k1x128;
+  qa.rounding = ScaleRounding::kPow2;
+  QuantTensor qx = quantize(cpu(), qa);
+  scaling_aware_transpose(cpu(), qx);
+  return qx;
+}
+
 const std::vector<std::vector<int64_t>> kLayouts = {
     {0, 37, 0, 200, 19, 1, 0, 300},  // 8 experts, empty and skewed
     {512, 0, 0, 0, 0, 0, 0, 1},      // nearly everything on one expert
@@ -228,12 +240,7 @@ TEST(GroupedGemmGpu, Fp8WgradFromScalingAwareTransposeModelShapes) {
                  x = random_tensor({t, k}, DType::kF32, 14);
     const QuantTensor qdy =
         quant(cpu(), dy, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kColumnwise);
-    QuantizeArgs qa;
-    qa.input = x;
-    qa.granularity = Granularity::k1x128;
-    qa.rounding = ScaleRounding::kPow2;
-    QuantTensor qx = quantize(cpu(), qa);
-    scaling_aware_transpose(cpu(), qx);
+    const QuantTensor qx = transposed_pow2(x);
     const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI32);
     Tensor dc = random_tensor({experts * n, k}, DType::kF32, 15);
     Tensor dg = dev(dc);
@@ -314,12 +321,7 @@ TEST(GroupedGemmGpu, Fp8E5m2GradientsDgradAndWgrad) {
   for (int64_t i = used * k; i < t * k; ++i)
     ASSERT_EQ(got.data_as<const uint16_t>()[i], 0) << "tail row " << i / k << " not zeroed";
 
-  QuantizeArgs qa;
-  qa.input = x;
-  qa.granularity = Granularity::k1x128;
-  qa.rounding = ScaleRounding::kPow2;
-  QuantTensor qx = quantize(cpu(), qa);
-  scaling_aware_transpose(cpu(), qx);
+  const QuantTensor qx = transposed_pow2(x);
   Tensor wc = random_tensor({experts * n, k}, DType::kF32, 33);
   Tensor wg = dev(wc);
   grouped_wgrad_fp8(cpu(), {.a = columnwise_operand(qdy),
@@ -354,12 +356,7 @@ TEST(GroupedGemmGpu, Fp8WgradManySkewedExperts) {
                x = random_tensor({t, k}, DType::kF32, 42);
   const QuantTensor qdy =
       quant(cpu(), dy, Granularity::k1x128, Fp8Format::kE4M3, QuantizeOutput::kColumnwise);
-  QuantizeArgs qa;
-  qa.input = x;
-  qa.granularity = Granularity::k1x128;
-  qa.rounding = ScaleRounding::kPow2;
-  QuantTensor qx = quantize(cpu(), qa);
-  scaling_aware_transpose(cpu(), qx);
+  const QuantTensor qx = transposed_pow2(x);
   const Tensor sizes_t = group_sizes_tensor(sizes, DType::kI64);
   for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
     const bool add = acc == Accumulate::kAdd;
