@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -84,7 +85,15 @@ GraphedSection::Ran GraphedSection::run(Context& ctx, bool graphs, const std::st
   std::map<std::string, CastCounts> before;
   if (ctx.casts) before = ctx.casts->by_scope;
   try {
-    graph_.capture(ctx, what_.c_str(), body);
+    if (fail_next_capture_) {
+      fail_next_capture_ = false;
+      graph_.capture(ctx, what_.c_str(), [&] {
+        body();
+        OCTET_THROW("made to fail (GraphedSection::fail_next_capture)");
+      });
+    } else {
+      graph_.capture(ctx, what_.c_str(), body);
+    }
   } catch (const Error& e) {
     failure_ = e.what();
     graph_.reset();
@@ -142,10 +151,15 @@ ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
   std::ostringstream key;
   key << shape_str(in.shape()) << " scale " << grad_scale << " weights " << weights_key << " model "
       << static_cast<const void*>(&model) << " fresh " << fresh;
+  // The backward clears grad_fresh as it writes each first writer's gradient; a failed capture
+  // has run it once already, so the body sets the flags as they were before it runs.
+  std::vector<char> was_fresh(params.size());
+  for (size_t i = 0; i < params.size(); ++i) was_fresh[i] = params[i]->grad_fresh;
   ModelLosses out;
   const GraphedSection::Ran ran = section_.run(
       ctx, graphs, key.str(),
       [&] {
+        for (size_t i = 0; i < params.size(); ++i) params[i]->grad_fresh = was_fresh[i] != 0;
         out = model.step(ctx, {ids_, targets_}, Pass::kForwardBackward, grad_scale);
       },
       first_of_step);

@@ -26,6 +26,9 @@
 //   - the validation, the BF16 shadow and the spike rollback (they run between steps);
 //   - a capture that fails (an op that waits for the device or allocates on first use): the error
 //     is kept (failure()), the section stays eager for the rest of the run, and the trainer says so.
+//     The failed capture ran the body's host code once already, so the body runs again eagerly:
+//     a body must leave the host state it reads as it found it, or set it again first
+//     (MicroBatchGraphs does: its backward clears Parameter::grad_fresh as it writes).
 // The casts the ops count on the host (core/cast_counter.h) are recorded at capture and added again
 // on every replay, so metrics.jsonl counts them the same with graphs on or off.
 #pragma once
@@ -73,6 +76,9 @@ class GraphedSection {
   int64_t replays() const { return graph_.replays(); }
   bool captured() const { return graph_.captured(); }
   const std::string& failure() const { return failure_; }
+  // For the tests of the failure path: the next capture fails after its body ran, as one the
+  // runtime refuses at its end does.
+  void fail_next_capture() { fail_next_capture_ = true; }
 
  private:
   // An eager run after the graph ran: the graph's mapped working set is given back first.
@@ -85,6 +91,7 @@ class GraphedSection {
   int64_t released_at_ = 0;  // device_memory_releases() when it last ran
   std::map<std::string, CastCounts> casts_;  // counted by the captured body
   std::string failure_;
+  bool fail_next_capture_ = false;
 };
 
 // The forward + backward of one micro-batch, graphed: one graph for all the step's micro-batches,
@@ -105,6 +112,7 @@ class MicroBatchGraphs {
   void invalidate();
   int64_t replays() const { return section_.replays(); }
   const std::string& failure() const { return section_.failure(); }
+  void fail_next_capture() { section_.fail_next_capture(); }  // GraphedSection's
   int64_t upload_waits() const { return uploader_.waits(); }
 
  private:

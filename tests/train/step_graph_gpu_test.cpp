@@ -1,9 +1,9 @@
 // The training step as CUDA graphs (train/step_graph.h) on the GPU: a graphed run gives bit for bit
 // the losses, gradient norms and weights of an eager run (gradient accumulation 2, deepseek and
 // bf16), the safety nets work graphed (a non-finite step skipped on the device, a spike rolled
-// back), the graphed steps after the first take no new device memory, and a graphed run's peak
-// memory with gradient accumulation (and with probe or BF16 shadow steps) is the one-micro-batch
-// run's, not one working set more.
+// back, a failed capture run again eagerly from the same state), the graphed steps after the first
+// take no new device memory, and a graphed run's peak memory with gradient accumulation (and with
+// probe or BF16 shadow steps) is the one-micro-batch run's, not one working set more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -282,6 +282,79 @@ TEST(StepGraphSafetyGpu, GraphedStepsAllocateNothingNewAndNeverWait) {
   const StepStats st = opt.finish_step(gpu);
   EXPECT_TRUE(std::isfinite(st.grad_norm));
   EXPECT_EQ(opt.steps_taken(), 10);
+}
+
+// A capture that fails after its body ran (GraphedSection::fail_next_capture) leaves the
+// micro-batch eager, and the eager run that follows starts from the host state the capture found.
+// With one micro-batch a step the first writers' gradients are overwritten by their backward (=,
+// not zeroed before: Parameter::first_writer), which clears grad_fresh as it writes; run again
+// with the flags the capture left, those Wgrads added to the previous step's gradients. Bit for bit
+// the gradient norms and weights of an eager run.
+TEST(StepGraphSafetyGpu, AFailedCaptureRunsTheMicroBatchAgainFromTheSameState) {
+  OCTET_REQUIRE_GPU();
+  Context gpu = make_context(Device::kCuda);
+  ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;
+  c.moe_intermediate_size = 64;
+  ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
+  for (int64_t i = 0; i < b.inputs.numel(); ++i) {
+    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
+  }
+  struct Run {
+    std::vector<float> norms;
+    std::map<std::string, std::string> weights;  // name -> bytes
+    std::string failure;
+    int64_t first_writers = 0;
+  };
+  auto run = [&](bool graphs) {
+    Model m(gpu, c, {recipe_preset("deepseek"), DType::kBF16});
+    m.load(gpu, init_parameters(c, 3));
+    Run r;
+    for (Parameter* p : m.first_writer_parameters()) {
+      p->first_writer = true;
+      ++r.first_writers;
+    }
+    AdamWOptimizer opt(gpu, m.parameters(), AdamWConfig{});
+    opt.set_graphs(graphs);
+    m.prepare(gpu);
+    opt.set_weight_outputs(gpu, m.weight_outputs(OutputCopies::kBf16Only));
+    GraphedSection pre("prepare");
+    MicroBatchGraphs micro(gpu);
+    micro.fail_next_capture();  // the second step's capture
+    int64_t generation = 0;
+    for (int step = 0; step < 4; ++step) {
+      if (pre.run(gpu, graphs, "k", [&] {
+            m.prepare(gpu, PrepareScope::kNotFused);
+            opt.zero_grad(gpu);
+          }) != GraphedSection::Ran::kReplayed)
+        ++generation;
+      for (Parameter* p : m.parameters())
+        if (p->first_writer) p->grad_fresh = true;
+      micro.run(gpu, graphs, m, b, 1.0f, std::to_string(generation), true);
+      opt.step(gpu, 1e-3f);
+      r.norms.push_back(opt.finish_step(gpu).grad_norm);
+    }
+    r.failure = micro.failure();
+    for (Parameter* p : m.parameters()) {
+      std::string bytes(static_cast<size_t>(p->value.nbytes()), '\0');
+      gpu.be().copy(bytes.data(), p->value.data(), p->value.nbytes(), CopyKind::kDeviceToHost);
+      r.weights[p->name] = bytes;
+    }
+    return r;
+  };
+  const Run eager = run(false), graphed = run(true);
+  EXPECT_GT(eager.first_writers, 0);
+  EXPECT_EQ(eager.failure, "");
+  EXPECT_NE(graphed.failure.find("made to fail"), std::string::npos) << graphed.failure;
+  ASSERT_EQ(eager.norms.size(), graphed.norms.size());
+  for (size_t i = 0; i < eager.norms.size(); ++i)
+    EXPECT_EQ(std::memcmp(&eager.norms[i], &graphed.norms[i], sizeof(float)), 0)
+        << "step " << i + 1 << ": gradient norm " << eager.norms[i] << " eager, "
+        << graphed.norms[i] << " after the failed capture";
+  ASSERT_EQ(eager.weights.size(), graphed.weights.size());
+  for (const auto& [name, bytes] : eager.weights)
+    EXPECT_TRUE(graphed.weights.at(name) == bytes) << name << " differs";
 }
 
 // A run whose activations outweigh the rest (16 x 128 tokens a micro-batch, 4 layers), for the
