@@ -218,6 +218,25 @@ TEST(StepGraphSafetyGpu, SpikeRollbackWorksWhenGraphed) {
   fs::remove_all(dir);
 }
 
+// The tiny model and batch of the tests below that drive the step's pieces themselves (the
+// preparation, MicroBatchGraphs, the optimizer) instead of the trainer: widths the FP8 GEMMs take,
+// 2 x 64 fixed tokens.
+ModelConfig loop_config() {
+  ModelConfig c = test::tiny_model_config();
+  c.intermediate_size = 192;
+  c.moe_intermediate_size = 64;
+  return c;
+}
+
+ModelBatch loop_batch(const ModelConfig& c) {
+  ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
+  for (int64_t i = 0; i < b.inputs.numel(); ++i) {
+    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
+  }
+  return b;
+}
+
 // The graphed step (preparation + zeroing, forward + backward, AdamW) as the trainer runs it: once
 // the graphs replay, steps take nothing new from the driver (the pool's and the graphs' reserved
 // bytes stay put), an upload waits only for a copy 4 micro-batches old, and the step itself never
@@ -225,20 +244,14 @@ TEST(StepGraphSafetyGpu, SpikeRollbackWorksWhenGraphed) {
 TEST(StepGraphSafetyGpu, GraphedStepsAllocateNothingNewAndNeverWait) {
   OCTET_REQUIRE_GPU();
   Context gpu = make_context(Device::kCuda);
-  ModelConfig c = test::tiny_model_config();
-  c.intermediate_size = 192;
-  c.moe_intermediate_size = 64;
+  const ModelConfig c = loop_config();
   Model m(gpu, c, {recipe_preset("deepseek"), DType::kBF16});
   m.load(gpu, init_parameters(c, 3));
   AdamWOptimizer opt(gpu, m.parameters(), AdamWConfig{});
   opt.set_graphs(true);
   m.prepare(gpu);
   opt.set_weight_outputs(gpu, m.weight_outputs(OutputCopies::kBf16Only));
-  ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
-  for (int64_t i = 0; i < b.inputs.numel(); ++i) {
-    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-  }
+  const ModelBatch b = loop_batch(c);
   GraphedSection pre("prepare");
   MicroBatchGraphs micro(gpu);
   int64_t generation = 0;
@@ -293,14 +306,8 @@ TEST(StepGraphSafetyGpu, GraphedStepsAllocateNothingNewAndNeverWait) {
 TEST(StepGraphSafetyGpu, AFailedCaptureRunsTheMicroBatchAgainFromTheSameState) {
   OCTET_REQUIRE_GPU();
   Context gpu = make_context(Device::kCuda);
-  ModelConfig c = test::tiny_model_config();
-  c.intermediate_size = 192;
-  c.moe_intermediate_size = 64;
-  ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
-  for (int64_t i = 0; i < b.inputs.numel(); ++i) {
-    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-  }
+  const ModelConfig c = loop_config();
+  const ModelBatch b = loop_batch(c);
   struct Run {
     std::vector<float> norms;
     std::map<std::string, std::string> weights;  // name -> bytes
