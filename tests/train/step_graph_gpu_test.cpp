@@ -328,7 +328,8 @@ TEST(StepGraphSafetyGpu, AFailedCaptureRunsTheMicroBatchAgainFromTheSameState) {
     opt.set_weight_outputs(gpu, m.weight_outputs(OutputCopies::kBf16Only));
     GraphedSection pre("prepare");
     MicroBatchGraphs micro(gpu);
-    micro.fail_next_capture();  // the second step's capture
+    // The third step's capture: the preparation's capture (step 2) moves the weights' key.
+    micro.fail_next_capture();
     int64_t generation = 0;
     for (int step = 0; step < 4; ++step) {
       if (pre.run(gpu, graphs, "k", [&] {
