@@ -230,8 +230,9 @@ ModelConfig loop_config() {
   return c;
 }
 
-ModelBatch loop_batch(const ModelConfig& c) {
-  ModelBatch b{Tensor::empty({2, 64}, DType::kI32), Tensor::empty({2, 64}, DType::kI32)};
+ModelBatch loop_batch(const ModelConfig& c, int64_t sequences = 2, int64_t length = 64) {
+  ModelBatch b{Tensor::empty({sequences, length}, DType::kI32),
+               Tensor::empty({sequences, length}, DType::kI32)};
   for (int64_t i = 0; i < b.inputs.numel(); ++i) {
     b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
     b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
@@ -475,11 +476,7 @@ TEST(StepGraphMemoryGpu, TheMicroBatchGraphHoldsNoMoreThanItsEagerWorkingSet) {
   Context gpu = make_context(Device::kCuda);
   if (!cuda_graphs_supported(gpu)) GTEST_SKIP() << "no CUDA graphs here";
   const ModelConfig c = loop_config();
-  ModelBatch b{Tensor::empty({64, 128}, DType::kI32), Tensor::empty({64, 128}, DType::kI32)};
-  for (int64_t i = 0; i < b.inputs.numel(); ++i) {
-    b.inputs.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-    b.targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 53 + 5) % c.vocab_size);
-  }
+  const ModelBatch b = loop_batch(c, 64, 128);
   Model m(gpu, c, {recipe_preset("deepseek"), DType::kBF16});
   m.load(gpu, init_parameters(c, 3));
   m.prepare(gpu);
