@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -85,15 +86,11 @@ GraphedSection::Ran GraphedSection::run(Context& ctx, bool graphs, const std::st
   std::map<std::string, CastCounts> before;
   if (ctx.casts) before = ctx.casts->by_scope;
   try {
-    if (fail_next_capture_) {
-      fail_next_capture_ = false;
-      graph_.capture(ctx, what_.c_str(), [&] {
-        body();
-        OCTET_THROW("made to fail (GraphedSection::fail_next_capture)");
-      });
-    } else {
-      graph_.capture(ctx, what_.c_str(), body);
-    }
+    const bool fail = std::exchange(fail_next_capture_, false);
+    graph_.capture(ctx, what_.c_str(), [&] {
+      body();
+      if (fail) OCTET_THROW("made to fail (GraphedSection::fail_next_capture)");
+    });
   } catch (const Error& e) {
     failure_ = e.what();
     graph_.reset();
@@ -145,16 +142,15 @@ ModelLosses MicroBatchGraphs::run(Context& ctx, bool graphs, Model& model,
   uploader_.upload(ctx, ids_, in);
   uploader_.upload(ctx, targets_, host_batch.targets);
   // The gradients a first writer overwrites (Parameter::grad_fresh): a capture bakes = or +=.
-  const std::vector<Parameter*> params = model.parameters();
-  const auto fresh =
-      std::count_if(params.begin(), params.end(), [](const Parameter* p) { return p->grad_fresh; });
-  std::ostringstream key;
-  key << shape_str(in.shape()) << " scale " << grad_scale << " weights " << weights_key << " model "
-      << static_cast<const void*>(&model) << " fresh " << fresh;
   // The backward clears grad_fresh as it writes each first writer's gradient; a failed capture
   // has run it once already, so the body sets the flags as they were before it runs.
+  const std::vector<Parameter*> params = model.parameters();
   std::vector<char> was_fresh(params.size());
   for (size_t i = 0; i < params.size(); ++i) was_fresh[i] = params[i]->grad_fresh;
+  std::ostringstream key;
+  key << shape_str(in.shape()) << " scale " << grad_scale << " weights " << weights_key << " model "
+      << static_cast<const void*>(&model) << " fresh "
+      << std::count(was_fresh.begin(), was_fresh.end(), 1);
   ModelLosses out;
   const GraphedSection::Ran ran = section_.run(
       ctx, graphs, key.str(),

@@ -222,7 +222,7 @@ TEST(StepGraphSafetyGpu, SpikeRollbackWorksWhenGraphed) {
 
 // The tiny model and batch of the tests below that drive the step's pieces themselves (the
 // preparation, MicroBatchGraphs, the optimizer) instead of the trainer: widths the FP8 GEMMs take,
-// 2 x 64 fixed tokens.
+// fixed tokens, 2 x 64 unless a test asks for more.
 ModelConfig loop_config() {
   ModelConfig c = test::tiny_model_config();
   c.intermediate_size = 192;
