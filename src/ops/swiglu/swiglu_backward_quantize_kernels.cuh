@@ -380,13 +380,7 @@ __global__ void __launch_bounds__(kThreads, 65536 / (128 * kThreads))
         }
         __syncwarp();
       }
-      uint32_t a = 0, b = 0, c = 0;
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) {
-        a = max(a, abs_bits(uv[e]));
-        b = max(b, abs_bits(dg[e]));
-        c = max(c, abs_bits(du[i][e]));
-      }
+      uint32_t a = abs_max_bits8(uv), b = abs_max_bits8(dg), c = abs_max_bits8(du[i]);
       a = canonical_amax(half_warp_max(a));
       b = half_warp_max(b);
       adu[i] = group_max(c, cpr + 32 * i);

@@ -182,6 +182,24 @@ __device__ __forceinline__ uint32_t canonical_amax(uint32_t a) {
   return a > 0x7F800000u ? 0x7FC00000u : a;
 }
 
+// max over e of abs_bits(v[e]) (numerics/scale.h) by the float unit: seven max.NaN of magnitudes
+// (|x| is an operand modifier) instead of eight masks and integer maxima. For non-NaN values the
+// float order of magnitudes is the order of their bits; a NaN gives 0x7FFFFFFF (max.NaN's
+// canonical NaN) where abs_bits gives the NaN's own magnitude bits. Both are above +inf's bits and
+// canonical_amax makes either 0x7FC00000, so a group's amax is the same word once it is canonical,
+// as every caller makes it.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t abs_max_bits8(const float (&v)[kChunk]) {
+  static_assert(kChunk == 8, "a tree over 8 values");
+  const float m01 = max_nan(fabsf(v[0]), fabsf(v[1])), m23 = max_nan(fabsf(v[2]), fabsf(v[3]));
+  const float m45 = max_nan(fabsf(v[4]), fabsf(v[5])), m67 = max_nan(fabsf(v[6]), fabsf(v[7]));
+  return float_bits(max_nan(max_nan(m01, m23), max_nan(m45, m67)));
+}
+
 // Max over the 16 lanes of a half-warp (every lane of the warp calls it).
 __device__ __forceinline__ uint32_t half_warp_max(uint32_t v) {
   for (int o = 8; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
