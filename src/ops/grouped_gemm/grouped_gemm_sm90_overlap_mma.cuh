@@ -14,9 +14,10 @@
 // bit for bit the losses of CUTLASS's loop (docs/benchmarks.md).
 //
 // Everything else (the producer's TMA and scale loads, the shared memory, the arguments and the
-// kernel) is CUTLASS's collective, which this derives from; only mma() is replaced. The cost is a
-// second partial tile in registers: 3 x 64 FP32 a thread for the 128x128 cooperative tile, inside
-// the 232 registers the cooperative kernel gives its consumer warps.
+// kernel) is CUTLASS's collective, which this derives from; only mma() is replaced, and
+// tensors_perform_update, which takes each group's scale layouts from the arguments (below). The
+// overlap's cost is a second partial tile in registers: 3 x 64 FP32 a thread for the 128x128
+// cooperative tile, inside the 232 registers the cooperative kernel gives its consumer warps.
 #pragma once
 
 #include <cutlass/cutlass.h>
@@ -38,6 +39,28 @@ struct OverlappedPromotionMma : Collective {
                         cute::size<2>(typename TiledMma::AtomShape_MNK{}) ==
                     cute::size<2>(TileShape{}),
                 "the overlapped mainloop promotes once per K tile");
+
+  // The producer's view of group b's scales: CUTLASS's pointer-array mainloop rebuilds each group's
+  // scale layouts from its problem shape (compact: a row of scales holds only that group's K
+  // blocks); this takes the layouts the set-up kernel wrote into the arguments instead, so that a
+  // group may read its scales in place inside a larger array (the Wgrad: each expert's token blocks
+  // are columns of the whole (rows, ceil(R / 128)) scales, grouped_wgrad_sm90_fp8.cuh). The shapes
+  // are the same; where a set-up kernel writes the compact layouts (Fprop, Dgrad), so are the
+  // strides, and the kernel reads what CUTLASS's own would.
+  template <class InputTensors, class ProblemShape_MNKL>
+  CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const& inputs,
+                                                     Params const& mainloop_params,
+                                                     ProblemShape_MNKL problem_shape_mnkl,
+                                                     int32_t next_batch) {
+    using namespace cute;
+    InputTensors t =
+        Collective::tensors_perform_update(inputs, mainloop_params, problem_shape_mnkl, next_batch);
+    get<2>(t) = make_tensor(make_gmem_ptr(mainloop_params.ptr_SFA[next_batch]),
+                            mainloop_params.layout_SFA[next_batch]);
+    get<3>(t) = make_tensor(make_gmem_ptr(mainloop_params.ptr_SFB[next_batch]),
+                            mainloop_params.layout_SFB[next_batch]);
+    return t;
+  }
 
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,

@@ -11,14 +11,14 @@
 // 1x128 scale_inv along tokens (N, ceil(R/128)); B = X's column-wise copy (K, R) from the
 // scaling-aware transpose, 128x128 scale_inv (ceil(K/128), ceil(R/128)); dW (E, N, K) f32,
 // accumulated (C = D). Expert e reads token columns [o_e, o_e + M_e), o_e a multiple of 128 (the
-// padded permute): its A and B are column offsets with the full row strides. Its scales are columns
-// [o_e / 128, ...) of rows whose stride is the whole ceil(R/128), but the mainloop rebuilds every
-// group's scale layout from the problem shape (compact: row stride ceil(M_e / 128)), so the setup
-// kernel also copies each expert's scale columns into compact per-expert blocks (the scales are
-// 1/128 of the data per row, a small pass in the same launch). An expert without tokens is an
-// empty problem (no tiles): its dW_e is left as it was (+=), or zeroed by the setup kernel when
-// dW is overwritten (=: the step's first writer of the gradient, without C: a kernel instantiation
-// of its own, so that no stale value of dW is read).
+// padded permute): its A and B are column offsets with the full row strides, and so are its scales,
+// read in place: columns [o_e / 128, ...) of rows whose stride is the whole ceil(R/128), a layout
+// per expert that the setup kernel writes and the mainloop takes from the arguments
+// (grouped_gemm_sm90_overlap_mma.cuh tensors_perform_update; CUTLASS's own rebuilds compact
+// layouts from the problem shape, which needed a per-call copy of every expert's scale columns). An
+// expert without tokens is an empty problem (no tiles): its dW_e is left as it was (+=), or zeroed
+// by the setup kernel when dW is overwritten (=: the step's first writer of the gradient, without
+// C: a kernel instantiation of its own, so that no stale value of dW is read).
 #pragma once
 
 #include <algorithm>
@@ -41,10 +41,8 @@ struct WgradSetupParams {
   const ElementA* a;
   const ElementB* b;
   float* d;
-  const float* sfa_src;  // A's scales (n, ceil(R / 128)), B's (ceil(k / 128), ceil(R / 128))
-  const float* sfb_src;
-  float* sfa;  // their compact per-expert copies, the same sizes
-  float* sfb;
+  const float* sfa;  // A's scales (n, ceil(R / 128)), B's (ceil(k / 128), ceil(R / 128))
+  const float* sfb;
   bool overwrite;  // dW = (zero the empty experts' dW_e) or dW +=
 };
 
@@ -53,14 +51,11 @@ struct WgradSetupParams {
 constexpr int kWgradMaxExperts = 1024;
 
 // Every expert's place, built by each block of the setup kernel from the row counts (one load a
-// count, three block-wide scans): its first token (group_span's clamped prefix), its tokens, its
-// first scale column c0 = offset / 128 and its scale columns mb = ceil(M / 128) with their prefix
-// `first` (its first column in the compact blocks' column order), and the empty experts in order.
+// count, two block-wide scans): its first token (group_span's clamped prefix), its tokens, and the
+// empty experts in order.
 struct WgradExpertTable {
   int64_t offset[kWgradMaxExperts];
   int32_t rows[kWgradMaxExperts];
-  int32_t mb[kWgradMaxExperts];
-  int32_t first[kWgradMaxExperts + 1];
   int32_t empty[kWgradMaxExperts];
   int32_t empties;
   int64_t warp_sums[32];
@@ -80,7 +75,7 @@ __device__ void build_expert_table(const WgradSetupParams<ElementA>& p, WgradExp
   }
   int64_t total;
   int64_t before = block_exclusive_scan(mine, t.warp_sums, &total);
-  int64_t cols = 0, empties = 0;
+  int64_t empties = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     if (q0 + i >= p.experts) break;
@@ -90,45 +85,39 @@ __device__ void build_expert_table(const WgradSetupParams<ElementA>& p, WgradExp
     before += m[i];
     t.offset[q0 + i] = offset;
     t.rows[q0 + i] = static_cast<int32_t>(rows);
-    t.mb[q0 + i] = static_cast<int32_t>((rows + 127) / 128);
-    cols += t.mb[q0 + i];
     empties += rows == 0;
   }
-  int64_t col = block_exclusive_scan(cols, t.warp_sums, &total);
   int64_t rank = block_exclusive_scan(empties, t.warp_sums, &total);
   if (threadIdx.x == 0) t.empties = static_cast<int32_t>(total);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     if (q0 + i >= p.experts) break;
-    t.first[q0 + i] = static_cast<int32_t>(col);
-    col += t.mb[q0 + i];
     if (t.rows[q0 + i] == 0) t.empty[rank++] = q0 + i;
   }
-  if (q0 < p.experts && q0 + kPer >= p.experts) t.first[p.experts] = static_cast<int32_t>(col);
   __syncthreads();
 }
 
-// The setup kernel's grid: x over 32 compact scale columns a block (at most ceil(R / 128) + E of
-// them: each expert's columns, the last one partial), y over the scale rows (A's n, B's
-// ceil(k / 128)), 8 a block and grid-strided.
-constexpr int kSetupColumns = 32, kSetupRows = 8;
+// A scale layout of ScaleConfig's (K-major: a row of scales holds its K blocks contiguously) with
+// the row stride of the whole array instead of the problem's own ceil(K / 128): the expert's K
+// blocks read in place.
+template <typename Layout>
+__device__ Layout with_row_stride(const Layout& l, int row_stride) {
+  using namespace cute;
+  return make_layout(l.shape(), make_stride(make_stride(_0{}, row_stride), get<1>(l.stride()),
+                                            get<2>(l.stride())));
+}
 
-// Every block builds the experts' table. Block 0 writes the experts' arguments (o_e, M_e). Thread
-// (column c, row r0) of the grid copies scale column c of the experts' compact blocks for rows r0,
-// r0 + 8 gridDim.y, ... of A and of B: the scales of a row at token block c0 + j of expert q
-// (c = first[q] + j) go to that expert's compact (rows x mb) block at rows * c0, the layout the
-// mainloop rebuilds from the problem shape; the padded tail's columns are not copied. With
-// kOverwrite, every thread then takes its share of dW_e = 0 for the empty experts (an empty sum),
-// 16 bytes a store where D allows. Real routing is skewed (an expert of many tokens, others
-// empty): the kernel's work does not depend on which expert has the tokens.
+// Every block builds the experts' table. Block 0 writes the experts' arguments (o_e, M_e, their
+// operands and scales in place). With kOverwrite, every thread of the grid then takes its share of
+// dW_e = 0 for the empty experts (an empty sum), 16 bytes a store where D allows; otherwise the
+// grid is one block.
 template <typename ElementA>
 __global__ void __launch_bounds__(256)
     grouped_wgrad_setup_kernel(WgradSetupParams<ElementA> p, DeviceArrays<float, ElementA> out) {
-  static_assert(kSetupColumns * kSetupRows == 256, "blocks of 256");
   __shared__ WgradExpertTable t;
   build_expert_table(p, t);
-  const int64_t kb = (p.tokens + 127) / 128, kblocks = (p.k + 127) / 128;
-  if (blockIdx.x == 0 && blockIdx.y == 0) {
+  if (blockIdx.x == 0) {
+    const int kb = static_cast<int>((p.tokens + 127) / 128);
     for (int e = static_cast<int>(threadIdx.x); e < p.experts; e += static_cast<int>(blockDim.x)) {
       const int m = t.rows[e];
       const int64_t offset = t.offset[e], c0 = offset / 128;
@@ -137,49 +126,21 @@ __global__ void __launch_bounds__(256)
       out.a[e] = p.a + offset;
       out.b[e] = p.b + offset;
       out.d[e] = p.d + static_cast<int64_t>(e) * p.n * p.k;
-      out.sfa[e] = p.sfa + p.n * c0;
-      out.sfb[e] = p.sfb + kblocks * c0;
+      out.sfa[e] = p.sfa + c0;
+      out.sfb[e] = p.sfb + c0;
       out.stride_a[e] = StrideA{p.tokens, {}, {}};
       out.stride_b[e] = StrideB{p.tokens, {}, {}};
       out.stride_d[e] = StrideD{p.k, {}, {}};
-      out.layout_sfa[e] = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1));
-      out.layout_sfb[e] = ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1));
+      out.layout_sfa[e] = with_row_stride(
+          LayoutSFA(ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(p.n, p.k, m, 1))), kb);
+      out.layout_sfb[e] = with_row_stride(
+          LayoutSFB(ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(p.n, p.k, m, 1))), kb);
     }
-  }
-  const int c =
-      static_cast<int>(blockIdx.x) * kSetupColumns + static_cast<int>(threadIdx.x) % kSetupColumns;
-  if (c < t.first[p.experts]) {
-    int q = 0, hi = p.experts - 1;  // the last expert with first <= c (not an empty one)
-    while (q < hi) {
-      const int mid = (q + hi + 1) / 2;
-      if (t.first[mid] <= c)
-        q = mid;
-      else
-        hi = mid - 1;
-    }
-    const int64_t mb = t.mb[q], c0 = t.offset[q] / 128, j = c - t.first[q];
-    const int64_t r0 = int64_t{blockIdx.y} * kSetupRows + threadIdx.x / kSetupColumns,
-                  stride = int64_t{gridDim.y} * kSetupRows;
-    // Rows r0, r0 + stride, ... of one operand's scales, four loads in flight before their stores.
-    const auto copy_rows = [&](const float* __restrict__ src, float* __restrict__ dst,
-                               int64_t rows) {
-      for (int64_t r = r0; r < rows; r += 4 * stride) {
-        float v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          v[u] = r + u * stride < rows ? src[(r + u * stride) * kb + c0 + j] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (r + u * stride < rows) dst[(r + u * stride) * mb + j] = v[u];
-      }
-    };
-    copy_rows(p.sfa_src, p.sfa + p.n * c0, p.n);
-    copy_rows(p.sfb_src, p.sfb + kblocks * c0, kblocks);
   }
   if (!p.overwrite) return;
   const int64_t count = static_cast<int64_t>(p.n) * p.k;
-  const int64_t threads = int64_t{gridDim.x} * gridDim.y * blockDim.x;
-  const int64_t first = (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const bool vec = count % 4 == 0 && reinterpret_cast<uintptr_t>(p.d) % 16 == 0;
   for (int z = 0; z < t.empties; ++z) {
     float* d = p.d + static_cast<int64_t>(t.empty[z]) * count;
@@ -206,33 +167,26 @@ void run_grouped_wgrad_fp8(Context& ctx, const GroupedWgradFp8Args& args) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   Tensor arrays = Tensor::empty(ctx, {static_cast<int64_t>(arrays_bytes(experts))}, DType::kU8);
   const DeviceArrays<ElementD, ElementA> dev = carve<ElementD, ElementA>(arrays.data(), experts);
-  const int64_t tokens = args.a.cols(), kb = ceil_div(tokens, kGroup),
-                kblocks = ceil_div(k, kGroup);
-  Tensor sfa = Tensor::empty(ctx, {n * kb}, DType::kF32);
-  Tensor sfb = Tensor::empty(ctx, {kblocks * kb}, DType::kF32);
   WgradSetupParams<ElementA> sp;
   sp.sizes = args.group_sizes.data();
   sp.sizes_i64 = args.group_sizes.dtype() == DType::kI64;
   sp.experts = static_cast<int>(experts);
   sp.n = static_cast<int>(n);
   sp.k = static_cast<int>(k);
-  sp.tokens = tokens;
+  sp.tokens = args.a.cols();
   sp.a = args.a.data.data_as<const ElementA>();
   sp.b = args.b.data.data_as<const ElementB>();
   sp.d = args.d.data_as<ElementD>();
-  sp.sfa_src = args.a.scale_inv.data_as<const float>();
-  sp.sfb_src = args.b.scale_inv.data_as<const float>();
-  sp.sfa = sfa.data_as<float>();
-  sp.sfb = sfb.data_as<float>();
+  sp.sfa = args.a.scale_inv.data_as<const float>();
+  sp.sfb = args.b.scale_inv.data_as<const float>();
   sp.overwrite = kOverwrite;
-  // The compact scale columns (at most ceil(R / 128) + E) by 32, and about four blocks an SM in
-  // all, each row of blocks striding over the scale rows.
-  const int64_t gx = ceil_div(kb + experts, int64_t{kSetupColumns});
-  const int64_t gy = std::clamp<int64_t>(ceil_div(512, gx), 1,
-                                         ceil_div(std::max(n, kblocks), int64_t{kSetupRows}));
-  OCTET_CHECK(gx <= 0x7FFFFFFF, "grouped wgrad: ", tokens, " tokens exceed the setup grid");
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-  if (experts > 0) grouped_wgrad_setup_kernel<<<grid, 256, 0, stream>>>(sp, dev);
+  OCTET_CHECK(ceil_div(sp.tokens, kGroup) <= 0x7FFFFFFF, "grouped wgrad: ", sp.tokens,
+              " tokens exceed the scale layouts' int strides");
+  // One block writes the arguments; dW = also zeroes the empty experts' dW_e, with two blocks an
+  // SM (every block builds the table, so that each knows which experts are empty).
+  const int blocks =
+      kOverwrite ? 2 * hardware_info<typename Config::GemmKernel>(ctx.device_index).sm_count : 1;
+  if (experts > 0) grouped_wgrad_setup_kernel<<<blocks, 256, 0, stream>>>(sp, dev);
   OCTET_CUDA_CHECK_LAUNCH();
 
   // C = D (dW +=), or no C (dW =).
