@@ -21,7 +21,6 @@
 // C: a kernel instantiation of its own, so that no stale value of dW is read).
 #pragma once
 
-#include <algorithm>
 #include <type_traits>
 
 #include "backend/backend.h"
