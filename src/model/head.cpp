@@ -62,19 +62,16 @@ OutputHead::Result OutputHead::run(Context& ctx, const Precision& p, const Tenso
                  lse_c = row_view(lse, first, n);
     LinearSaved hs;
     Tensor logits = head->forward(ctx, p, xc, hs);  // (n, V)
-    const Tensor losses_c = row_view(losses, first, n);
-    if (dloss == nullptr) {
-      cross_entropy_rows(ctx, {.logits = logits, .targets = tc, .losses = losses_c, .lse = lse_c});
-      continue;
-    }
-    // The row statistics and the logits' gradient over the logits (one buffer of (n, V)), in one
-    // pass over them where the CUDA kernel takes the shape (cross_entropy.h).
-    cross_entropy_rows_backward(ctx, {.logits = logits,
-                                      .targets = tc,
-                                      .losses = losses_c,
-                                      .lse = lse_c,
-                                      .count = r.count,
-                                      .dloss = *dloss});
+    cross_entropy_rows(
+        ctx, {.logits = logits, .targets = tc, .losses = row_view(losses, first, n), .lse = lse_c});
+    if (dloss == nullptr) continue;
+    // The logits' gradient overwrites the logits: one buffer of (n, V).
+    cross_entropy_backward(ctx, {.logits = logits,
+                                 .targets = tc,
+                                 .lse = lse_c,
+                                 .count = r.count,
+                                 .dloss = *dloss,
+                                 .dlogits = logits});
     // The head's backward adds its weight gradient (+=) into the shared parameter.
     const Tensor dxc = const_cast<LinearLayer*>(head)->backward(ctx, p, logits, hs);
     if (chunk == rows) {

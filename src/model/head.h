@@ -13,7 +13,6 @@
 //   per chunk c      logits_c = head(xn_c)                      (chunk, V)
 //                    losses_c, lse_c = cross_entropy_rows(logits_c)
 //                    dlogits_c = CE backward (in place over logits_c), with the global count
-//                    (the two as cross_entropy_rows_backward: one pass on CUDA)
 //                    dxn_c = dlogits_c W;  dW += dlogits_c^T xn_c     (+=, FP32)
 //   loss             = cross_entropy_mean(losses of all rows)
 //   dx               = norm backward(dxn)

@@ -12,9 +12,7 @@
 
 #include <cmath>
 #include <random>
-#include <string>
 #include <tuple>
-#include <vector>
 
 #include "backend/backend.h"
 #include "norm_act_test_util.h"
@@ -184,94 +182,6 @@ TEST(CrossEntropyGpuSpecial, AllIgnored) {
                             f.lse, f.count, dloss);
   for (int64_t i = 0; i < d.numel(); ++i) ASSERT_EQ(d.data_as<uint16_t>()[i], 0) << "element " << i;
   (void)cpu;
-}
-
-// cross_entropy_rows_backward against its definition, cross_entropy_rows then
-// cross_entropy_backward in place, on the same device: bit for bit (losses, lse, dlogits), in the
-// one-pass kernel (BF16, V % 8 == 0, V <= 32768: every register count, partial last chunks of the
-// block) and in the shapes that take the two kernels (V % 8 != 0, V > 32768, F32), with ignored
-// rows, a target outside [0, V) (a NaN loss), NaN and large logits, and no row counted.
-void check_rows_backward(Context& ctx, const Tensor& logits, const Tensor& targets,
-                         float dloss_value, const std::string& where) {
-  const int64_t rows = logits.rows();
-  const Tensor targets_d = targets.to(ctx, ctx.device);
-  const Tensor dloss =
-      test::host_tensor({1}, DType::kF32, [&](int64_t) { return dloss_value; }).to(ctx, ctx.device);
-  Tensor count = make(ctx, {1}, DType::kI32);
-  cross_entropy_mean(ctx,
-                     {.losses = Tensor(), .targets = targets_d, .count = count, .loss = Tensor()});
-
-  Tensor two = logits.to(ctx, ctx.device);
-  const Tensor losses2 = make(ctx, {rows}, DType::kF32), lse2 = make(ctx, {rows}, DType::kF32);
-  cross_entropy_rows(ctx, {.logits = two, .targets = targets_d, .losses = losses2, .lse = lse2});
-  cross_entropy_backward(ctx, {.logits = two,
-                               .targets = targets_d,
-                               .lse = lse2,
-                               .count = count,
-                               .dloss = dloss,
-                               .dlogits = two});
-
-  Tensor one = logits.to(ctx, ctx.device);
-  const Tensor losses1 = make(ctx, {rows}, DType::kF32), lse1 = make(ctx, {rows}, DType::kF32);
-  cross_entropy_rows_backward(ctx, {.logits = one,
-                                    .targets = targets_d,
-                                    .losses = losses1,
-                                    .lse = lse1,
-                                    .count = count,
-                                    .dloss = dloss});
-  EXPECT_TRUE(bitwise_equal(lse2.to_host(ctx), lse1.to_host(ctx))) << where << " lse";
-  EXPECT_TRUE(bitwise_equal(losses2.to_host(ctx), losses1.to_host(ctx))) << where << " losses";
-  EXPECT_TRUE(bitwise_equal(two.to_host(ctx), one.to_host(ctx))) << where << " dlogits";
-}
-
-using RowsBackwardCase = std::tuple<int64_t, int64_t, DType>;  // rows, V, logits dtype
-
-class CrossEntropyRowsBackwardGpu : public ::testing::TestWithParam<RowsBackwardCase> {};
-
-TEST_P(CrossEntropyRowsBackwardGpu, EqualsRowsThenBackward) {
-  OCTET_REQUIRE_GPU();
-  const auto& [rows, vocab, dt] = GetParam();
-  const std::string where = "rows " + std::to_string(rows) + " V " + std::to_string(vocab) + " " +
-                            std::string(dtype_name(dt));
-  const Tensor logits = random_tensor({rows, vocab}, dt, 3500 + rows + vocab, Dist::kOutliers);
-  check_rows_backward(devices().gpu, logits, targets_with_ignored(rows, vocab, 3600 + rows), 0.7f,
-                      where);
-}
-
-// One pass: 8 (a thread's single chunk, most threads idle), 1000 and 2048 (one chunk a thread),
-// 2056 and 4096 (two), 12000 (8 registers' worth, the last partial), 32768 (the baseline's
-// vocabulary, 16 a thread). Two kernels: 4099 (V % 8 != 0), 32776 (past 32768), and F32.
-INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyRowsBackwardGpu,
-                         ::testing::Values(RowsBackwardCase{3, 8, DType::kBF16},
-                                           RowsBackwardCase{129, 1000, DType::kBF16},
-                                           RowsBackwardCase{64, 2048, DType::kBF16},
-                                           RowsBackwardCase{17, 2056, DType::kBF16},
-                                           RowsBackwardCase{300, 4096, DType::kBF16},
-                                           RowsBackwardCase{31, 12000, DType::kBF16},
-                                           RowsBackwardCase{257, 32768, DType::kBF16},
-                                           RowsBackwardCase{9, 4099, DType::kBF16},
-                                           RowsBackwardCase{5, 32776, DType::kBF16},
-                                           RowsBackwardCase{33, 4096, DType::kF32}));
-
-TEST(CrossEntropyRowsBackwardGpuSpecial, NanLogitsBadTargetsAndNoRowCounted) {
-  OCTET_REQUIRE_GPU();
-  Context& gpu = devices().gpu;
-  const int64_t rows = 6, vocab = 4096;
-  Tensor logits = random_tensor({rows, vocab}, DType::kBF16, 3700, Dist::kOutliers);
-  logits.data_as<uint16_t>()[1 * vocab + 17] = 0x7FC0;  // a NaN in a counted row
-  logits.data_as<uint16_t>()[2 * vocab + 5] = 0x7F80;   // +inf in a counted row
-  const std::vector<int32_t> t = {3, 11, 4095, kIgnoreIndex, -7, static_cast<int32_t>(vocab)};
-  const Tensor targets =
-      test::host_tensor({rows}, DType::kI32, [&](int64_t r) { return static_cast<double>(t[r]); });
-  check_rows_backward(gpu, logits, targets, 1.0f, "NaN, inf and bad targets");
-  const Tensor ignored =
-      test::host_tensor({rows}, DType::kI32, [](int64_t) { return kIgnoreIndex; });
-  check_rows_backward(gpu, logits, ignored, 1.0f, "no row counted");
-  // And 2e4 added to every logit: exp overflows without the max subtraction.
-  const Tensor base = random_tensor({rows, vocab}, DType::kF32, 3701);
-  const Tensor shifted = test::host_tensor(
-      {rows, vocab}, DType::kBF16, [&](int64_t i) { return 2e4 + test::value_at(base, i); });
-  check_rows_backward(gpu, shifted, targets_with_ignored(rows, vocab, 3702), 1.0f, "shifted");
 }
 
 }  // namespace

@@ -187,49 +187,6 @@ TEST(CrossEntropy, RejectsBadArguments) {
                                      .dlogits = logits});
       },
       {"cross_entropy count", "I32", "F32"});
-  Tensor in_place = logits.to(cpu, Device::kCpu);
-  test::expect_error(
-      [&] {
-        cross_entropy_rows_backward(cpu, {.logits = in_place,
-                                          .targets = targets,
-                                          .losses = f.losses,
-                                          .lse = Tensor::empty({3}, DType::kF32),
-                                          .count = f.count,
-                                          .dloss = dl});
-      },
-      {"cross_entropy lse", "[4]", "[3]"});
-}
-
-// The one call of the head's chunks gives the rows' statistics and the gradient over the logits,
-// as cross_entropy_rows and the in-place cross_entropy_backward do (bit for bit).
-TEST(CrossEntropy, RowsBackwardEqualsRowsThenInPlaceBackward) {
-  Context cpu = make_context(Device::kCpu);
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    const Tensor logits = random_tensor({9, 37}, dt, 61);
-    Tensor targets = test::random_ints({9}, 0, 36, 62);
-    targets.data_as<int32_t>()[4] = kIgnoreIndex;
-    const Fwd f = forward(cpu, logits, targets);
-    const Tensor dl = test::host_tensor({1}, DType::kF32, [](int64_t) { return 0.5; });
-    Tensor two = logits.to(cpu, Device::kCpu);
-    cross_entropy_backward(cpu, {.logits = two,
-                                 .targets = targets,
-                                 .lse = f.lse,
-                                 .count = f.count,
-                                 .dloss = dl,
-                                 .dlogits = two});
-    Tensor one = logits.to(cpu, Device::kCpu);
-    const Tensor losses = Tensor::empty({9}, DType::kF32), lse = Tensor::empty({9}, DType::kF32);
-    cross_entropy_rows_backward(cpu, {.logits = one,
-                                      .targets = targets,
-                                      .losses = losses,
-                                      .lse = lse,
-                                      .count = f.count,
-                                      .dloss = dl});
-    EXPECT_TRUE(test::bitwise_equal(f.losses, losses)) << dtype_name(dt);
-    EXPECT_TRUE(test::bitwise_equal(f.lse, lse)) << dtype_name(dt);
-    EXPECT_TRUE(test::bitwise_equal(two, one)) << dtype_name(dt);
-    EXPECT_FALSE(test::bitwise_equal(logits, one)) << dtype_name(dt) << ": not written in place";
-  }
 }
 
 }  // namespace

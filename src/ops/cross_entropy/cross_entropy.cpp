@@ -81,14 +81,4 @@ void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args) 
   OCTET_DISPATCH(ctx, cross_entropy_backward, ctx, args);
 }
 
-void cross_entropy_rows_backward(Context& ctx, const CrossEntropyRowsBackwardArgs& args) {
-  const int64_t rows = check_inputs(ctx, args.logits, args.targets);
-  check_tensor(ctx, args.losses, "cross_entropy losses", {DType::kF32}, {rows});
-  check_tensor(ctx, args.lse, "cross_entropy lse", {DType::kF32}, {rows});
-  check_tensor(ctx, args.count, "cross_entropy count", {DType::kI32}, {1});
-  check_tensor(ctx, args.dloss, "cross_entropy dloss", {DType::kF32}, {1});
-  if (rows == 0) return;
-  OCTET_DISPATCH(ctx, cross_entropy_rows_backward, ctx, args);
-}
-
 }  // namespace octet

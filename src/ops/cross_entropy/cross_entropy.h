@@ -76,21 +76,4 @@ struct CrossEntropyBackwardArgs {
 
 void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args);
 
-// cross_entropy_rows, then cross_entropy_backward in place (dlogits = logits), bit for bit: the
-// head's forward + backward of one chunk of rows, whose logits are not needed after their gradient.
-// On CUDA one pass reads each row of BF16 logits once, keeps it in registers and writes its
-// gradient over it (V a multiple of 8, at most 32768, 16-byte aligned); other shapes and FP32
-// logits run the two kernels. count must already hold the count of all rows (cross_entropy_mean
-// without losses), as for cross_entropy_backward.
-struct CrossEntropyRowsBackwardArgs {
-  Tensor logits;   // (rows, V) bf16 or f32: read, then overwritten by dlogits
-  Tensor targets;  // (rows) i32
-  Tensor losses;   // (rows) f32: written (=)
-  Tensor lse;      // (rows) f32: written (=)
-  Tensor count;    // (1) i32
-  Tensor dloss;    // (1) f32
-};
-
-void cross_entropy_rows_backward(Context& ctx, const CrossEntropyRowsBackwardArgs& args);
-
 }  // namespace octet

@@ -6,11 +6,10 @@
 
 namespace octet {
 
-#define OCTET_CROSS_ENTROPY_BACKEND_DECLS                                          \
-  void cross_entropy_rows(Context& ctx, const CrossEntropyRowsArgs& args);         \
-  void cross_entropy_mean(Context& ctx, const CrossEntropyMeanArgs& args);         \
-  void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args); \
-  void cross_entropy_rows_backward(Context& ctx, const CrossEntropyRowsBackwardArgs& args);
+#define OCTET_CROSS_ENTROPY_BACKEND_DECLS                                  \
+  void cross_entropy_rows(Context& ctx, const CrossEntropyRowsArgs& args); \
+  void cross_entropy_mean(Context& ctx, const CrossEntropyMeanArgs& args); \
+  void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& args);
 
 namespace cpu {
 OCTET_CROSS_ENTROPY_BACKEND_DECLS

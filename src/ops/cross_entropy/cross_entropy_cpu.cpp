@@ -69,16 +69,4 @@ void cross_entropy_backward(Context&, const CrossEntropyBackwardArgs& a) {
   }
 }
 
-// The definition itself: the row statistics, then the gradient over the logits.
-void cross_entropy_rows_backward(Context& ctx, const CrossEntropyRowsBackwardArgs& a) {
-  cpu::cross_entropy_rows(
-      ctx, {.logits = a.logits, .targets = a.targets, .losses = a.losses, .lse = a.lse});
-  cpu::cross_entropy_backward(ctx, {.logits = a.logits,
-                                    .targets = a.targets,
-                                    .lse = a.lse,
-                                    .count = a.count,
-                                    .dloss = a.dloss,
-                                    .dlogits = a.logits});
-}
-
 }  // namespace octet::cpu

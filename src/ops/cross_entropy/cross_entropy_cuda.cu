@@ -1,12 +1,10 @@
 // CUDA launchers of the cross_entropy family (device code in cross_entropy_kernels.cuh). Arguments
 // were validated by cross_entropy.cpp; everything is enqueued on the context's stream, nothing
-// synchronises with the host. cross_entropy_rows_backward runs one pass where its kernel takes the
-// shape (cross_entropy.h), else the rows and backward kernels.
+// synchronises with the host.
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda_check.h"
-#include "core/quant_types.h"  // ceil_div
 #include "ops/cross_entropy/cross_entropy_backends.h"
 #include "ops/cross_entropy/cross_entropy_kernels.cuh"
 
@@ -71,37 +69,6 @@ void backward_typed(Context& ctx, const CrossEntropyBackwardArgs& a) {
   OCTET_CUDA_CHECK_LAUNCH();
 }
 
-// The one-pass kernel for BF16 rows of V <= kRowThreads * 8 * kIt: kIt the smallest power of two
-// that holds the row, up to kMaxIt (64 registers of a thread's row at V = 32768). Returns false
-// when it does not apply.
-constexpr int kMaxIt = 16;
-
-bool rows_backward_fused(Context& ctx, const CrossEntropyRowsBackwardArgs& a) {
-  const int64_t rows = a.logits.rows(), vocab = a.logits.cols();
-  if (a.logits.dtype() != DType::kBF16 || !vectorizable(a.logits, a.logits) ||
-      vocab > int64_t{kRowThreads} * k::kChunk * kMaxIt)
-    return false;
-  auto launch = [&](auto kernel) {
-    kernel<<<row_blocks(rows), kRowThreads, 0, stream_of(ctx)>>>(
-        a.logits.data_as<uint16_t>(), a.targets.data_as<const int32_t>(), rows, vocab,
-        a.losses.data_as<float>(), a.lse.data_as<float>(), a.count.data_as<const int32_t>(),
-        a.dloss.data_as<const float>());
-    OCTET_CUDA_CHECK_LAUNCH();
-  };
-  const int64_t per_thread = ceil_div(vocab, int64_t{kRowThreads} * k::kChunk);
-  if (per_thread <= 1)
-    launch(k::cross_entropy_rows_backward_kernel<kRowThreads, 1>);
-  else if (per_thread <= 2)
-    launch(k::cross_entropy_rows_backward_kernel<kRowThreads, 2>);
-  else if (per_thread <= 4)
-    launch(k::cross_entropy_rows_backward_kernel<kRowThreads, 4>);
-  else if (per_thread <= 8)
-    launch(k::cross_entropy_rows_backward_kernel<kRowThreads, 8>);
-  else
-    launch(k::cross_entropy_rows_backward_kernel<kRowThreads, kMaxIt>);
-  return true;
-}
-
 }  // namespace
 
 void cross_entropy_rows(Context& ctx, const CrossEntropyRowsArgs& a) {
@@ -124,18 +91,6 @@ void cross_entropy_backward(Context& ctx, const CrossEntropyBackwardArgs& a) {
     backward_typed<float>(ctx, a);
   else
     backward_typed<uint16_t>(ctx, a);
-}
-
-void cross_entropy_rows_backward(Context& ctx, const CrossEntropyRowsBackwardArgs& a) {
-  if (rows_backward_fused(ctx, a)) return;
-  cuda::cross_entropy_rows(
-      ctx, {.logits = a.logits, .targets = a.targets, .losses = a.losses, .lse = a.lse});
-  cuda::cross_entropy_backward(ctx, {.logits = a.logits,
-                                     .targets = a.targets,
-                                     .lse = a.lse,
-                                     .count = a.count,
-                                     .dloss = a.dloss,
-                                     .dlogits = a.logits});
 }
 
 }  // namespace octet::cuda
